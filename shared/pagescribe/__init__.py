@@ -1,0 +1,1 @@
+"""pagescribe: documents in, faithful page-by-page markdown out."""
