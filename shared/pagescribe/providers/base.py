@@ -1,0 +1,93 @@
+"""The provider boundary: what a page transcription asks for, what comes back, and how it fails.
+
+Everything the pipeline knows about a vision model goes through :class:`TranscriptionProvider`. The
+evidence of one call (tokens, cost, request id, latency, attempts) travels with its
+:class:`Transcription`, never on the shared provider object, so concurrent calls cannot mix it up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class PageImage:
+    """One rendered page, as encoded image bytes."""
+
+    data: bytes
+    media_type: str  # e.g. "image/jpeg"
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    """Transcribe one page image with one prompt on one model."""
+
+    image: PageImage
+    prompt: str
+    model: str
+    max_output_tokens: int
+    document_id: str  # for logs only
+    page_number: int  # for logs only
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """A model's answer for one page, with the evidence of the call that produced it."""
+
+    text: str
+    finish_reason: str
+    model: str  # the model the provider says answered
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cost: float | None  # USD, as OpenRouter reports it in usage.cost
+    request_id: str | None  # the response "id", else the x-request-id header
+    latency_seconds: float  # the whole call, retries and backoff included
+    http_attempts: int
+
+    @property
+    def truncated(self) -> bool:
+        """The model stopped at the output token limit, so the text is probably incomplete."""
+        return self.finish_reason == "length"
+
+
+class ProviderError(Exception):
+    """A transcription failed. ``retryable`` says whether trying the same page again later may help.
+
+    The message is user-facing and carries the provider's own error text when there is one.
+    ``retry_after`` is the wait in seconds the provider asked for (``Retry-After``), if it asked.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.status_code = status_code
+        self.retry_after = retry_after
+
+
+class TranscriptionProvider(Protocol):
+    """A vision model reachable over the network."""
+
+    @property
+    def name(self) -> str:
+        """Which provider this is, for logs and stored metadata, e.g. "openai-compatible:openrouter.ai"."""
+        ...
+
+    async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
+        """Transcribe one page, retrying transient failures, finishing within ``budget_seconds``.
+
+        Raises :class:`ProviderError` on failure, including when the budget runs out.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connections; the provider cannot be used afterwards."""
+        ...

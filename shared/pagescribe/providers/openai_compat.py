@@ -1,0 +1,325 @@
+"""The OpenAI-compatible chat-completions adapter (OpenRouter, OpenAI, vLLM, LiteLLM, ...).
+
+One page is one POST to ``{base_url}/chat/completions`` carrying the prompt and the page image as a
+base64 data URL. Transient failures are retried inside the caller's time budget; whatever happens,
+:meth:`OpenAICompatibleProvider.transcribe` returns or raises within that budget.
+
+Failure policy:
+
+* HTTP 408, 429 and 5xx (except 501 and 505), transport errors (refused, reset, protocol errors,
+  timeouts), a 200 whose body is malformed, an empty answer and ``finish_reason == "error"`` are
+  retried with exponential backoff and jitter, or with the server's ``Retry-After`` on 429/503.
+  When the next wait does not fit in the remaining budget, the last error is raised, retryable.
+* Any other status (other 4xx, 501, 505, 3xx) is raised at once, not retryable.
+* A 200 whose body is an error object (OpenRouter does this) is treated like its code as a status.
+* ``finish_reason == "length"`` is a result (``Transcription.truncated``), not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+import random
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_BASE_SECONDS = 0.5
+BACKOFF_CAP_SECONDS = 20.0
+_NOT_RETRYABLE_5XX = frozenset({501, 505})  # Not Implemented, HTTP Version Not Supported
+_RETRY_AFTER_STATUSES = frozenset({429, 503})
+_DETAIL_LIMIT = 500  # characters of a provider's error text kept in a message
+
+
+class OpenAICompatibleProvider:
+    """Transcribes page images through an OpenAI-compatible chat-completions endpoint.
+
+    One :class:`httpx.AsyncClient` is created here and reused for every call, so connections are
+    pooled and kept alive. It binds to the event loop it is first used on: use one long-lived loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str | None,
+        connect_timeout: float = 10.0,
+        max_connections: int = 10,
+        usage_accounting: bool = True,
+        app_name: str = "pagescribe",
+        app_url: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"X-Title": app_name}
+        if app_url:
+            headers["HTTP-Referer"] = app_url
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+        self._connect_timeout = connect_timeout
+        self._usage_accounting = usage_accounting
+        url = self._client.base_url
+        self._name = f"openai-compatible:{url.host}" + (f":{url.port}" if url.port is not None else "")
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleProvider(base_url={str(self._client.base_url)!r})"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
+        """Transcribe one page; return or raise :class:`ProviderError` within ``budget_seconds``."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + budget_seconds
+        body = json.dumps(self._payload(request), separators=(",", ":")).encode()
+        attempts = 0
+        last_error: ProviderError | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    attempts += 1
+                    try:
+                        return await self._attempt(body, request, attempts, started, deadline)
+                    except ProviderError as error:
+                        if not error.retryable:
+                            raise
+                        last_error = error
+                    wait = last_error.retry_after if last_error.retry_after is not None else _backoff(attempts)
+                    if loop.time() + wait >= deadline:
+                        raise last_error
+                    logger.warning(
+                        "page %d of document %s: attempt %d failed (%s); retrying in %.2f s",
+                        request.page_number,
+                        request.document_id,
+                        attempts,
+                        last_error.message,
+                        wait,
+                    )
+                    await asyncio.sleep(wait)
+        except TimeoutError:
+            message = f"no answer from the provider within the {budget_seconds:.1f} s budget"
+            if last_error is not None:
+                message += f" (last error: {last_error.message})"
+            raise ProviderError(message, retryable=True) from None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _attempt(
+        self, body: bytes, request: TranscriptionRequest, attempt: int, started: float, deadline: float
+    ) -> Transcription:
+        """One HTTP request with timeouts from what is left of the budget."""
+        loop = asyncio.get_running_loop()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise TimeoutError  # reported like the deadline itself
+        timeout = httpx.Timeout(
+            connect=min(self._connect_timeout, remaining), read=remaining, write=remaining, pool=remaining
+        )
+        try:
+            response = await self._client.post(
+                "chat/completions", content=body, headers={"Content-Type": "application/json"}, timeout=timeout
+            )
+        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+            raise ProviderError(f"cannot send the request to the provider: {_describe(exc)}", retryable=False) from exc
+        except httpx.RequestError as exc:
+            raise ProviderError(f"could not reach the provider: {_describe(exc)}", retryable=True) from exc
+        return _transcription(response, request, attempt, loop.time() - started)
+
+    def _payload(self, request: TranscriptionRequest) -> dict[str, object]:
+        payload: dict[str, object] = {
+            "model": request.model,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": request.prompt},
+                        {"type": "image_url", "image_url": {"url": _data_url(request.image)}},
+                    ],
+                }
+            ],
+            "max_tokens": request.max_output_tokens,
+            "temperature": 0,
+        }
+        if self._usage_accounting:
+            payload["usage"] = {"include": True}
+        return payload
+
+
+def _data_url(image: PageImage) -> str:
+    return f"data:{image.media_type};base64,{base64.b64encode(image.data).decode('ascii')}"
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _backoff(attempt: int) -> float:
+    """Exponential backoff with jitter: between half and all of min(cap, base * 2**(attempt-1))."""
+    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2.0 ** (attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not cryptography
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header as seconds from now: delay-seconds or an HTTP-date."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _is_retryable_status(status: int) -> bool:
+    return status in (408, 429) or (500 <= status <= 599 and status not in _NOT_RETRYABLE_5XX)
+
+
+def _error_detail(error: object) -> str | None:
+    """The text of an error: a string, or an OpenAI-style object with OpenRouter's ``metadata.raw``."""
+    if isinstance(error, str):
+        return _clip(error)
+    if not isinstance(error, dict):
+        return None
+    message = error.get("message")
+    detail = _clip(message) if isinstance(message, str) else None
+    metadata = error.get("metadata")
+    upstream = metadata.get("raw") if isinstance(metadata, dict) else None
+    raw = _clip(upstream) if isinstance(upstream, str) else None
+    if raw and raw != detail:
+        return _clip(f"{detail} ({raw})") if detail else raw
+    return detail
+
+
+def _clip(text: str) -> str | None:
+    """Provider text fit for a one-line message: whitespace collapsed, at most _DETAIL_LIMIT characters."""
+    return " ".join(text.split())[:_DETAIL_LIMIT] or None
+
+
+def _status_error(response: httpx.Response) -> ProviderError:
+    status = response.status_code
+    try:
+        body: object = json.loads(response.content)
+    except ValueError:
+        detail = _clip(response.text)
+    else:
+        detail = _error_detail(body.get("error")) if isinstance(body, dict) else None
+    message = f"provider returned HTTP {status}: {detail or response.reason_phrase or 'no error message'}"
+    retry_after = _retry_after_seconds(response.headers.get("retry-after")) if status in _RETRY_AFTER_STATUSES else None
+    return ProviderError(message, retryable=_is_retryable_status(status), status_code=status, retry_after=retry_after)
+
+
+def _body_error(error: dict[str, object] | str) -> ProviderError:
+    """A 200 whose body is an error: classify it by its code as if it were the HTTP status."""
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and not isinstance(code, bool) else None
+    if isinstance(code, str) and code.isdigit():
+        status = int(code)
+    detail = _error_detail(error) or "no message"
+    label = f"error {code}" if code is not None else "an error"
+    return ProviderError(
+        f"provider reported {label}: {detail}",
+        retryable=status is None or _is_retryable_status(status),
+        status_code=status,
+    )
+
+
+def _malformed(reason: str) -> ProviderError:
+    return ProviderError(f"provider returned a malformed response: {reason}", retryable=True)
+
+
+def _content_text(content: object) -> str | None:
+    """message.content as text: a string, or a list of parts whose text parts are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        )
+    return None
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _transcription(
+    response: httpx.Response, request: TranscriptionRequest, attempts: int, latency: float
+) -> Transcription:
+    if not response.is_success:
+        raise _status_error(response)
+    try:
+        body: object = json.loads(response.content)
+    except ValueError as exc:
+        raise _malformed(f"body is not JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise _malformed("body is not a JSON object")
+    error = body.get("error")
+    if isinstance(error, dict | str) and error:
+        raise _body_error(error)
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _malformed("no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise _malformed("choices[0] has no message")
+    text = _content_text(message.get("content"))
+    if text is None:
+        raise _malformed("choices[0].message.content is neither text nor a list of parts")
+    raw_finish_reason = choices[0].get("finish_reason")
+    finish_reason = raw_finish_reason if isinstance(raw_finish_reason, str) else "unknown"
+    if finish_reason == "error":
+        raise ProviderError("provider reported an error while answering (finish_reason=error)", retryable=True)
+    if not text.strip() and finish_reason != "length":
+        raise ProviderError(f"provider returned an empty answer (finish_reason={finish_reason})", retryable=True)
+
+    usage = body.get("usage")
+    prompt_tokens = completion_tokens = None
+    cost: float | None = None
+    if isinstance(usage, dict):
+        prompt_tokens = _optional_int(usage.get("prompt_tokens"))
+        completion_tokens = _optional_int(usage.get("completion_tokens"))
+        raw_cost = usage.get("cost")
+        if isinstance(raw_cost, int | float) and not isinstance(raw_cost, bool):
+            cost = float(raw_cost)
+    model = body.get("model")
+    response_id = body.get("id")
+    if not isinstance(response_id, str) or not response_id:
+        response_id = response.headers.get("x-request-id")
+    return Transcription(
+        text=text,
+        finish_reason=finish_reason,
+        model=model if isinstance(model, str) and model else request.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost=cost,
+        request_id=response_id,
+        latency_seconds=latency,
+        http_attempts=attempts,
+    )

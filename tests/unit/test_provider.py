@@ -1,0 +1,468 @@
+"""The OpenAI-compatible adapter against a real HTTP server on loopback (tests/fakes/chat_server.py).
+
+Wall-clock assertions give generous upper slack; the lower bounds are what prove a wait happened.
+Backoff between attempts is 0.25-0.5 s, 0.5-1 s, 1-2 s, ... (base 0.5 s with jitter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pagescribe.providers.base import (
+    PageImage,
+    ProviderError,
+    Transcription,
+    TranscriptionProvider,
+    TranscriptionRequest,
+)
+from pagescribe.providers.openai_compat import OpenAICompatibleProvider
+
+from tests.fakes.chat_server import (
+    BodyError,
+    Empty,
+    FakeChatServer,
+    Hang,
+    Malformed,
+    Ok,
+    Reset,
+    Status,
+    Trickle,
+    Truncated,
+    expected_text,
+)
+
+API_KEY = "sk-test-not-a-real-key"
+IMAGE = PageImage(data=b"\x89PNG\r\n\x1a\n fake page one", media_type="image/png")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def page_request(image: PageImage = IMAGE, page_number: int = 1) -> TranscriptionRequest:
+    return TranscriptionRequest(
+        image=image,
+        prompt="Transcribe this page.",
+        model="vendor/vision-model",
+        max_output_tokens=4096,
+        document_id="doc-1",
+        page_number=page_number,
+    )
+
+
+def make_provider(base_url: str, **kwargs: Any) -> TranscriptionProvider:
+    kwargs.setdefault("api_key", API_KEY)
+    return OpenAICompatibleProvider(base_url=base_url, **kwargs)
+
+
+def transcribe(
+    base_url: str, *, budget: float = 5.0, request: TranscriptionRequest | None = None, **kwargs: Any
+) -> Transcription:
+    async def go() -> Transcription:
+        provider = make_provider(base_url, **kwargs)
+        try:
+            return await provider.transcribe(request or page_request(), budget_seconds=budget)
+        finally:
+            await provider.aclose()
+
+    return asyncio.run(go())
+
+
+def transcribe_failing(base_url: str, *, budget: float = 5.0, **kwargs: Any) -> tuple[ProviderError, float]:
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as info:
+        transcribe(base_url, budget=budget, **kwargs)
+    return info.value, time.monotonic() - started
+
+
+def transcribe_timed(base_url: str, **kwargs: Any) -> tuple[Transcription, float]:
+    started = time.monotonic()
+    result = transcribe(base_url, **kwargs)
+    return result, time.monotonic() - started
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeChatServer]:
+    with FakeChatServer() as server:
+        yield server
+
+
+# the answer and the request
+
+
+def test_ok_answer_carries_text_and_call_evidence(fake: FakeChatServer) -> None:
+    result = transcribe(fake.base_url)
+
+    text = expected_text(IMAGE.data)
+    assert result.text == text
+    assert result.finish_reason == "stop"
+    assert not result.truncated
+    assert result.model == "vendor/vision-model"
+    assert result.prompt_tokens == 1000
+    assert result.completion_tokens == len(text.split())
+    assert result.cost == pytest.approx(0.00012)
+    assert result.request_id == "gen-1"
+    assert result.http_attempts == 1
+    assert 0 < result.latency_seconds < 5
+
+
+def test_request_has_the_chat_completions_shape(fake: FakeChatServer) -> None:
+    transcribe(fake.base_url)
+
+    [received] = fake.received
+    assert (received.method, received.path) == ("POST", "/v1/chat/completions")
+    assert received.headers["authorization"] == f"Bearer {API_KEY}"
+    assert received.headers["x-title"] == "pagescribe"
+    assert received.headers["content-type"] == "application/json"
+    body = received.body
+    assert body is not None
+    assert body["model"] == "vendor/vision-model"
+    assert body["max_tokens"] == 4096
+    assert body["temperature"] == 0
+    assert body["usage"] == {"include": True}
+    [message] = body["messages"]
+    assert message["role"] == "user"
+    text_part, image_part = message["content"]
+    assert text_part == {"type": "text", "text": "Transcribe this page."}
+    assert image_part["type"] == "image_url"
+    header, data = image_part["image_url"]["url"].split(",", 1)
+    assert header == "data:image/png;base64"
+    assert base64.b64decode(data) == IMAGE.data
+
+
+def test_without_key_or_accounting_no_authorization_or_usage_is_sent(fake: FakeChatServer) -> None:
+    transcribe(fake.base_url, api_key=None, usage_accounting=False, app_url="https://example.org/app")
+
+    [received] = fake.received
+    assert "authorization" not in received.headers
+    assert received.headers["http-referer"] == "https://example.org/app"
+    assert received.body is not None
+    assert "usage" not in received.body
+
+
+def test_name_identifies_the_endpoint_and_repr_hides_the_key(fake: FakeChatServer) -> None:
+    provider = OpenAICompatibleProvider(base_url=fake.base_url, api_key="sk-secret-value")
+    try:
+        port = fake.base_url.split(":")[2].split("/")[0]
+        assert provider.name == f"openai-compatible:127.0.0.1:{port}"
+        assert "sk-secret-value" not in repr(provider)
+    finally:
+        asyncio.run(provider.aclose())
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "text", "cost", "request_id_prefix"),
+    [
+        (Ok(text="Hello world", as_parts=True), "Hello world", 0.00012, "gen-"),
+        (Ok(text="no id", include_id=False), "no id", 0.00012, "req-"),
+        (Ok(text="free", cost=None), "free", None, "gen-"),
+    ],
+)
+def test_answer_variants_are_read(
+    fake: FakeChatServer, behaviour: Ok, text: str, cost: float | None, request_id_prefix: str
+) -> None:
+    fake.script(behaviour)
+
+    result = transcribe(fake.base_url)
+
+    assert result.text == text
+    assert result.cost == cost
+    assert result.request_id is not None
+    assert result.request_id.startswith(request_id_prefix)
+
+
+def test_truncated_answer_is_a_result_not_an_error(fake: FakeChatServer) -> None:
+    fake.script(Truncated("partial text"))
+
+    result = transcribe(fake.base_url)
+
+    assert result.truncated
+    assert (result.text, result.finish_reason, result.http_attempts) == ("partial text", "length", 1)
+
+
+# connections
+
+
+def test_calls_on_one_provider_reuse_pooled_connections(fake: FakeChatServer) -> None:
+    images = [PageImage(data=f"page {n}".encode(), media_type="image/jpeg") for n in range(30)]
+
+    async def go() -> tuple[list[str], int, list[str]]:
+        provider = make_provider(fake.base_url, max_connections=10)
+        try:
+            sequential = [
+                (await provider.transcribe(page_request(image), budget_seconds=5)).text for image in images[:20]
+            ]
+            after_sequential = fake.connections_opened
+            fake.default_delay = 0.2  # keeps all 10 concurrent calls in flight at once
+            results = await asyncio.gather(
+                *(provider.transcribe(page_request(image), budget_seconds=5) for image in images[20:])
+            )
+            return sequential, after_sequential, [r.text for r in results]
+        finally:
+            await provider.aclose()
+
+    sequential, after_sequential, concurrent = asyncio.run(go())
+
+    assert sequential == [expected_text(image.data) for image in images[:20]]
+    assert concurrent == [expected_text(image.data) for image in images[20:]]
+    assert after_sequential == 1  # one keep-alive connection served all 20 sequential calls
+    assert fake.connections_opened == 10  # the idle one plus 9 new, up to max_connections
+    assert fake.calls == 30
+
+
+def test_concurrent_calls_queue_for_the_connection_limit(fake: FakeChatServer) -> None:
+    fake.default_delay = 0.2
+
+    async def go() -> list[Transcription]:
+        provider = make_provider(fake.base_url, max_connections=3)
+        try:
+            return await asyncio.gather(*(provider.transcribe(page_request(), budget_seconds=5) for _ in range(10)))
+        finally:
+            await provider.aclose()
+
+    started = time.monotonic()
+    results = asyncio.run(go())
+
+    assert [r.http_attempts for r in results] == [1] * 10
+    assert fake.connections_opened == 3
+    assert time.monotonic() - started >= 0.7  # 10 calls through 3 connections: 4 rounds of 0.2 s
+
+
+# retries within the budget
+
+
+def test_429_with_retry_after_waits_then_succeeds(fake: FakeChatServer) -> None:
+    fake.script(Status(429, "Rate limit exceeded", retry_after="1"))
+
+    result, elapsed = transcribe_timed(fake.base_url, budget=10)
+
+    assert result.text == expected_text(IMAGE.data)
+    assert result.http_attempts == 2
+    assert elapsed >= 0.95
+    assert result.latency_seconds >= 0.95
+    assert fake.calls == 2
+
+
+def test_server_errors_are_retried_until_an_answer(fake: FakeChatServer) -> None:
+    fake.script(Status(500), Status(502), Status(503))
+
+    result, elapsed = transcribe_timed(fake.base_url, budget=10)
+
+    assert result.http_attempts == 4
+    assert result.text == expected_text(IMAGE.data)
+    assert elapsed >= 0.25 + 0.5 + 1.0  # the shortest three backoffs
+    assert fake.calls == 4
+
+
+@pytest.mark.parametrize(
+    "failure", [Status(408), Status(504), BodyError(502), BodyError("429"), Reset(), Malformed(), Empty()]
+)
+def test_transient_failure_then_ok_is_retried(fake: FakeChatServer, failure: Any) -> None:
+    fake.script(failure)
+
+    result = transcribe(fake.base_url)
+
+    assert result.http_attempts == 2
+    assert result.text == expected_text(IMAGE.data)
+
+
+def test_reset_connection_is_replaced_by_a_new_one(fake: FakeChatServer) -> None:
+    fake.script(Reset())
+
+    result = transcribe(fake.base_url)
+
+    assert result.http_attempts == 2
+    assert fake.connections_opened == 2
+
+
+# failures
+
+
+def test_400_is_not_retried_and_carries_the_provider_message(fake: FakeChatServer) -> None:
+    fake.script(Status(400, "Invalid image format"))
+
+    error, _ = transcribe_failing(fake.base_url)
+
+    assert str(error) == "provider returned HTTP 400: Invalid image format"
+    assert not error.retryable
+    assert error.status_code == 400
+    assert fake.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ("<html><body>\n  502   Bad Gateway\n</body></html>", "<html><body> 502 Bad Gateway </body></html>"),
+        (
+            json.dumps({"error": {"message": "Provider returned error", "metadata": {"raw": "bad image"}}}),
+            "Provider returned error (bad image)",
+        ),
+        ("", "Bad Request"),
+    ],
+)
+def test_error_text_is_taken_from_any_kind_of_error_body(fake: FakeChatServer, body: str, detail: str) -> None:
+    fake.script(Status(400, body=body))
+
+    error, _ = transcribe_failing(fake.base_url)
+
+    assert str(error) == f"provider returned HTTP 400: {detail}"
+
+
+def test_error_object_in_a_200_body_is_classified_by_its_code(fake: FakeChatServer) -> None:
+    fake.script(BodyError(400, "Provider returned error"))
+
+    error, _ = transcribe_failing(fake.base_url)
+
+    assert str(error) == "provider reported error 400: Provider returned error"
+    assert not error.retryable
+    assert error.status_code == 400
+    assert fake.calls == 1
+
+
+def test_unsupported_url_scheme_is_not_retried() -> None:
+    error, _ = transcribe_failing("ftp://127.0.0.1/v1")
+
+    assert str(error).startswith("cannot send the request to the provider: UnsupportedProtocol")
+    assert not error.retryable
+
+
+def test_no_budget_left_means_no_request(fake: FakeChatServer) -> None:
+    error, _ = transcribe_failing(fake.base_url, budget=0)
+
+    assert str(error) == "no answer from the provider within the 0.0 s budget"
+    assert error.retryable
+    assert fake.calls == 0
+
+
+def test_wrong_api_key_is_not_retried() -> None:
+    with FakeChatServer(require_api_key="sk-right") as fake:
+        error, _ = transcribe_failing(fake.base_url, api_key="sk-wrong")
+
+        assert str(error) == "provider returned HTTP 401: Incorrect API key provided"
+        assert not error.retryable
+        assert error.status_code == 401
+        assert fake.calls == 1
+
+
+def test_retry_after_beyond_the_budget_fails_at_once_with_the_wait(fake: FakeChatServer) -> None:
+    fake.script(Status(429, "Rate limit exceeded", retry_after="30"))
+
+    error, elapsed = transcribe_failing(fake.base_url, budget=5)
+
+    assert str(error) == "provider returned HTTP 429: Rate limit exceeded"
+    assert error.retryable
+    assert error.status_code == 429
+    assert error.retry_after == 30.0
+    assert elapsed < 1.0
+    assert fake.calls == 1
+
+
+def test_retry_after_as_an_http_date_is_understood(fake: FakeChatServer) -> None:
+    when = datetime.now(UTC) + timedelta(seconds=100)
+    fake.script(Status(503, "Service Unavailable", retry_after=format_datetime(when, usegmt=True)))
+
+    error, elapsed = transcribe_failing(fake.base_url, budget=5)
+
+    assert error.retryable
+    assert error.status_code == 503
+    assert error.retry_after is not None
+    assert 97 <= error.retry_after <= 101
+    assert elapsed < 1.0
+
+
+def test_hanging_provider_is_cut_at_the_budget(fake: FakeChatServer) -> None:
+    fake.script(Hang(30))
+
+    error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
+
+    assert str(error) == "no answer from the provider within the 1.0 s budget"
+    assert error.retryable
+    assert 0.9 <= elapsed < 5
+
+
+def test_budget_error_names_the_last_failure(fake: FakeChatServer) -> None:
+    fake.script(Status(500, "Internal error"), Hang(30))
+
+    error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
+
+    assert str(error) == (
+        "no answer from the provider within the 1.0 s budget (last error: provider returned HTTP 500: Internal error)"
+    )
+    assert error.retryable
+    assert 0.9 <= elapsed < 5
+    assert fake.calls == 2
+
+
+def test_trickling_answer_is_cut_at_the_budget(fake: FakeChatServer) -> None:
+    fake.script(Trickle(total_seconds=3.0, chunks=30))  # a piece every 0.1 s: no read ever waits long
+
+    error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
+
+    assert str(error) == "no answer from the provider within the 1.0 s budget"
+    assert 0.9 <= elapsed < 2.5  # well before the trickle would have finished
+
+
+def test_trickling_answer_within_the_budget_is_read(fake: FakeChatServer) -> None:
+    fake.script(Trickle(total_seconds=0.5, chunks=5))
+
+    result, elapsed = transcribe_timed(fake.base_url, budget=5)
+
+    assert result.text == expected_text(IMAGE.data)
+    assert elapsed >= 0.45
+
+
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        (Malformed(), "provider returned a malformed response: body is not JSON"),
+        (Empty(), "provider returned an empty answer (finish_reason=stop)"),
+        (Ok(text="half an answ", finish_reason="error"), "provider reported an error while answering"),
+        (Status(500, "Internal error"), "provider returned HTTP 500: Internal error"),
+    ],
+)
+def test_persistent_retryable_failure_is_retried_until_the_budget_runs_out(
+    fake: FakeChatServer, failure: Any, message: str
+) -> None:
+    fake.set_default(failure)
+
+    error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
+
+    assert message in str(error)  # alone, or as the last error when an attempt was cut at the deadline
+    assert error.retryable
+    assert fake.calls >= 2  # the first backoff (at most 0.5 s) fits in the budget
+    assert elapsed < 1.5
+
+
+def test_unreachable_provider_is_retried_until_the_budget_runs_out() -> None:
+    with socket.socket() as probe:  # a port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    error, elapsed = transcribe_failing(f"http://127.0.0.1:{port}/v1", budget=1.0)
+
+    assert "could not reach the provider: ConnectError" in str(error)
+    assert error.retryable
+    assert error.status_code is None
+    assert elapsed < 1.5
+
+
+def test_fake_server_runs_standalone_for_subprocess_tests() -> None:
+    command = [sys.executable, "-m", "tests.fakes.chat_server", "--port", "0", "--delay", "0"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        base_url = process.stdout.readline().strip()
+        assert base_url.startswith("http://127.0.0.1:")
+        assert transcribe(base_url).text == expected_text(IMAGE.data)
+    finally:
+        process.terminate()
+        assert process.wait(timeout=5) == 0
