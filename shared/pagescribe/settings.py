@@ -1,0 +1,128 @@
+"""The one configuration model, read from the environment and validated once at cold start."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+
+DEFAULT_PROMPT = (
+    "Transcribe this document page faithfully into Markdown. Keep the reading order, headings, lists, "
+    "tables (as Markdown tables) and emphasis. Transcribe every word exactly as written; do not summarise, "
+    "translate, correct or add commentary. Describe figures briefly in square brackets. "
+    "If the page has no text at all, answer exactly: (blank page)"
+)
+
+
+class ConfigurationError(ValueError):
+    """The environment does not describe a working configuration; raised at cold start."""
+
+
+class Settings(BaseSettings):
+    """Every setting pagescribe reads, with its environment variable name (upper case)."""
+
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL URL (postgresql://user:pass@host:port/db); psycopg 3 is used."
+    )
+    bucket_name: str | None = Field(default=None, description="S3 bucket holding uploads/ and transcripts/.")
+    queue_url: str | None = Field(default=None, description="SQS queue carrying one message per page job.")
+    upload_prefix: str = "uploads/"
+    transcript_prefix: str = "transcripts/"
+
+    provider_base_url: str = OPENROUTER_BASE_URL
+    provider_api_key: SecretStr | None = None
+    provider_usage_accounting: bool = Field(
+        default=True, description="Ask the provider to report cost (OpenRouter's usage.include)."
+    )
+    model: str = "google/gemini-2.5-flash"
+    prompt: str = DEFAULT_PROMPT
+    max_output_tokens: int = Field(default=8192, gt=0)
+
+    provider_timeout_seconds: float = Field(default=180.0, gt=0)
+    function_timeout_seconds: float = Field(default=300.0, gt=0)
+    result_reserve_seconds: float = Field(
+        default=10.0, ge=0, description="Time kept back from every model call to write its result."
+    )
+    min_call_budget_seconds: float = Field(
+        default=5.0, gt=0, description="A page whose model call would get less than this is not claimed."
+    )
+    lease_margin_seconds: float = Field(default=60.0, ge=0)
+    page_concurrency: int = Field(default=10, ge=1, le=100)
+
+    max_attempts: int = Field(default=3, ge=1)
+    retry_base_seconds: float = Field(default=10.0, ge=0)
+    max_pages: int = Field(default=500, ge=1)
+    max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    max_image_pixels: int = Field(default=60_000_000, ge=1)
+
+    render_dpi: int = Field(default=150, ge=36, le=600)
+    render_max_long_edge: int = Field(default=1568, ge=256, le=10_000)
+    render_format: Literal["jpeg", "png"] = "jpeg"
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgresql_only(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if scheme not in {"postgresql", "postgres", "postgresql+psycopg"}:
+            raise ValueError(
+                f"DATABASE_URL must be a PostgreSQL URL (postgresql://…); got scheme {scheme or '(none)'!r}"
+            )
+        return value
+
+    @field_validator("upload_prefix", "transcript_prefix")
+    @classmethod
+    def _prefix_ends_with_slash(cls, value: str) -> str:
+        if not value.endswith("/"):
+            raise ValueError(f"an S3 prefix must end with '/'; got {value!r}")
+        return value
+
+    def check_model_call_budget(self) -> None:
+        """For a function that calls the model: its calls must fit inside the function's own timeout.
+
+        Checked at the cold start of such a function only; the upload function never calls the model, so a
+        shorter timeout there is fine."""
+        ceiling = self.function_timeout_seconds - self.result_reserve_seconds
+        if self.provider_timeout_seconds >= ceiling:
+            raise ConfigurationError(
+                f"PROVIDER_TIMEOUT_SECONDS={self.provider_timeout_seconds:g} must be below "
+                f"FUNCTION_TIMEOUT_SECONDS={self.function_timeout_seconds:g} less "
+                f"RESULT_RESERVE_SECONDS={self.result_reserve_seconds:g} (= {ceiling:g}); "
+                "raise the function timeout or lower the provider timeout"
+            )
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The database URL with the psycopg 3 driver named, as SQLAlchemy wants it."""
+        url = self.require("database_url")
+        scheme, rest = url.split("://", 1)
+        return f"postgresql+psycopg://{rest}" if scheme != "postgresql+psycopg" else url
+
+    def require(self, name: Literal["database_url", "bucket_name", "queue_url"]) -> str:
+        """The value of a setting that this code path cannot run without."""
+        value: str | None
+        if name == "database_url":
+            value = self.database_url
+        elif name == "bucket_name":
+            value = self.bucket_name
+        else:
+            value = self.queue_url
+        if not value:
+            raise ConfigurationError(f"{name.upper()} is not set; it is required here")
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings of this process, validated on first use (cold start) and then reused."""
+    try:
+        return Settings()
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid pagescribe configuration: {exc}") from exc

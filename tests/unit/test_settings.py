@@ -1,0 +1,65 @@
+"""The configuration model: validated once, with messages that name the bad values."""
+
+from __future__ import annotations
+
+import pytest
+from pagescribe.settings import ConfigurationError, Settings, get_settings
+from pydantic import SecretStr
+
+
+def test_defaults_describe_a_working_configuration() -> None:
+    settings = Settings()
+    assert settings.provider_base_url == "https://openrouter.ai/api/v1"
+    assert settings.provider_timeout_seconds == 180
+    settings.check_model_call_budget()
+
+
+def test_a_provider_timeout_not_below_the_function_timeout_fails_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a provider timeout that would leave no time to write the result
+    monkeypatch.setenv("PROVIDER_TIMEOUT_SECONDS", "300")
+    monkeypatch.setenv("FUNCTION_TIMEOUT_SECONDS", "300")
+    get_settings.cache_clear()
+    # When the transcribe function checks its configuration at cold start
+    with pytest.raises(ConfigurationError) as raised:
+        get_settings().check_model_call_budget()
+    get_settings.cache_clear()
+    # Then the message names both values
+    message = str(raised.value)
+    assert "PROVIDER_TIMEOUT_SECONDS=300" in message and "FUNCTION_TIMEOUT_SECONDS=300" in message
+
+
+def test_any_positive_provider_timeout_is_accepted_without_a_hidden_cap() -> None:
+    settings = Settings(provider_timeout_seconds=840, function_timeout_seconds=900)
+    settings.check_model_call_budget()
+    assert settings.provider_timeout_seconds == 840
+
+
+def test_a_function_that_never_calls_the_model_may_have_a_short_timeout() -> None:
+    # The upload function (120 s) reads the same settings with the default 180 s provider timeout
+    assert Settings(function_timeout_seconds=120).provider_timeout_seconds == 180
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_a_non_positive_provider_timeout_is_refused(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROVIDER_TIMEOUT_SECONDS", value)
+    get_settings.cache_clear()
+    with pytest.raises(ConfigurationError, match="provider_timeout_seconds"):
+        get_settings()
+    get_settings.cache_clear()
+
+
+def test_only_postgresql_is_accepted() -> None:
+    with pytest.raises(ValueError, match="sqlite"):
+        Settings(database_url="sqlite:///pagescribe.db")
+    settings = Settings(database_url="postgresql://u:p@db:5432/pagescribe")
+    assert settings.sqlalchemy_url == "postgresql+psycopg://u:p@db:5432/pagescribe"
+
+
+def test_a_missing_required_value_is_named() -> None:
+    with pytest.raises(ConfigurationError, match="QUEUE_URL"):
+        Settings().require("queue_url")
+
+
+def test_the_api_key_never_shows_in_a_repr() -> None:
+    settings = Settings(provider_api_key=SecretStr("sk-or-secret-value"))
+    assert "sk-or-secret-value" not in repr(settings) and "sk-or-secret-value" not in str(settings.model_dump())
