@@ -1,0 +1,528 @@
+"""Every SQL statement pagescribe runs, named and built once, and the engine they run on.
+
+PostgreSQL only, in every mode (RDS/Aurora behind RDS Proxy, CI's server, the embedded server of the local
+commands). Nothing here pins a proxied session: psycopg's automatic prepared statements are off, no ``SET``,
+no advisory locks, no temporary tables. Every transaction is one short unit of work; none is ever open
+while a model call runs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Engine, Row, TextClause, create_engine, text
+from sqlalchemy.engine import Connection
+
+
+class JobStatus(StrEnum):
+    QUEUED = "QUEUED"
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class DocumentStatus(StrEnum):
+    PROCESSING = "PROCESSING"
+    COMPLETED = "COMPLETED"
+    PARTIAL = "PARTIAL"
+    FAILED = "FAILED"
+
+
+# --- statements -------------------------------------------------------------------------------------------
+
+INSERT_DOCUMENT = text(
+    """
+    INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count,
+                           status, error, model, prompt)
+    VALUES (:id, :bucket, :object_key, :etag, :version_id, :size_bytes, :kind, :page_count,
+            :status, :error, :model, :prompt)
+    ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
+    RETURNING id
+    """
+)
+
+FIND_DOCUMENT_BY_OBJECT = text(
+    """
+    SELECT id FROM documents
+    WHERE bucket = :bucket AND object_key = :object_key AND etag = :etag AND version_id = :version_id
+    """
+)
+
+INSERT_JOBS = text(
+    """
+    INSERT INTO jobs (document_id, page_number)
+    SELECT :document_id, page FROM unnest(CAST(:pages AS integer[])) AS page
+    RETURNING id, page_number
+    """
+)
+
+MARK_ENQUEUED = text(
+    """
+    UPDATE jobs SET enqueued_at = now(), updated_at = now()
+    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'QUEUED'
+    """
+)
+
+# The claim: one statement, one round trip. The row is locked with SKIP LOCKED, so a concurrent claim of the
+# same job (a duplicate delivery) finds nothing and returns nothing. An expired lease proves its holder dead
+# (Lambda is killed at its timeout and the lease outlasts the invocation), so it may be taken over.
+CLAIM_JOB_BY_ID = text(
+    """
+    WITH candidate AS (
+        SELECT id FROM jobs
+        WHERE id = :job_id
+          AND attempts < :max_attempts
+          AND (status = 'QUEUED' OR (status = 'PROCESSING' AND lease_expires_at < now()))
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE jobs
+    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = :lease_token,
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        started_at = now(), updated_at = now()
+    WHERE id IN (SELECT id FROM candidate)
+    RETURNING id, document_id, page_number, attempts, lease_token
+    """
+)
+
+# Ordered polling for the oldest due queued jobs: the partial index ix_jobs_queued serves it; no joins.
+CLAIM_NEXT_QUEUED_JOBS = text(
+    """
+    WITH candidate AS (
+        SELECT id FROM jobs
+        WHERE status = 'QUEUED' AND available_at <= now() AND attempts < :max_attempts
+        ORDER BY created_at, page_number
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE jobs
+    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = :lease_token,
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        started_at = now(), updated_at = now()
+    WHERE id IN (SELECT id FROM candidate)
+    RETURNING id, document_id, page_number, attempts, lease_token
+    """
+)
+
+# Fenced completion: only the holder of the current lease may write; the document's counter moves in the
+# same statement, so exactly one completion sees the last page land.
+COMPLETE_JOB = text(
+    """
+    WITH done AS (
+        UPDATE jobs
+        SET status = 'COMPLETED', result_text = :result_text, finish_reason = :finish_reason,
+            prompt_tokens = :prompt_tokens, completion_tokens = :completion_tokens, cost = :cost,
+            model = :model, provider = :provider, provider_request_id = :provider_request_id,
+            latency_ms = :latency_ms, error = NULL, lease_expires_at = NULL,
+            completed_at = now(), updated_at = now()
+        WHERE id = :job_id AND status = 'PROCESSING' AND lease_token = :lease_token
+        RETURNING document_id
+    )
+    UPDATE documents
+    SET pages_completed = pages_completed + 1, updated_at = now()
+    WHERE id IN (SELECT document_id FROM done)
+    RETURNING id, page_count, pages_completed, pages_failed
+    """
+)
+
+FAIL_JOB = text(
+    """
+    WITH failed AS (
+        UPDATE jobs
+        SET status = 'FAILED', error = :error, result_text = :result_text, finish_reason = :finish_reason,
+            prompt_tokens = :prompt_tokens, completion_tokens = :completion_tokens, cost = :cost,
+            model = :model, provider = :provider, provider_request_id = :provider_request_id,
+            lease_expires_at = NULL, completed_at = now(), updated_at = now()
+        WHERE id = :job_id AND status = 'PROCESSING' AND lease_token = :lease_token
+        RETURNING document_id
+    )
+    UPDATE documents
+    SET pages_failed = pages_failed + 1, updated_at = now()
+    WHERE id IN (SELECT document_id FROM failed)
+    RETURNING id, page_count, pages_completed, pages_failed
+    """
+)
+
+REQUEUE_JOB = text(
+    """
+    UPDATE jobs
+    SET status = 'QUEUED', error = :error, lease_token = NULL, lease_expires_at = NULL,
+        available_at = now() + make_interval(secs => :delay_seconds), enqueued_at = NULL, updated_at = now()
+    WHERE id = :job_id AND status = 'PROCESSING' AND lease_token = :lease_token
+    RETURNING id
+    """
+)
+
+GET_DOCUMENT = text(
+    """
+    SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, status, error,
+           model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at
+    FROM documents WHERE id = :document_id
+    """
+)
+
+LOAD_PAGES = text(
+    """
+    SELECT page_number, status, attempts, result_text, finish_reason, error, prompt_tokens,
+           completion_tokens, cost, model, provider, provider_request_id
+    FROM jobs WHERE document_id = :document_id
+    ORDER BY page_number
+    """
+)
+
+# Only a document whose pages are all terminal, and only once.
+FINISH_DOCUMENT = text(
+    """
+    UPDATE documents
+    SET status = :status, error = :error, transcript_key = :transcript_key,
+        finished_at = now(), updated_at = now()
+    WHERE id = :document_id AND finished_at IS NULL AND pages_completed + pages_failed >= page_count
+    RETURNING status
+    """
+)
+
+
+# --- records ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewDocument:
+    bucket: str
+    object_key: str
+    etag: str
+    version_id: str
+    size_bytes: int
+    model: str
+    prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class CreatedDocument:
+    document_id: str
+    job_ids: tuple[str, ...]
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    job_id: str
+    document_id: str
+    page_number: int
+    attempts: int
+    lease_token: str
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    document_id: str
+    bucket: str
+    object_key: str
+    etag: str
+    version_id: str
+    size_bytes: int
+    kind: str | None
+    page_count: int
+    status: DocumentStatus
+    error: str | None
+    model: str
+    prompt: str | None
+    pages_completed: int
+    pages_failed: int
+    transcript_key: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class PageRecord:
+    page_number: int
+    status: JobStatus
+    attempts: int
+    text: str | None
+    finish_reason: str | None
+    error: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cost: float | None
+    model: str | None
+    provider: str | None
+    provider_request_id: str | None
+
+
+@dataclass(frozen=True)
+class DocumentProgress:
+    document_id: str
+    page_count: int
+    pages_completed: int
+    pages_failed: int
+
+    @property
+    def all_pages_done(self) -> bool:
+        return self.pages_completed + self.pages_failed >= self.page_count
+
+
+@dataclass(frozen=True)
+class PageOutcome:
+    """What a finished model call wrote about a page (success, or failure with whatever text came back)."""
+
+    text: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cost: float | None
+    model: str | None
+    provider: str | None
+    provider_request_id: str | None
+    latency_ms: int | None = None
+
+
+NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None)
+
+
+# --- engine -----------------------------------------------------------------------------------------------
+
+
+def create_database_engine(url: str, *, pool_size: int = 1) -> Engine:
+    """An engine suited to Lambda behind RDS Proxy: a tiny pre-pinged pool and no prepared statements."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_pre_ping=True,
+        pool_recycle=300,
+        pool_timeout=30,
+        connect_args={"prepare_threshold": None, "connect_timeout": 10, "application_name": "pagescribe"},
+    )
+
+
+def _progress(row: Row[Any] | None) -> DocumentProgress | None:
+    if row is None:
+        return None
+    return DocumentProgress(str(row.id), row.page_count, row.pages_completed, row.pages_failed)
+
+
+def _claimed(rows: Sequence[Row[Any]]) -> list[ClaimedJob]:
+    return [ClaimedJob(str(r.id), str(r.document_id), r.page_number, r.attempts, str(r.lease_token)) for r in rows]
+
+
+class Storage:
+    """The data-access layer: each method is one short transaction around named statements."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _one(self, conn: Connection, statement: TextClause, **params: Any) -> Row[Any] | None:
+        return conn.execute(statement, params).first()
+
+    def create_document(
+        self,
+        new: NewDocument,
+        *,
+        kind: str | None,
+        pages: Sequence[int],
+        error: str | None = None,
+    ) -> CreatedDocument:
+        """Record a document and one QUEUED job per page in one transaction; with ``error``, a FAILED
+        document and no jobs. The same object (bucket, key, etag, version) is recorded once."""
+        document_id = str(uuid.uuid4())
+        with self.engine.begin() as conn:
+            row = self._one(
+                conn,
+                INSERT_DOCUMENT,
+                id=document_id,
+                bucket=new.bucket,
+                object_key=new.object_key,
+                etag=new.etag,
+                version_id=new.version_id,
+                size_bytes=new.size_bytes,
+                kind=kind,
+                page_count=0 if error else len(pages),
+                status=DocumentStatus.FAILED if error else DocumentStatus.PROCESSING,
+                error=error,
+                model=new.model,
+                prompt=new.prompt,
+            )
+            if row is None:
+                existing = self._one(
+                    conn,
+                    FIND_DOCUMENT_BY_OBJECT,
+                    bucket=new.bucket,
+                    object_key=new.object_key,
+                    etag=new.etag,
+                    version_id=new.version_id,
+                )
+                assert existing is not None, "ON CONFLICT skipped the insert, so the row exists"
+                return CreatedDocument(str(existing.id), (), duplicate=True)
+            job_ids: tuple[str, ...] = ()
+            if not error:
+                jobs = conn.execute(INSERT_JOBS, {"document_id": document_id, "pages": list(pages)}).all()
+                job_ids = tuple(str(j.id) for j in sorted(jobs, key=lambda j: j.page_number))
+        return CreatedDocument(document_id, job_ids, duplicate=False)
+
+    def find_document(self, new: NewDocument) -> str | None:
+        """The id of the document already recorded for this exact object, if any."""
+        with self.engine.connect() as conn:
+            row = self._one(
+                conn,
+                FIND_DOCUMENT_BY_OBJECT,
+                bucket=new.bucket,
+                object_key=new.object_key,
+                etag=new.etag,
+                version_id=new.version_id,
+            )
+        return str(row.id) if row is not None else None
+
+    def mark_enqueued(self, job_ids: Sequence[str]) -> None:
+        if not job_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(MARK_ENQUEUED, {"ids": list(job_ids)})
+
+    def claim_job(self, job_id: str, *, lease_seconds: float, max_attempts: int) -> ClaimedJob | None:
+        """Move this job QUEUED → PROCESSING (or take over an expired lease) and commit; None when it is
+        already claimed, finished, out of attempts or unknown."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                CLAIM_JOB_BY_ID,
+                {
+                    "job_id": job_id,
+                    "lease_token": str(uuid.uuid4()),
+                    "lease_seconds": lease_seconds,
+                    "max_attempts": max_attempts,
+                },
+            ).all()
+        claimed = _claimed(rows)
+        return claimed[0] if claimed else None
+
+    def claim_next_queued_jobs(self, *, limit: int, lease_seconds: float, max_attempts: int) -> list[ClaimedJob]:
+        """Claim up to ``limit`` of the oldest due QUEUED jobs (they share one lease token)."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                CLAIM_NEXT_QUEUED_JOBS,
+                {
+                    "limit": limit,
+                    "lease_token": str(uuid.uuid4()),
+                    "lease_seconds": lease_seconds,
+                    "max_attempts": max_attempts,
+                },
+            ).all()
+        return sorted(_claimed(rows), key=lambda job: job.page_number)
+
+    def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
+        """Store a page's transcription if this worker still holds the lease; None when the lease was lost."""
+        with self.engine.begin() as conn:
+            row = self._one(
+                conn,
+                COMPLETE_JOB,
+                job_id=job.job_id,
+                lease_token=job.lease_token,
+                result_text=outcome.text,
+                finish_reason=outcome.finish_reason,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                cost=outcome.cost,
+                model=outcome.model,
+                provider=outcome.provider,
+                provider_request_id=outcome.provider_request_id,
+                latency_ms=outcome.latency_ms,
+            )
+        return _progress(row)
+
+    def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
+        """Mark a page FAILED with its reason (keeping any partial text) if this worker holds the lease."""
+        with self.engine.begin() as conn:
+            row = self._one(
+                conn,
+                FAIL_JOB,
+                job_id=job.job_id,
+                lease_token=job.lease_token,
+                error=error,
+                result_text=outcome.text,
+                finish_reason=outcome.finish_reason,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                cost=outcome.cost,
+                model=outcome.model,
+                provider=outcome.provider,
+                provider_request_id=outcome.provider_request_id,
+            )
+        return _progress(row)
+
+    def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
+        """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""
+        with self.engine.begin() as conn:
+            row = self._one(
+                conn,
+                REQUEUE_JOB,
+                job_id=job.job_id,
+                lease_token=job.lease_token,
+                error=error,
+                delay_seconds=delay_seconds,
+            )
+        return row is not None
+
+    def get_document(self, document_id: str) -> DocumentRecord | None:
+        with self.engine.connect() as conn:
+            row = self._one(conn, GET_DOCUMENT, document_id=document_id)
+        if row is None:
+            return None
+        return DocumentRecord(
+            document_id=str(row.id),
+            bucket=row.bucket,
+            object_key=row.object_key,
+            etag=row.etag,
+            version_id=row.version_id,
+            size_bytes=row.size_bytes,
+            kind=row.kind,
+            page_count=row.page_count,
+            status=DocumentStatus(row.status),
+            error=row.error,
+            model=row.model,
+            prompt=row.prompt,
+            pages_completed=row.pages_completed,
+            pages_failed=row.pages_failed,
+            transcript_key=row.transcript_key,
+            created_at=row.created_at,
+            finished_at=row.finished_at,
+        )
+
+    def load_pages(self, document_id: str) -> list[PageRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(LOAD_PAGES, {"document_id": document_id}).all()
+        return [
+            PageRecord(
+                page_number=r.page_number,
+                status=JobStatus(r.status),
+                attempts=r.attempts,
+                text=r.result_text,
+                finish_reason=r.finish_reason,
+                error=r.error,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+                cost=float(r.cost) if r.cost is not None else None,
+                model=r.model,
+                provider=r.provider,
+                provider_request_id=r.provider_request_id,
+            )
+            for r in rows
+        ]
+
+    def finish_document(
+        self, document_id: str, *, status: DocumentStatus, error: str | None, transcript_key: str
+    ) -> bool:
+        """Mark a document whose pages are all terminal as finished; False if it was already finished."""
+        with self.engine.begin() as conn:
+            row = self._one(
+                conn,
+                FINISH_DOCUMENT,
+                document_id=document_id,
+                status=status.value,
+                error=error,
+                transcript_key=transcript_key,
+            )
+        return row is not None

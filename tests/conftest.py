@@ -1,0 +1,122 @@
+"""Shared fixtures: a real PostgreSQL database, a moto server, and a local chat-completions server."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import psycopg
+import pytest
+from moto.server import ThreadedMotoServer
+from pagescribe.migrate import upgrade_database
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import get_settings
+from pagescribe.storage import Storage, create_database_engine
+from sqlalchemy import text
+
+from tests.fakes.chat_server import FakeChatServer
+from tests.support.aws_events import REGION
+from tests.support.pipeline import Pipeline
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+ADMIN_URL = os.environ.get("PAGESCRIBE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    assert CORPUS.is_dir(), f"the sample corpus is missing at {CORPUS}"
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh database on the machine's PostgreSQL, migrated to head, dropped at the end."""
+    name = f"pagescribe_test_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = ADMIN_URL.rsplit("/", 1)[0]
+    url = f"{base}/{name}".replace("postgresql://", "postgresql+psycopg://", 1)
+    upgrade_database(url)
+    yield url
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def storage(database_url: str) -> Iterator[Storage]:
+    engine = create_database_engine(database_url, pool_size=20)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE documents, jobs"))
+    yield Storage(engine)
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point every boto3 client at the moto server, with state reset for this test."""
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    return moto_endpoint
+
+
+@pytest.fixture
+def fake_provider() -> Iterator[FakeChatServer]:
+    with FakeChatServer() as server:
+        yield server
+
+
+@pytest.fixture
+def pipeline(
+    aws_env: str,
+    database_url: str,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Pipeline]:
+    """The deployed shape on this machine: bucket + queue in moto, PostgreSQL, the fake provider, and the
+    handlers configured through the environment exactly as the template configures them."""
+    s3 = boto3.client("s3")
+    sqs = boto3.client("sqs")
+    bucket = f"pagescribe-test-{secrets.token_hex(4)}"
+    s3.create_bucket(Bucket=bucket)
+    queue_url = sqs.create_queue(QueueName=f"pagescribe-jobs-{secrets.token_hex(4)}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    env = {
+        "DATABASE_URL": database_url,
+        "BUCKET_NAME": bucket,
+        "QUEUE_URL": queue_url,
+        "PROVIDER_BASE_URL": fake_provider.base_url,
+        "MODEL": "test/vision-model",
+        "FUNCTION_TIMEOUT_SECONDS": "60",
+        "PROVIDER_TIMEOUT_SECONDS": "30",
+        "RESULT_RESERVE_SECONDS": "5",
+        "MIN_CALL_BUDGET_SECONDS": "2",
+        "RETRY_BASE_SECONDS": "0",
+        "MAX_ATTEMPTS": "3",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PROVIDER_API_KEY", raising=False)
+    shutdown_runtime()
+    get_settings.cache_clear()
+    yield Pipeline(s3=s3, sqs=sqs, bucket=bucket, queue_url=queue_url, queue_arn=queue_arn, function_timeout=60)
+    shutdown_runtime()
+    get_settings.cache_clear()

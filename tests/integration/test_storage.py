@@ -1,0 +1,234 @@
+"""Claims, fencing and the statements behind them, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from pagescribe.storage import (
+    ClaimedJob,
+    DocumentStatus,
+    JobStatus,
+    NewDocument,
+    PageOutcome,
+    Storage,
+)
+from sqlalchemy import event, text
+
+pytestmark = pytest.mark.integration
+
+LEASE = 300.0
+
+
+def _new(key: str) -> NewDocument:
+    return NewDocument(bucket="bucket", object_key=key, etag="etag", version_id="", size_bytes=10, model="test/model")
+
+
+def _outcome(text_: str) -> PageOutcome:
+    return PageOutcome(text_, "stop", 10, 5, 0.001, "test/model", "fake", "gen-1")
+
+
+def _status(storage: Storage, job_id: str) -> tuple[str, int]:
+    with storage.engine.connect() as conn:
+        row = conn.execute(text("SELECT status, attempts FROM jobs WHERE id = :id"), {"id": job_id}).one()
+    return row.status, row.attempts
+
+
+def _expire_lease(storage: Storage, job_id: str) -> None:
+    with storage.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = :id"), {"id": job_id}
+        )
+
+
+@contextmanager
+def _statements(storage: Storage) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(storage.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(storage.engine, "before_cursor_execute", record)
+
+
+def test_a_document_and_its_jobs_are_recorded_once(storage: Storage) -> None:
+    # Given an object recorded as a three-page document
+    first = storage.create_document(_new("uploads/a.pdf"), kind="pdf", pages=[1, 2, 3])
+    # When the same object (bucket, key, etag, version) is recorded again
+    again = storage.create_document(_new("uploads/a.pdf"), kind="pdf", pages=[1, 2, 3])
+    # Then the second call finds the first document and adds no jobs
+    assert not first.duplicate and len(first.job_ids) == 3
+    assert again.duplicate and again.document_id == first.document_id and again.job_ids == ()
+    with storage.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 3
+        assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
+
+
+def test_claim_next_returns_the_oldest_due_job_and_marks_it_processing(storage: Storage) -> None:
+    # Given two documents, the first recorded earlier
+    older = storage.create_document(_new("uploads/old.pdf"), kind="pdf", pages=[1, 2])
+    storage.create_document(_new("uploads/new.pdf"), kind="pdf", pages=[1])
+    # When one job is polled
+    [job] = storage.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
+    # Then it is the first page of the older document, now PROCESSING with one attempt
+    assert (job.document_id, job.page_number, job.attempts) == (older.document_id, 1, 1)
+    assert _status(storage, job.job_id) == ("PROCESSING", 1)
+
+
+def test_claim_by_id_hands_a_job_out_once(storage: Storage) -> None:
+    created = storage.create_document(_new("uploads/x.pdf"), kind="pdf", pages=[1])
+    [job_id] = created.job_ids
+    # When the same job is claimed twice (a duplicate delivery)
+    first = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    second = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    # Then only the first claim gets it
+    assert first is not None and first.job_id == job_id
+    assert second is None
+    # And once completed, it is never handed out again
+    assert storage.complete_job(first, _outcome("done")) is not None
+    assert storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is None
+
+
+def test_an_expired_lease_is_taken_over_and_the_zombie_write_is_refused(storage: Storage) -> None:
+    # Given a job claimed by a worker whose lease then expired (the worker died or stalled)
+    [job_id] = storage.create_document(_new("uploads/z.pdf"), kind="pdf", pages=[1]).job_ids
+    zombie = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert zombie is not None
+    _expire_lease(storage, job_id)
+    # When a redelivery claims it again and completes it
+    newer = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert newer is not None and newer.attempts == 2 and newer.lease_token != zombie.lease_token
+    assert storage.complete_job(newer, _outcome("newer result")) is not None
+    # Then the zombie's late result and late failure are both refused, and the newer result stands
+    assert storage.complete_job(zombie, _outcome("zombie result")) is None
+    assert storage.fail_job(zombie, "late failure") is None
+    assert not storage.requeue_job(zombie, "late retry", delay_seconds=0)
+    [page] = storage.load_pages(newer.document_id)
+    assert (page.status, page.text, page.attempts) == (JobStatus.COMPLETED, "newer result", 2)
+
+
+def test_claims_stop_at_max_attempts(storage: Storage) -> None:
+    [job_id] = storage.create_document(_new("uploads/m.pdf"), kind="pdf", pages=[1]).job_ids
+    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=1)
+    assert job is not None
+    _expire_lease(storage, job_id)
+    assert storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=1) is None
+
+
+def test_requeue_makes_the_job_claimable_again_with_backoff_for_polling(storage: Storage) -> None:
+    [job_id] = storage.create_document(_new("uploads/r.pdf"), kind="pdf", pages=[1]).job_ids
+    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert job is not None
+    assert storage.requeue_job(job, "HTTP 503", delay_seconds=3600)
+    # The poll respects the backoff; a message naming the job (sent with that delay) may claim it
+    assert storage.claim_next_queued_jobs(limit=10, lease_seconds=LEASE, max_attempts=3) == []
+    again = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert again is not None and again.attempts == 2
+
+
+def test_the_last_page_is_seen_by_exactly_one_completion(storage: Storage) -> None:
+    created = storage.create_document(_new("uploads/d.pdf"), kind="pdf", pages=[1, 2, 3])
+    jobs = [storage.claim_job(j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
+    assert all(jobs)
+    claimed = [j for j in jobs if j is not None]
+    progress = [
+        storage.complete_job(claimed[0], _outcome("one")),
+        storage.fail_job(claimed[1], "broken page"),
+        storage.complete_job(claimed[2], _outcome("three")),
+    ]
+    assert [p.all_pages_done for p in progress if p] == [False, False, True]
+    assert storage.finish_document(
+        created.document_id, status=DocumentStatus.PARTIAL, error="1 of 3 pages failed", transcript_key="t.md"
+    )
+    assert not storage.finish_document(
+        created.document_id, status=DocumentStatus.PARTIAL, error=None, transcript_key="t.md"
+    )
+
+
+def test_sixteen_threads_racing_over_two_thousand_jobs_claim_each_once(storage: Storage) -> None:
+    # Given 2,000 queued jobs
+    for i in range(20):
+        storage.create_document(_new(f"uploads/race-{i}.pdf"), kind="pdf", pages=range(1, 101))
+    claims: list[ClaimedJob] = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+
+    def worker() -> None:
+        start.wait()
+        while batch := storage.claim_next_queued_jobs(limit=5, lease_seconds=LEASE, max_attempts=3):
+            for job in batch:
+                assert storage.complete_job(job, _outcome(job.job_id)) is not None
+            with lock:
+                claims.extend(batch)
+
+    # When 16 threads poll, claim and complete until nothing is left
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then every job was handed out exactly once and completed
+    counts = Counter(j.job_id for j in claims)
+    assert len(counts) == 2000 and max(counts.values()) == 1
+    with storage.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM jobs WHERE status = 'COMPLETED'")).scalar_one() == 2000
+        assert conn.execute(text("SELECT max(attempts) FROM jobs")).scalar_one() == 1
+
+
+def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(storage: Storage) -> None:
+    # Given 200 jobs, and three deliveries of each job's message racing across 16 threads
+    job_ids = list(storage.create_document(_new("uploads/dups.pdf"), kind="pdf", pages=range(1, 201)).job_ids)
+    deliveries = job_ids * 3
+    won: list[str] = []
+    lock = threading.Lock()
+
+    def worker(share: list[str]) -> None:
+        for job_id in share:
+            if storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is not None:
+                with lock:
+                    won.append(job_id)
+
+    threads = [threading.Thread(target=worker, args=(deliveries[i::16],)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then each job was claimed by exactly one delivery
+    assert sorted(won) == sorted(job_ids)
+
+
+def test_claim_and_poll_are_each_one_limited_statement_without_joins(storage: Storage) -> None:
+    [job_id, _] = storage.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2]).job_ids
+    with _statements(storage) as by_id:
+        storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    with _statements(storage) as poll:
+        storage.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
+    for seen in (by_id, poll):
+        assert len(seen) == 1, seen
+        sql = seen[0].upper()
+        assert "LIMIT" in sql and "JOIN" not in sql and "FOR UPDATE SKIP LOCKED" in sql
+
+
+def test_the_poll_is_served_by_the_partial_index(storage: Storage) -> None:
+    for i in range(30):
+        storage.create_document(_new(f"uploads/ix-{i}.pdf"), kind="pdf", pages=range(1, 101))
+    with storage.engine.begin() as conn:
+        conn.execute(text("UPDATE jobs SET status = 'COMPLETED' WHERE page_number > 2"))
+        conn.execute(text("ANALYZE jobs"))
+        plan = "\n".join(
+            conn.execute(
+                text(
+                    "EXPLAIN SELECT id FROM jobs WHERE status = 'QUEUED' AND available_at <= now() "
+                    "AND attempts < 3 ORDER BY created_at, page_number LIMIT 1 FOR UPDATE SKIP LOCKED"
+                )
+            ).scalars()
+        )
+    assert "ix_jobs_queued" in plan, plan
