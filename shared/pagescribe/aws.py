@@ -1,0 +1,111 @@
+"""S3 and SQS access: the only module that talks to boto3.
+
+Clients honour the standard ``AWS_ENDPOINT_URL`` (and the per-service variants), so the same code runs
+against moto locally and in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_sqs import SQSClient
+
+log = logging.getLogger(__name__)
+
+SQS_BATCH_LIMIT = 10
+SQS_MAX_DELAY_SECONDS = 900
+
+_CLIENT_CONFIG = Config(
+    retries={"max_attempts": 4, "mode": "standard"},
+    connect_timeout=5,
+    read_timeout=30,
+    max_pool_connections=20,
+)
+
+
+class ObjectMissingError(LookupError):
+    """The object named by an event is no longer in the bucket."""
+
+
+def s3_client() -> S3Client:
+    return boto3.client("s3", config=_CLIENT_CONFIG)
+
+
+def sqs_client() -> SQSClient:
+    return boto3.client("sqs", config=_CLIENT_CONFIG)
+
+
+class DocumentStore:
+    """Reads uploads from, and writes transcripts to, the documents bucket."""
+
+    def __init__(self, client: S3Client) -> None:
+        self._client = client
+
+    def download(self, bucket: str, key: str, destination: Path, *, version_id: str | None = None) -> None:
+        extra: dict[str, Any] = {"VersionId": version_id} if version_id else {}
+        try:
+            self._client.download_file(bucket, key, str(destination), ExtraArgs=extra or None)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in {"404", "NoSuchKey", "NoSuchVersion"}:
+                raise ObjectMissingError(f"s3://{bucket}/{key} no longer exists") from exc
+            raise
+
+    def put_text(self, bucket: str, key: str, body: str, *, content_type: str) -> None:
+        self._client.put_object(Bucket=bucket, Key=key, Body=body.encode("utf-8"), ContentType=content_type)
+
+
+@dataclass(frozen=True)
+class JobMessage:
+    """The body of one SQS message: one page job."""
+
+    job_id: str
+    document_id: str
+    page_number: int
+
+    def to_json(self) -> str:
+        return json.dumps({"job_id": self.job_id, "document_id": self.document_id, "page": self.page_number})
+
+
+class JobQueue:
+    """Sends page-job messages; a message only names its job, the database holds the truth."""
+
+    def __init__(self, client: SQSClient, queue_url: str) -> None:
+        self._client = client
+        self._queue_url = queue_url
+
+    def send(self, messages: Sequence[JobMessage], *, delay_seconds: int = 0) -> list[str]:
+        """Send in batches of ten; return the job ids SQS accepted. A failed batch or entry is logged and
+        left out: its job stays QUEUED with no ``enqueued_at`` and the sweeper sends it again."""
+        delay = max(0, min(SQS_MAX_DELAY_SECONDS, delay_seconds))
+        sent: list[str] = []
+        for start in range(0, len(messages), SQS_BATCH_LIMIT):
+            chunk = messages[start : start + SQS_BATCH_LIMIT]
+            entries = [{"Id": str(i), "MessageBody": m.to_json(), "DelaySeconds": delay} for i, m in enumerate(chunk)]
+            try:
+                response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)  # type: ignore[arg-type]
+            except (ClientError, BotoCoreError) as exc:
+                log.warning(
+                    "SendMessageBatch failed; the sweeper will send these jobs",
+                    extra={"job_ids": [m.job_id for m in chunk], "error": str(exc)},
+                )
+                continue
+            for ok in response.get("Successful", []):
+                sent.append(chunk[int(ok["Id"])].job_id)
+            for failed in response.get("Failed", []):
+                log.warning(
+                    "SQS refused a job message; the sweeper will send it",
+                    extra={"job_id": chunk[int(failed["Id"])].job_id, "error": failed.get("Message", "")},
+                )
+        return sent

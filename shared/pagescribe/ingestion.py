@@ -1,0 +1,126 @@
+"""Upload: an object in the bucket becomes a document and one queued job per page."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
+from pagescribe.documents import InvalidDocumentError, inspect_document
+from pagescribe.settings import Settings
+from pagescribe.storage import DocumentStatus, NewDocument, Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UploadedObject:
+    """An object named by an S3 ``ObjectCreated`` record, its key already URL-decoded."""
+
+    bucket: str
+    key: str
+    size: int
+    etag: str
+    version_id: str | None
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    bucket: str
+    key: str
+    document_id: str | None
+    status: str
+    pages: int = 0
+    messages_sent: int = 0
+    error: str | None = None
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
+class Ingestor:
+    def __init__(self, settings: Settings, storage: Storage, store: DocumentStore, queue: JobQueue) -> None:
+        self._settings = settings
+        self._storage = storage
+        self._store = store
+        self._queue = queue
+
+    def ingest(self, obj: UploadedObject) -> IngestResult:
+        """Record the object as a document with its page jobs, then enqueue them (after commit).
+
+        Inputs that can never be transcribed end as a FAILED document with the reason; nothing is raised
+        for them, so S3 does not retry a hopeless input. Infrastructure errors are raised: the event is
+        retried and the document is recorded once."""
+        if not obj.key.startswith(self._settings.upload_prefix):
+            log.info("ignoring an object outside %s", self._settings.upload_prefix, extra={"key": obj.key})
+            return IngestResult(obj.bucket, obj.key, None, "IGNORED")
+        new = NewDocument(
+            bucket=obj.bucket,
+            object_key=obj.key,
+            etag=obj.etag,
+            version_id=obj.version_id or "",
+            size_bytes=obj.size,
+            model=self._settings.model,
+        )
+        existing = self._storage.find_document(new)
+        if existing is not None:
+            log.info("duplicate S3 event: the object is already recorded", extra={"document_id": existing})
+            return IngestResult(obj.bucket, obj.key, existing, "DUPLICATE")
+
+        kind: str | None = None
+        pages: list[int] = []
+        error = self._precheck(obj)
+        if error is None:
+            try:
+                kind, page_count = self._inspect(obj)
+                pages = list(range(1, page_count + 1))
+            except InvalidDocumentError as exc:
+                error = exc.reason
+            except ObjectMissingError as exc:
+                error = str(exc)
+
+        created = self._storage.create_document(new, kind=kind, pages=pages, error=error)
+        if created.duplicate:
+            return IngestResult(obj.bucket, obj.key, created.document_id, "DUPLICATE")
+        if error is not None:
+            log.warning("document rejected: %s", error, extra={"document_id": created.document_id, "key": obj.key})
+            return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.FAILED, error=error)
+
+        messages = [
+            JobMessage(job_id, created.document_id, page) for job_id, page in zip(created.job_ids, pages, strict=True)
+        ]
+        sent = self._queue.send(messages)
+        self._storage.mark_enqueued(sent)
+        log.info(
+            "document accepted",
+            extra={
+                "document_id": created.document_id,
+                "key": obj.key,
+                "kind": kind,
+                "pages": len(pages),
+                "messages_sent": len(sent),
+            },
+        )
+        return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.PROCESSING, len(pages), len(sent))
+
+    def _precheck(self, obj: UploadedObject) -> str | None:
+        if obj.size == 0:
+            return "the file is empty (0 bytes)"
+        if obj.size > self._settings.max_upload_bytes:
+            return (
+                f"the file is {_megabytes(obj.size)} ({obj.size} bytes); the limit is "
+                f"MAX_UPLOAD_BYTES={self._settings.max_upload_bytes} ({_megabytes(self._settings.max_upload_bytes)})"
+            )
+        return None
+
+    def _inspect(self, obj: UploadedObject) -> tuple[str, int]:
+        with tempfile.TemporaryDirectory(prefix="pagescribe-upload-") as scratch:
+            path = Path(scratch) / "source"
+            self._store.download(obj.bucket, obj.key, path, version_id=obj.version_id)
+            info = inspect_document(
+                path, max_pages=self._settings.max_pages, max_image_pixels=self._settings.max_image_pixels
+            )
+        return info.kind.value, info.page_count

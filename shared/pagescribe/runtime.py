@@ -1,0 +1,146 @@
+"""What one execution environment builds once and reuses on every warm invocation.
+
+The settings are validated on first use (cold start). The database engine, the boto3 clients, the provider
+client with its connection pool and the event loop that client belongs to are built lazily and kept for
+the life of the environment; SIGTERM (Lambda's shutdown signal) closes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Coroutine
+from functools import cached_property
+from types import FrameType
+from typing import Any, TypeVar
+
+from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType
+
+from pagescribe.aws import DocumentStore, JobQueue, s3_client, sqs_client
+from pagescribe.ingestion import Ingestor
+from pagescribe.providers.base import TranscriptionProvider
+from pagescribe.providers.openai_compat import OpenAICompatibleProvider
+from pagescribe.settings import Settings, get_settings
+from pagescribe.storage import Storage, create_database_engine
+from pagescribe.transcription import SourceCache, Transcriber
+from pagescribe.transcripts import TranscriptWriter
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class WarmLoopBatchProcessor(AsyncBatchProcessor):
+    """Powertools' async batch processor, run on the environment's one long-lived event loop.
+
+    The stock processor uses ``asyncio.run`` outside Lambda, and a fresh loop per batch would break the
+    pooled ``httpx.AsyncClient``, which belongs to the loop it first ran on."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__(EventType.SQS, raise_on_entire_batch_failure=False)
+        self._runtime = runtime
+
+    def async_process(self) -> list[tuple[Any, ...]]:
+        async def process_all() -> list[tuple[Any, ...]]:
+            return list(await asyncio.gather(*(self._async_process_record(r) for r in self.records)))
+
+        return self._runtime.run(process_all())
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coroutine)
+
+    @cached_property
+    def storage(self) -> Storage:
+        return Storage(create_database_engine(self.settings.sqlalchemy_url))
+
+    @cached_property
+    def store(self) -> DocumentStore:
+        return DocumentStore(s3_client())
+
+    @cached_property
+    def queue(self) -> JobQueue:
+        return JobQueue(sqs_client(), self.settings.require("queue_url"))
+
+    @cached_property
+    def provider(self) -> TranscriptionProvider:
+        key = self.settings.provider_api_key
+        return OpenAICompatibleProvider(
+            base_url=self.settings.provider_base_url,
+            api_key=key.get_secret_value() if key is not None else None,
+            max_connections=self.settings.page_concurrency,
+            usage_accounting=self.settings.provider_usage_accounting,
+        )
+
+    @cached_property
+    def sources(self) -> SourceCache:
+        return SourceCache(self.store)
+
+    @cached_property
+    def transcripts(self) -> TranscriptWriter:
+        return TranscriptWriter(self.settings, self.storage, self.store)
+
+    @cached_property
+    def ingestor(self) -> Ingestor:
+        return Ingestor(self.settings, self.storage, self.store, self.queue)
+
+    @cached_property
+    def transcriber(self) -> Transcriber:
+        return Transcriber(self.settings, self.storage, self.queue, self.provider, self.sources, self.transcripts)
+
+    @cached_property
+    def batch_processor(self) -> WarmLoopBatchProcessor:
+        return WarmLoopBatchProcessor(self)
+
+    def close(self) -> None:
+        """Release what this environment holds: provider connections, database pool, scratch files."""
+        built = self.__dict__
+        if "provider" in built and not self.loop.is_running():
+            self.run(self.provider.aclose())
+        if "storage" in built:
+            self.storage.engine.dispose()
+        if "sources" in built:
+            self.sources.close()
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    """This environment's runtime, built on first use."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = Runtime(get_settings())
+            _install_sigterm_handler()
+        return _runtime
+
+
+def shutdown_runtime() -> None:
+    """Close and forget this environment's runtime (SIGTERM, or a local process that is stopping)."""
+    global _runtime
+    with _lock:
+        runtime, _runtime = _runtime, None
+    if runtime is not None:
+        runtime.close()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    log.info("SIGTERM: closing the provider client and the database pool")
+    shutdown_runtime()
+    raise SystemExit(0)
+
+
+def _install_sigterm_handler() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)

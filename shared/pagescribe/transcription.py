@@ -1,0 +1,271 @@
+"""Transcribe: one page job from claim to fenced result, concurrently with the other pages of a batch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import shutil
+import tempfile
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
+from pagescribe.documents import DocumentKind, InvalidDocumentError, render_page
+from pagescribe.providers.base import (
+    PageImage,
+    ProviderError,
+    Transcription,
+    TranscriptionProvider,
+    TranscriptionRequest,
+)
+from pagescribe.settings import Settings
+from pagescribe.storage import NO_OUTCOME, ClaimedJob, DocumentProgress, DocumentRecord, PageOutcome, Storage
+from pagescribe.transcripts import TranscriptWriter
+
+log = logging.getLogger(__name__)
+
+MAX_RETRY_DELAY_SECONDS = 900  # SQS's longest message delay
+
+
+class PageResult(StrEnum):
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    REQUEUED = "REQUEUED"
+    DUPLICATE = "DUPLICATE"
+    LEASE_LOST = "LEASE_LOST"
+    REJECTED = "REJECTED"
+
+
+class MalformedMessageError(ValueError):
+    """An SQS message that does not name a job; it can never succeed."""
+
+
+class NotEnoughTimeError(RuntimeError):
+    """Too little of the invocation is left for a useful model call: the page is left for redelivery."""
+
+
+def parse_job_id(body: str) -> str:
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise MalformedMessageError(f"message body is not JSON: {body[:80]!r}") from exc
+    job_id = payload.get("job_id") if isinstance(payload, dict) else None
+    try:
+        return str(uuid.UUID(str(job_id)))
+    except ValueError as exc:
+        raise MalformedMessageError(f"message body names no valid job_id: {body[:80]!r}") from exc
+
+
+def retry_delay_seconds(settings: Settings, attempts: int, retry_after: float | None) -> int:
+    """Exponential backoff per attempt, never sooner than the provider asked, within SQS's delay limit."""
+    backoff = settings.retry_base_seconds * 2.0 ** max(0, attempts - 1)
+    return min(MAX_RETRY_DELAY_SECONDS, math.ceil(max(backoff, retry_after or 0.0)))
+
+
+class SourceCache:
+    """Downloaded source documents, kept on local disk across warm invocations (a batch's pages usually
+    share one document). Bounded by entry count; one download per document at a time."""
+
+    def __init__(self, store: DocumentStore, *, max_entries: int = 4) -> None:
+        self._store = store
+        self._max_entries = max_entries
+        self._root = Path(tempfile.mkdtemp(prefix="pagescribe-sources-"))
+        self._entries: OrderedDict[str, Path] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def path_for(self, document: DocumentRecord) -> Path:
+        key = f"{document.document_id}-{document.etag}-{document.version_id}"
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            cached = self._entries.get(key)
+            if cached is not None and cached.exists():
+                self._entries.move_to_end(key)
+                return cached
+            path = self._root / f"{len(self._entries)}-{document.document_id}"
+            await asyncio.to_thread(
+                self._store.download,
+                document.bucket,
+                document.object_key,
+                path,
+                version_id=document.version_id or None,
+            )
+            self._entries[key] = path
+            while len(self._entries) > self._max_entries:
+                _, evicted = self._entries.popitem(last=False)
+                evicted.unlink(missing_ok=True)
+            return path
+
+    def close(self) -> None:
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Context:
+    job: ClaimedJob
+    document: DocumentRecord
+
+    @property
+    def log_extra(self) -> dict[str, Any]:
+        return {
+            "document_id": self.job.document_id,
+            "job_id": self.job.job_id,
+            "page": self.job.page_number,
+            "attempt": self.job.attempts,
+        }
+
+
+def _outcome(result: Transcription, provider: str) -> PageOutcome:
+    return PageOutcome(
+        text=result.text,
+        finish_reason=result.finish_reason,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        cost=result.cost,
+        model=result.model,
+        provider=provider,
+        provider_request_id=result.request_id,
+        latency_ms=round(result.latency_seconds * 1000),
+    )
+
+
+class Transcriber:
+    def __init__(
+        self,
+        settings: Settings,
+        storage: Storage,
+        queue: JobQueue,
+        provider: TranscriptionProvider,
+        sources: SourceCache,
+        transcripts: TranscriptWriter,
+    ) -> None:
+        self._settings = settings
+        self._storage = storage
+        self._queue = queue
+        self._provider = provider
+        self._sources = sources
+        self._transcripts = transcripts
+
+    def call_budget(self, remaining_seconds: float) -> float:
+        return min(self._settings.provider_timeout_seconds, remaining_seconds - self._settings.result_reserve_seconds)
+
+    async def transcribe_message(self, body: str, remaining_seconds: Callable[[], float]) -> PageResult:
+        """Claim the job a message names, transcribe its page and store the result under the lease.
+
+        A duplicate delivery (the job is claimed or finished) is acknowledged without a model call. The
+        claim is committed before the model is called and no transaction is open during the call."""
+        try:
+            job_id = parse_job_id(body)
+        except MalformedMessageError as exc:
+            # It names no job, so no page depends on it; retrying it could only loop.
+            log.error("message rejected: %s", exc)
+            return PageResult.REJECTED
+        remaining = remaining_seconds()
+        if self.call_budget(remaining) < self._settings.min_call_budget_seconds:
+            raise NotEnoughTimeError(
+                f"only {remaining:.1f} s of the invocation left; job {job_id} is left for redelivery"
+            )
+        job = self._storage.claim_job(
+            job_id,
+            lease_seconds=remaining + self._settings.lease_margin_seconds,
+            max_attempts=self._settings.max_attempts,
+        )
+        if job is None:
+            log.info("duplicate delivery: job is already claimed or finished", extra={"job_id": job_id})
+            return PageResult.DUPLICATE
+        document = self._storage.get_document(job.document_id)
+        if document is None:  # the foreign key makes this impossible short of manual deletion
+            raise LookupError(f"job {job_id} names document {job.document_id}, which does not exist")
+        ctx = _Context(job, document)
+        try:
+            return await self._transcribe_claimed(ctx, remaining_seconds)
+        except InvalidDocumentError as exc:
+            return await self._fail(ctx, f"the page could not be rendered: {exc.reason}")
+        except ObjectMissingError as exc:
+            return await self._fail(ctx, f"the source document is gone: {exc}")
+        except ProviderError as exc:
+            if not exc.retryable:
+                return await self._fail(ctx, exc.args[0])
+            return await self._retry(ctx, exc.args[0], retry_after=exc.retry_after)
+
+    async def _transcribe_claimed(self, ctx: _Context, remaining_seconds: Callable[[], float]) -> PageResult:
+        settings = self._settings
+        source = await self._sources.path_for(ctx.document)
+        if ctx.document.kind is None:
+            raise InvalidDocumentError("the document has no detected type")
+        rendered = await asyncio.to_thread(
+            render_page,
+            source,
+            DocumentKind(ctx.document.kind),
+            ctx.job.page_number,
+            dpi=settings.render_dpi,
+            max_long_edge=settings.render_max_long_edge,
+            image_format=settings.render_format,
+            max_image_pixels=settings.max_image_pixels,
+        )
+        budget = self.call_budget(remaining_seconds())
+        if budget < settings.min_call_budget_seconds:
+            return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
+        request = TranscriptionRequest(
+            image=PageImage(rendered.data, rendered.media_type),
+            prompt=ctx.document.prompt or settings.prompt,
+            model=ctx.document.model,
+            max_output_tokens=settings.max_output_tokens,
+            document_id=ctx.job.document_id,
+            page_number=ctx.job.page_number,
+        )
+        result = await self._provider.transcribe(request, budget_seconds=budget)
+        outcome = _outcome(result, self._provider.name)
+        if result.truncated:
+            return await self._fail(
+                ctx,
+                "the answer was truncated: the model stopped at the output limit (finish_reason=length, "
+                f"MAX_OUTPUT_TOKENS={settings.max_output_tokens}); the partial text is kept",
+                outcome,
+            )
+        progress = self._storage.complete_job(ctx.job, outcome)
+        if progress is None:
+            return self._lease_lost(ctx)
+        log.info(
+            "page completed",
+            extra={**ctx.log_extra, "latency_ms": outcome.latency_ms, "request_id": result.request_id},
+        )
+        await self._after_page(progress)
+        return PageResult.COMPLETED
+
+    async def _fail(self, ctx: _Context, reason: str, outcome: PageOutcome = NO_OUTCOME) -> PageResult:
+        progress = self._storage.fail_job(ctx.job, reason, outcome)
+        if progress is None:
+            return self._lease_lost(ctx)
+        log.warning("page failed: %s", reason, extra=ctx.log_extra)
+        await self._after_page(progress)
+        return PageResult.FAILED
+
+    async def _retry(self, ctx: _Context, reason: str, retry_after: float | None) -> PageResult:
+        if ctx.job.attempts >= self._settings.max_attempts:
+            return await self._fail(
+                ctx, f"attempts exhausted ({ctx.job.attempts} of {self._settings.max_attempts}): {reason}"
+            )
+        delay = retry_delay_seconds(self._settings, ctx.job.attempts, retry_after)
+        if not self._storage.requeue_job(ctx.job, reason, delay_seconds=delay):
+            return self._lease_lost(ctx)
+        sent = self._queue.send(
+            [JobMessage(ctx.job.job_id, ctx.job.document_id, ctx.job.page_number)], delay_seconds=delay
+        )
+        self._storage.mark_enqueued(sent)
+        log.warning("page requeued in %d s: %s", delay, reason, extra=ctx.log_extra)
+        return PageResult.REQUEUED
+
+    def _lease_lost(self, ctx: _Context) -> PageResult:
+        log.warning("lease lost: a newer claim owns this page; the result is not written", extra=ctx.log_extra)
+        return PageResult.LEASE_LOST
+
+    async def _after_page(self, progress: DocumentProgress) -> None:
+        if progress.all_pages_done:
+            await asyncio.to_thread(self._transcripts.finish, progress.document_id)

@@ -1,0 +1,29 @@
+"""Invoke a handler in this process as a fresh Lambda execution environment would.
+
+    python -m tests.support.invoke transcribe 60 < event.json   # prints the handler's response as JSON
+
+Tests run it as a subprocess to get truly separate environments (own event loop, pool and client) that
+race each other, and to kill one mid-call.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tests.support.aws_events import LambdaContext
+
+
+def main() -> None:
+    function, timeout = sys.argv[1], float(sys.argv[2])
+    event = json.load(sys.stdin)
+    if function == "transcribe":
+        from functions.transcribe.app import handler
+    else:
+        from functions.upload.app import handler
+    response = handler(event, LambdaContext(timeout))
+    print(json.dumps(response))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Drive the real handlers the way AWS does: S3 notifications into upload, SQS batches into transcribe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from functions.transcribe import app as transcribe_app
+from functions.upload import app as upload_app
+from tests.support.aws_events import LambdaContext, s3_put_event, sqs_event
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Pipeline:
+    s3: Any
+    sqs: Any
+    bucket: str
+    queue_url: str
+    queue_arn: str
+    function_timeout: float = 60.0
+
+    def put(self, key: str, data: bytes | Path) -> dict[str, Any]:
+        """Put an object and return the S3 notification AWS would send for it."""
+        body = data.read_bytes() if isinstance(data, Path) else data
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body)
+        head = self.s3.head_object(Bucket=self.bucket, Key=key)
+        return s3_put_event(self.bucket, key, size=head["ContentLength"], etag=head["ETag"].strip('"'))
+
+    def upload(self, key: str, data: bytes | Path) -> dict[str, Any]:
+        event = self.put(key, data)
+        return dict(upload_app.handler(event, LambdaContext(120)))
+
+    def receive(self, max_messages: int = 10) -> list[dict[str, Any]]:
+        response = self.sqs.receive_message(
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=max_messages,
+            WaitTimeSeconds=0,
+            AttributeNames=["All"],
+        )
+        return list(response.get("Messages", []))
+
+    def receive_all(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        while batch := self.receive():
+            messages.extend(batch)
+        return messages
+
+    def invoke_transcribe(self, event: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        return dict(transcribe_app.handler(event, LambdaContext(timeout or self.function_timeout)))
+
+    def invoke_transcribe_in_new_environments(self, event: dict[str, Any], count: int) -> list[dict[str, Any]]:
+        """Invoke the transcribe function ``count`` times at once, each in its own process (its own
+        execution environment), all with the same event; return their responses."""
+        command = [sys.executable, "-m", "tests.support.invoke", "transcribe", str(self.function_timeout)]
+        processes = [
+            subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in range(count)
+        ]
+        outputs = [p.communicate(json.dumps(event), timeout=self.function_timeout)[0] for p in processes]
+        assert all(p.returncode == 0 for p in processes), outputs
+        return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+
+    def run_until_idle(self, *, max_rounds: int = 200) -> list[dict[str, Any]]:
+        """Poll the queue like the event source mapping: deliver batches of ten, delete what succeeded,
+        make failed messages visible again at once. Returns the handler responses."""
+        responses: list[dict[str, Any]] = []
+        for _ in range(max_rounds):
+            messages = self.receive()
+            if not messages:
+                return responses
+            response = self.invoke_transcribe(sqs_event(messages, self.queue_arn))
+            responses.append(response)
+            failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
+            for m in messages:
+                if m["MessageId"] in failed:
+                    self.sqs.change_message_visibility(
+                        QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+                    )
+                else:
+                    self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"])
+        raise AssertionError(f"the queue did not drain in {max_rounds} rounds")
+
+    def transcript(self, document_id: str) -> tuple[str, dict[str, Any]]:
+        md = self.s3.get_object(Bucket=self.bucket, Key=f"transcripts/{document_id}.md")["Body"].read()
+        js = self.s3.get_object(Bucket=self.bucket, Key=f"transcripts/{document_id}.json")["Body"].read()
+        return md.decode("utf-8"), json.loads(js)
