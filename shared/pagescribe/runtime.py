@@ -24,6 +24,7 @@ from pagescribe.providers.base import TranscriptionProvider
 from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 from pagescribe.settings import Settings, get_settings
 from pagescribe.storage import Storage, create_database_engine
+from pagescribe.sweeping import Sweeper
 from pagescribe.transcription import SourceCache, Transcriber
 from pagescribe.transcripts import TranscriptWriter
 
@@ -94,6 +95,10 @@ class Runtime:
     @cached_property
     def transcriber(self) -> Transcriber:
         return Transcriber(self.settings, self.storage, self.queue, self.provider, self.sources, self.transcripts)
+
+    @cached_property
+    def sweeper(self) -> Sweeper:
+        return Sweeper(self.settings, self.storage, self.queue, self.transcripts)
 
     @cached_property
     def batch_processor(self) -> WarmLoopBatchProcessor:

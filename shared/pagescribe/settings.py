@@ -56,6 +56,13 @@ class Settings(BaseSettings):
     page_concurrency: int = Field(default=10, ge=1, le=100)
 
     max_attempts: int = Field(default=3, ge=1)
+    resend_after_seconds: float = Field(
+        default=1800.0, gt=900, description="A QUEUED job sent this long ago without progress is sent again."
+    )
+    finish_grace_seconds: float = Field(
+        default=120.0, ge=0, description="A document with every page done but unfinished this long is finished."
+    )
+    sweep_batch_size: int = Field(default=500, ge=1, le=10_000)
     retry_base_seconds: float = Field(default=10.0, ge=0)
     max_pages: int = Field(default=500, ge=1)
     max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1)

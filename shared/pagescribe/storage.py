@@ -38,9 +38,9 @@ class DocumentStatus(StrEnum):
 INSERT_DOCUMENT = text(
     """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count,
-                           status, error, model, prompt)
+                           status, error, model, prompt, finished_at)
     VALUES (:id, :bucket, :object_key, :etag, :version_id, :size_bytes, :kind, :page_count,
-            :status, :error, :model, :prompt)
+            :status, :error, :model, :prompt, CASE WHEN :status = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
     RETURNING id
     """
@@ -183,6 +183,99 @@ FINISH_DOCUMENT = text(
         finished_at = now(), updated_at = now()
     WHERE id = :document_id AND finished_at IS NULL AND pages_completed + pages_failed >= page_count
     RETURNING status
+    """
+)
+
+
+# --- sweeper ----------------------------------------------------------------------------------------------
+
+# An expired lease proves its holder dead (the lease outlasts the invocation): the page goes back to QUEUED,
+# unsent, so the same sweep sends it again.
+REQUEUE_EXPIRED_LEASES = text(
+    """
+    WITH expired AS (
+        SELECT id FROM jobs
+        WHERE status = 'PROCESSING' AND lease_expires_at < now() AND attempts < :max_attempts
+        ORDER BY lease_expires_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE jobs
+    SET status = 'QUEUED', lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL,
+        available_at = now(), updated_at = now(),
+        error = 'the lease of attempt ' || attempts || ' expired: the worker stopped before finishing'
+    WHERE id IN (SELECT id FROM expired)
+    RETURNING id
+    """
+)
+
+FAIL_EXPIRED_LEASES = text(
+    """
+    WITH expired AS (
+        SELECT id FROM jobs
+        WHERE status = 'PROCESSING' AND lease_expires_at < now() AND attempts >= :max_attempts
+        ORDER BY lease_expires_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ),
+    failed AS (
+        UPDATE jobs
+        SET status = 'FAILED', lease_expires_at = NULL, completed_at = now(), updated_at = now(),
+            error = 'attempts exhausted (' || attempts || ' of ' || CAST(:max_attempts AS text)
+                    || '): the lease expired; the worker stopped before finishing'
+        WHERE id IN (SELECT id FROM expired)
+        RETURNING document_id
+    ),
+    counts AS (SELECT document_id, count(*) AS n FROM failed GROUP BY document_id)
+    UPDATE documents
+    SET pages_failed = pages_failed + counts.n, updated_at = now()
+    FROM counts
+    WHERE documents.id = counts.document_id
+    RETURNING documents.id, documents.page_count, documents.pages_completed, documents.pages_failed,
+              counts.n AS jobs_failed
+    """
+)
+
+# Stamping enqueued_at before the send is this sweeper's claim on sending: a concurrent sweeper skips the
+# locked rows and then sees them stamped. A failed send clears the stamp again.
+CLAIM_UNSENT_JOBS = text(
+    """
+    WITH due AS (
+        SELECT id FROM jobs
+        WHERE status = 'QUEUED' AND available_at <= now()
+          AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => :resend_after_seconds))
+        ORDER BY created_at, page_number
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE jobs SET enqueued_at = now(), updated_at = now()
+    WHERE id IN (SELECT id FROM due)
+    RETURNING id, document_id, page_number
+    """
+)
+
+RELEASE_UNSENT_JOBS = text(
+    """
+    UPDATE jobs SET enqueued_at = NULL, updated_at = now()
+    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'QUEUED'
+    """
+)
+
+# Documents whose pages are all terminal but whose finishing invocation died: touched, so that a concurrent
+# sweeper leaves them alone for the grace period.
+CLAIM_UNFINISHED_DOCUMENTS = text(
+    """
+    WITH stuck AS (
+        SELECT id FROM documents
+        WHERE finished_at IS NULL AND status = 'PROCESSING' AND pages_completed + pages_failed >= page_count
+          AND updated_at < now() - make_interval(secs => :grace_seconds)
+        ORDER BY updated_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE documents SET updated_at = now()
+    WHERE id IN (SELECT id FROM stuck)
+    RETURNING id
     """
 )
 
@@ -465,6 +558,34 @@ class Storage:
                 delay_seconds=delay_seconds,
             )
         return row is not None
+
+    def requeue_expired_leases(self, *, max_attempts: int, limit: int) -> int:
+        with self.engine.begin() as conn:
+            return len(conn.execute(REQUEUE_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}).all())
+
+    def fail_expired_leases(self, *, max_attempts: int, limit: int) -> tuple[int, list[DocumentProgress]]:
+        """FAIL the expired leases that used their last attempt: (jobs failed, progress of their documents)."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(FAIL_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}).all()
+        progress = [DocumentProgress(str(r.id), r.page_count, r.pages_completed, r.pages_failed) for r in rows]
+        return sum(r.jobs_failed for r in rows), progress
+
+    def claim_unsent_jobs(self, *, resend_after_seconds: float, limit: int) -> list[tuple[str, str, int]]:
+        """(job id, document id, page) of due QUEUED jobs never sent, or sent long ago; stamped as sent."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(CLAIM_UNSENT_JOBS, {"resend_after_seconds": resend_after_seconds, "limit": limit}).all()
+        return [(str(r.id), str(r.document_id), r.page_number) for r in rows]
+
+    def release_unsent_jobs(self, job_ids: Sequence[str]) -> None:
+        if not job_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(RELEASE_UNSENT_JOBS, {"ids": list(job_ids)})
+
+    def claim_unfinished_documents(self, *, grace_seconds: float, limit: int) -> list[str]:
+        with self.engine.begin() as conn:
+            rows = conn.execute(CLAIM_UNFINISHED_DOCUMENTS, {"grace_seconds": grace_seconds, "limit": limit}).all()
+        return [str(r.id) for r in rows]
 
     def get_document(self, document_id: str) -> DocumentRecord | None:
         with self.engine.connect() as conn:

@@ -84,7 +84,7 @@ def test_three_concurrent_deliveries_of_each_message_make_one_model_call_per_pag
     fake_provider.default_delay = 1.5  # long enough for the three environments to overlap
     event = sqs_event(messages, pipeline.queue_arn)
     # When three execution environments (separate processes) receive the same batch at once
-    responses = pipeline.invoke_transcribe_in_new_environments(event, 3)
+    responses = pipeline.invoke_in_new_environments("transcribe", event, 3)
     assert all(r["batchItemFailures"] == [] for r in responses)
     # Then each page was transcribed by exactly one model call and completed once
     assert fake_provider.calls == 4

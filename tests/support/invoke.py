@@ -1,6 +1,6 @@
 """Invoke a handler in this process as a fresh Lambda execution environment would.
 
-    python -m tests.support.invoke transcribe 60 < event.json   # prints the handler's response as JSON
+    python -m tests.support.invoke transcribe|upload|sweeper 60 < event.json   # prints the handler's response as JSON
 
 Tests run it as a subprocess to get truly separate environments (own event loop, pool and client) that
 race each other, and to kill one mid-call.
@@ -19,6 +19,8 @@ def main() -> None:
     event = json.load(sys.stdin)
     if function == "transcribe":
         from functions.transcribe.app import handler
+    elif function == "sweeper":
+        from functions.sweeper.app import handler
     else:
         from functions.upload.app import handler
     response = handler(event, LambdaContext(timeout))

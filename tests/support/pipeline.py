@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,17 @@ from functions.upload import app as upload_app
 from tests.support.aws_events import LambdaContext, s3_put_event, sqs_event
 
 REPO = Path(__file__).resolve().parents[2]
+SCHEDULED_EVENT: dict[str, Any] = {
+    "version": "0",
+    "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
+    "detail-type": "Scheduled Event",
+    "source": "aws.events",
+    "account": "123456789012",
+    "time": "2026-12-03T12:00:00Z",
+    "region": "us-east-1",
+    "resources": ["arn:aws:events:us-east-1:123456789012:rule/pagescribe-sweeper"],
+    "detail": {},
+}
 
 
 @dataclass
@@ -54,15 +66,20 @@ class Pipeline:
     def invoke_transcribe(self, event: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         return dict(transcribe_app.handler(event, LambdaContext(timeout or self.function_timeout)))
 
-    def invoke_transcribe_in_new_environments(self, event: dict[str, Any], count: int) -> list[dict[str, Any]]:
-        """Invoke the transcribe function ``count`` times at once, each in its own process (its own
-        execution environment), all with the same event; return their responses."""
-        command = [sys.executable, "-m", "tests.support.invoke", "transcribe", str(self.function_timeout)]
-        processes = [
-            subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            for _ in range(count)
-        ]
-        outputs = [p.communicate(json.dumps(event), timeout=self.function_timeout)[0] for p in processes]
+    def start_in_new_environment(
+        self, function: str, event: dict[str, Any], timeout: float | None = None
+    ) -> subprocess.Popen[str]:
+        """Start one invocation in its own process (its own execution environment); the event is sent."""
+        command = [sys.executable, "-m", "tests.support.invoke", function, str(timeout or self.function_timeout)]
+        with tempfile.TemporaryFile("w+") as stdin:
+            json.dump(event, stdin)
+            stdin.seek(0)
+            return subprocess.Popen(command, cwd=REPO, stdin=stdin, stdout=subprocess.PIPE, text=True)
+
+    def invoke_in_new_environments(self, function: str, event: dict[str, Any], count: int) -> list[dict[str, Any]]:
+        """Invoke ``function`` ``count`` times at once, each in its own process, all with the same event."""
+        processes = [self.start_in_new_environment(function, event) for _ in range(count)]
+        outputs = [p.communicate(timeout=self.function_timeout)[0] for p in processes]
         assert all(p.returncode == 0 for p in processes), outputs
         return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
 
@@ -85,6 +102,11 @@ class Pipeline:
                 else:
                     self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"])
         raise AssertionError(f"the queue did not drain in {max_rounds} rounds")
+
+    def sweep(self) -> dict[str, Any]:
+        from functions.sweeper import app as sweeper_app
+
+        return dict(sweeper_app.handler(SCHEDULED_EVENT, LambdaContext(120)))
 
     def transcript(self, document_id: str) -> tuple[str, dict[str, Any]]:
         md = self.s3.get_object(Bucket=self.bucket, Key=f"transcripts/{document_id}.md")["Body"].read()

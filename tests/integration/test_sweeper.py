@@ -1,0 +1,149 @@
+"""The sweeper: dead workers, lost messages, orphaned documents; overlapping sweepers never double-send."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import get_settings
+from pagescribe.storage import PageOutcome, Storage
+from sqlalchemy import text
+
+from tests.fakes.chat_server import FakeChatServer, Hang, Ok
+from tests.support.aws_events import sqs_event
+from tests.support.pipeline import SCHEDULED_EVENT, Pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def _pages(storage: Storage, document_id: str) -> list[dict[str, Any]]:
+    with storage.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT * FROM jobs WHERE document_id = :id ORDER BY page_number"), {"id": document_id}
+        ).mappings()
+        return [dict(r) for r in rows]
+
+
+def _reconfigure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    shutdown_runtime()
+    get_settings.cache_clear()
+
+
+def test_a_worker_killed_mid_call_is_recovered_and_the_page_completed(
+    pipeline: Pipeline,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given short leases (an 8 s invocation, no margin) and a provider that hangs
+    _reconfigure(monkeypatch, LEASE_MARGIN_SECONDS="0")
+    [doc] = pipeline.upload("uploads/killed.png", corpus / "smile.png")["documents"]
+    [message] = pipeline.receive_all()
+    fake_provider.set_default(Hang(60))
+    # When the worker process is SIGKILLed after its claim, in the middle of the model call
+    worker = pipeline.start_in_new_environment("transcribe", sqs_event([message], pipeline.queue_arn), timeout=8)
+    for _ in range(100):
+        if fake_provider.calls:
+            break
+        time.sleep(0.1)
+    assert fake_provider.calls == 1, "the worker never reached the model"
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    [page] = _pages(storage, doc["document_id"])
+    assert page["status"] == "PROCESSING"
+    # And the lease runs out, and the sweeper runs
+    time.sleep(max(0.0, (page["lease_expires_at"].timestamp() - time.time())) + 0.5)
+    fake_provider.set_default(Ok())
+    report = pipeline.sweep()
+    # Then the page went back to the queue and was sent again, and the next delivery completes it
+    assert report["leases_requeued"] == 1 and report["jobs_sent"] == 1
+    pipeline.run_until_idle()
+    [page] = _pages(storage, doc["document_id"])
+    assert page["status"] == "COMPLETED" and page["attempts"] == 2
+    _, js = pipeline.transcript(doc["document_id"])
+    assert js["status"] == "COMPLETED"
+
+
+def test_jobs_whose_send_failed_are_sent_by_the_sweeper(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+) -> None:
+    # Given a document recorded while SQS refused every send (the queue was gone)
+    attributes = pipeline.sqs.get_queue_attributes(QueueUrl=pipeline.queue_url, AttributeNames=["All"])
+    name = pipeline.queue_url.rsplit("/", 1)[1]
+    pipeline.sqs.delete_queue(QueueUrl=pipeline.queue_url)
+    [doc] = pipeline.upload("uploads/unsent.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
+    assert doc["messages_sent"] == 0
+    assert attributes["Attributes"]["QueueArn"].endswith(name)
+    pipeline.sqs.create_queue(QueueName=name)
+    # When the sweeper runs
+    report = pipeline.sweep()
+    # Then every job is sent once and stamped, and the pipeline completes the document
+    assert report["jobs_sent"] == 4
+    assert all(p["enqueued_at"] is not None for p in _pages(storage, doc["document_id"]))
+    pipeline.run_until_idle()
+    assert [p["status"] for p in _pages(storage, doc["document_id"])] == ["COMPLETED"] * 4
+    assert fake_provider.calls == 4
+
+
+def test_two_concurrent_sweepers_never_send_a_job_twice(pipeline: Pipeline, storage: Storage, corpus: Path) -> None:
+    # Given 200 jobs whose messages were lost
+    name = pipeline.queue_url.rsplit("/", 1)[1]
+    pipeline.sqs.delete_queue(QueueUrl=pipeline.queue_url)
+    for i in range(50):
+        pipeline.upload(f"uploads/lost-{i}.pdf", corpus / "pdflatex-4-pages.pdf")
+    pipeline.sqs.create_queue(QueueName=name)
+    # When two sweepers run at the same moment, in two execution environments
+    reports = pipeline.invoke_in_new_environments("sweeper", SCHEDULED_EVENT, 2)
+    # Then between them they sent each job exactly once
+    assert sum(r["jobs_sent"] for r in reports) == 200
+    sent = Counter(json.loads(m["Body"])["job_id"] for m in pipeline.receive_all())
+    assert len(sent) == 200 and set(sent.values()) == {1}
+    # And a sweep right after sends nothing (the jobs are stamped as sent)
+    assert pipeline.sweep()["jobs_sent"] == 0
+
+
+def test_a_lease_expired_on_the_last_attempt_fails_the_page_and_finishes_the_document(
+    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _reconfigure(monkeypatch, MAX_ATTEMPTS="1")
+    [doc] = pipeline.upload("uploads/last.png", corpus / "smile.png")["documents"]
+    [page] = _pages(storage, doc["document_id"])
+    job = storage.claim_job(str(page["id"]), lease_seconds=0.2, max_attempts=1)
+    assert job is not None
+    time.sleep(0.5)
+    report = pipeline.sweep()
+    [page] = _pages(storage, doc["document_id"])
+    assert report["leases_failed"] == 1 and page["status"] == "FAILED"
+    assert "attempts exhausted (1 of 1)" in page["error"]
+    _, js = pipeline.transcript(doc["document_id"])
+    assert js["status"] == "FAILED"
+
+
+def test_a_document_whose_finisher_died_is_finished(
+    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a document whose every page completed, but whose finishing invocation died before writing
+    _reconfigure(monkeypatch, FINISH_GRACE_SECONDS="0")
+    [doc] = pipeline.upload("uploads/orphan.png", corpus / "smile.png")["documents"]
+    [page] = _pages(storage, doc["document_id"])
+    job = storage.claim_job(str(page["id"]), lease_seconds=60, max_attempts=3)
+    assert job is not None
+    outcome = PageOutcome("hello", "stop", 1, 1, 0.0, "m", "fake", "gen-9")
+    progress = storage.complete_job(job, outcome)
+    assert progress is not None and progress.all_pages_done
+    # When the sweeper runs
+    report = pipeline.sweep()
+    # Then it writes the transcript and finishes the document, once
+    assert report["documents_finished"] == 1
+    markdown, js = pipeline.transcript(doc["document_id"])
+    assert js["status"] == "COMPLETED" and "hello" in markdown
+    assert pipeline.sweep()["documents_finished"] == 0
