@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
+import httpx
+from aws_lambda_powertools.utilities import parameters
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -65,6 +67,34 @@ class DocumentStore:
     def put_text(self, bucket: str, key: str, body: str, *, content_type: str) -> None:
         self._client.put_object(Bucket=bucket, Key=key, Body=body.encode("utf-8"), ContentType=content_type)
 
+    def get_text(self, bucket: str, key: str) -> str:
+        try:
+            body = self._client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in {"404", "NoSuchKey"}:
+                raise ObjectMissingError(f"s3://{bucket}/{key} does not exist") from exc
+            raise
+        return bytes(body).decode("utf-8")
+
+    def presign_put(self, bucket: str, key: str, *, content_type: str, expires_in: int) -> str:
+        """A URL the client PUTs the file to directly (files never pass through API Gateway or Lambda)."""
+        return self._client.generate_presigned_url(
+            "put_object",
+            Params={"Bucket": bucket, "Key": key, "ContentType": content_type},
+            ExpiresIn=expires_in,
+            HttpMethod="PUT",
+        )
+
+
+def read_secret(arn: str) -> str:
+    """A Secrets Manager secret's string, through Powertools' cached parameter provider."""
+    return str(parameters.get_secret(arn, max_age=300))
+
+
+def read_secure_parameter(name: str) -> str:
+    """An SSM SecureString, decrypted, through Powertools' cached parameter provider."""
+    return str(parameters.get_parameter(name, decrypt=True, max_age=300))
+
 
 @dataclass(frozen=True)
 class JobMessage:
@@ -109,3 +139,10 @@ class JobQueue:
                     extra={"job_id": chunk[int(failed["Id"])].job_id, "error": failed.get("Message", "")},
                 )
         return sent
+
+
+def respond_to_cloudformation(response_url: str, body: dict[str, Any]) -> None:
+    """Answer a CloudFormation custom resource request: a PUT of the JSON result to its presigned URL."""
+    payload = json.dumps(body).encode("utf-8")
+    response = httpx.put(response_url, content=payload, headers={"Content-Type": ""}, timeout=30)
+    response.raise_for_status()

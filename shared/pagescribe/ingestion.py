@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sys
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
 from pagescribe.documents import InvalidDocumentError, inspect_document
 from pagescribe.settings import Settings
-from pagescribe.storage import DocumentStatus, NewDocument, Storage
+from pagescribe.storage import DocumentRecord, DocumentStatus, NewDocument, Storage
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,31 @@ class IngestResult:
     error: str | None = None
 
 
+def parse_page_selection(spec: str, *, max_pages: int) -> tuple[int, ...]:
+    """Pages named like "1-3,7" (1-based, inclusive ranges), sorted and without repeats."""
+    pages: set[int] = set()
+    for part in spec.replace(" ", "").split(","):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"invalid page selection {spec!r}: use page numbers and ranges like '1-3,7'")
+        start, end = int(first), int(last) if dash else int(first)
+        if start < 1 or end < start:
+            raise ValueError(f"invalid page range {part!r} in {spec!r}: pages start at 1 and ranges go upwards")
+        if end - start + 1 + len(pages) > max_pages:
+            raise ValueError(f"the selection {spec!r} names more than MAX_PAGES={max_pages} pages")
+        pages.update(range(start, end + 1))
+    return tuple(sorted(pages))
+
+
 def _megabytes(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MiB"
+
+
+def _selection_error(requested: tuple[int, ...] | None, page_count: int) -> str | None:
+    missing = [p for p in requested or () if p > page_count]
+    if not missing:
+        return None
+    return f"pages {', '.join(map(str, missing))} were requested but the document has {page_count} pages"
 
 
 class Ingestor:
@@ -57,32 +82,38 @@ class Ingestor:
         if not obj.key.startswith(self._settings.upload_prefix):
             log.info("ignoring an object outside %s", self._settings.upload_prefix, extra={"key": obj.key})
             return IngestResult(obj.bucket, obj.key, None, "IGNORED")
+        pending = self._pending_document(obj)
         new = NewDocument(
             bucket=obj.bucket,
             object_key=obj.key,
             etag=obj.etag,
             version_id=obj.version_id or "",
             size_bytes=obj.size,
-            model=self._settings.model,
+            model=pending.model if pending else self._settings.model,
+            prompt=pending.prompt if pending else None,
         )
         existing = self._storage.find_document(new)
         if existing is not None:
             log.info("duplicate S3 event: the object is already recorded", extra={"document_id": existing})
             return IngestResult(obj.bucket, obj.key, existing, "DUPLICATE")
 
+        requested = pending.requested_pages if pending else None
         kind: str | None = None
         pages: list[int] = []
         error = self._precheck(obj)
         if error is None:
             try:
-                kind, page_count = self._inspect(obj)
-                pages = list(range(1, page_count + 1))
+                kind, page_count = self._inspect(obj, selected=requested is not None)
+                pages = list(requested or range(1, page_count + 1))
+                error = _selection_error(requested, page_count)
             except InvalidDocumentError as exc:
                 error = exc.reason
             except ObjectMissingError as exc:
                 error = str(exc)
 
-        created = self._storage.create_document(new, kind=kind, pages=pages, error=error)
+        created = self._storage.create_document(
+            new, kind=kind, pages=pages, error=error, pending_id=pending.document_id if pending else None
+        )
         if created.duplicate:
             return IngestResult(obj.bucket, obj.key, created.document_id, "DUPLICATE")
         if error is not None:
@@ -106,6 +137,22 @@ class Ingestor:
         )
         return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.PROCESSING, len(pages), len(sent))
 
+    def _pending_document(self, obj: UploadedObject) -> DocumentRecord | None:
+        """The API-created document this upload belongs to (keys look like uploads/<document-id>/<name>)."""
+        candidate = obj.key[len(self._settings.upload_prefix) :].split("/", 1)[0]
+        try:
+            document_id = str(uuid.UUID(candidate))
+        except ValueError:
+            return None
+        document = self._storage.get_document(document_id)
+        if (
+            document is None
+            or document.status is not DocumentStatus.AWAITING_UPLOAD
+            or (document.bucket, document.object_key) != (obj.bucket, obj.key)
+        ):
+            return None
+        return document
+
     def _precheck(self, obj: UploadedObject) -> str | None:
         if obj.size == 0:
             return "the file is empty (0 bytes)"
@@ -116,11 +163,11 @@ class Ingestor:
             )
         return None
 
-    def _inspect(self, obj: UploadedObject) -> tuple[str, int]:
+    def _inspect(self, obj: UploadedObject, *, selected: bool) -> tuple[str, int]:
+        # With a page selection (checked against MAX_PAGES when it was made), the document may be longer.
+        max_pages = sys.maxsize if selected else self._settings.max_pages
         with tempfile.TemporaryDirectory(prefix="pagescribe-upload-") as scratch:
             path = Path(scratch) / "source"
             self._store.download(obj.bucket, obj.key, path, version_id=obj.version_id)
-            info = inspect_document(
-                path, max_pages=self._settings.max_pages, max_image_pixels=self._settings.max_image_pixels
-            )
+            info = inspect_document(path, max_pages=max_pages, max_image_pixels=self._settings.max_image_pixels)
         return info.kind.value, info.page_count

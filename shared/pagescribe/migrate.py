@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 from alembic import command
 from alembic.config import Config
+
+log = logging.getLogger(__name__)
 
 
 def alembic_config(sqlalchemy_url: str) -> Config:
@@ -17,3 +22,21 @@ def alembic_config(sqlalchemy_url: str) -> Config:
 def upgrade_database(sqlalchemy_url: str) -> None:
     """Bring the database to the newest schema; a database already there is left as it is."""
     command.upgrade(alembic_config(sqlalchemy_url), "head")
+
+
+def run_migration_resource(
+    request_type: str, database_url: Callable[[], str], *, physical_id: str | None
+) -> tuple[str, str, str]:
+    """The CloudFormation custom resource that migrates the schema on every deploy: (status, reason, id).
+
+    Create and Update bring the schema to head (idempotent); Delete leaves the data alone. A failure is
+    reported with its reason instead of being raised, so the stack fails fast rather than waiting an hour."""
+    resource_id = physical_id or "pagescribe-schema"
+    if request_type == "Delete":
+        return "SUCCESS", "the schema is kept when the stack is deleted", resource_id
+    try:
+        upgrade_database(database_url())
+    except Exception as exc:  # every failure must reach CloudFormation as a reason
+        log.exception("migration failed")
+        return "FAILED", f"migration failed: {type(exc).__name__}: {exc}"[:1000], resource_id
+    return "SUCCESS", "database schema is up to date", resource_id

@@ -16,13 +16,16 @@ from functools import cached_property
 from types import FrameType
 from typing import Any, TypeVar
 
+import httpx
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType
 
-from pagescribe.aws import DocumentStore, JobQueue, s3_client, sqs_client
+from pagescribe.aws import DocumentStore, JobQueue, read_secret, read_secure_parameter, s3_client, sqs_client
+from pagescribe.callbacks import CallbackNotifier
 from pagescribe.ingestion import Ingestor
 from pagescribe.providers.base import TranscriptionProvider
 from pagescribe.providers.openai_compat import OpenAICompatibleProvider
-from pagescribe.settings import Settings, get_settings
+from pagescribe.service import DocumentService
+from pagescribe.settings import ConfigurationError, Settings, database_url_from_secret, get_settings
 from pagescribe.storage import Storage, create_database_engine
 from pagescribe.sweeping import Sweeper
 from pagescribe.transcription import SourceCache, Transcriber
@@ -59,8 +62,17 @@ class Runtime:
         return self.loop.run_until_complete(coroutine)
 
     @cached_property
+    def database_url(self) -> str:
+        settings = self.settings
+        if settings.database_url:
+            return settings.sqlalchemy_url
+        if settings.database_secret_arn:
+            return database_url_from_secret(read_secret(settings.database_secret_arn), host=settings.database_host)
+        raise ConfigurationError("set DATABASE_URL or DATABASE_SECRET_ARN: there is no database to use")
+
+    @cached_property
     def storage(self) -> Storage:
-        return Storage(create_database_engine(self.settings.sqlalchemy_url))
+        return Storage(create_database_engine(self.database_url))
 
     @cached_property
     def store(self) -> DocumentStore:
@@ -72,13 +84,34 @@ class Runtime:
 
     @cached_property
     def provider(self) -> TranscriptionProvider:
-        key = self.settings.provider_api_key
+        settings = self.settings
+        if settings.uses_offline_provider:
+            from pagescribe.providers.offline import RapidOcrProvider  # an optional extra
+
+            return RapidOcrProvider()
+        if settings.provider_api_key is not None:
+            key: str | None = settings.provider_api_key.get_secret_value()
+        elif settings.provider_api_key_parameter:
+            key = read_secure_parameter(settings.provider_api_key_parameter)
+        else:
+            key = None
         return OpenAICompatibleProvider(
-            base_url=self.settings.provider_base_url,
-            api_key=key.get_secret_value() if key is not None else None,
-            max_connections=self.settings.page_concurrency,
-            usage_accounting=self.settings.provider_usage_accounting,
+            base_url=settings.provider_base_url,
+            api_key=key,
+            max_connections=settings.page_concurrency,
+            usage_accounting=settings.provider_usage_accounting,
         )
+
+    @cached_property
+    def notifier(self) -> CallbackNotifier:
+        settings = self.settings
+        if settings.callback_secret is not None:
+            secret: bytes | None = settings.callback_secret.get_secret_value().encode()
+        elif settings.callback_secret_parameter:
+            secret = read_secure_parameter(settings.callback_secret_parameter).encode()
+        else:
+            secret = None
+        return CallbackNotifier(settings, self.storage, secret, httpx.Client(follow_redirects=False))
 
     @cached_property
     def sources(self) -> SourceCache:
@@ -86,7 +119,7 @@ class Runtime:
 
     @cached_property
     def transcripts(self) -> TranscriptWriter:
-        return TranscriptWriter(self.settings, self.storage, self.store)
+        return TranscriptWriter(self.settings, self.storage, self.store, self.notifier)
 
     @cached_property
     def ingestor(self) -> Ingestor:
@@ -97,8 +130,14 @@ class Runtime:
         return Transcriber(self.settings, self.storage, self.queue, self.provider, self.sources, self.transcripts)
 
     @cached_property
+    def documents(self) -> DocumentService:
+        settings = self.settings
+        signed = settings.callback_secret is not None or settings.callback_secret_parameter is not None
+        return DocumentService(settings, self.storage, self.store, self.queue, callbacks_signed=signed)
+
+    @cached_property
     def sweeper(self) -> Sweeper:
-        return Sweeper(self.settings, self.storage, self.queue, self.transcripts)
+        return Sweeper(self.settings, self.storage, self.queue, self.transcripts, self.notifier)
 
     @cached_property
     def batch_processor(self) -> WarmLoopBatchProcessor:
@@ -109,6 +148,8 @@ class Runtime:
         built = self.__dict__
         if "provider" in built and not self.loop.is_running():
             self.run(self.provider.aclose())
+        if "notifier" in built:
+            self.notifier.close()
         if "storage" in built:
             self.storage.engine.dispose()
         if "sources" in built:

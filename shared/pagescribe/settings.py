@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import URL
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 
@@ -30,13 +32,29 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, description="PostgreSQL URL (postgresql://user:pass@host:port/db); psycopg 3 is used."
     )
+    database_secret_arn: str | None = Field(
+        default=None,
+        description="Secrets Manager secret with the database connection (RDS JSON, {'url': …} or a URL); "
+        "used when DATABASE_URL is not set.",
+    )
+    database_host: str | None = Field(
+        default=None, description="Overrides the secret's host (the RDS Proxy endpoint when the stack makes one)."
+    )
     bucket_name: str | None = Field(default=None, description="S3 bucket holding uploads/ and transcripts/.")
     queue_url: str | None = Field(default=None, description="SQS queue carrying one message per page job.")
     upload_prefix: str = "uploads/"
     transcript_prefix: str = "transcripts/"
 
     provider_base_url: str = OPENROUTER_BASE_URL
+    provider: Literal["auto", "openai-compatible", "offline"] = Field(
+        default="auto",
+        description="auto: the OpenAI-compatible endpoint when a key (or a non-default base URL) is configured, "
+        "else the offline OCR provider.",
+    )
     provider_api_key: SecretStr | None = None
+    provider_api_key_parameter: str | None = Field(
+        default=None, description="SSM SecureString holding the provider key (read at cold start, cached)."
+    )
     provider_usage_accounting: bool = Field(
         default=True, description="Ask the provider to report cost (OpenRouter's usage.include)."
     )
@@ -68,6 +86,17 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
     max_image_pixels: int = Field(default=60_000_000, ge=1)
 
+    api_key: SecretStr | None = Field(
+        default=None, description="When set, every API request but /health must carry it in x-api-key."
+    )
+    upload_url_expiry_seconds: int = Field(default=900, ge=60, le=7 * 24 * 3600)
+    callback_secret: SecretStr | None = Field(default=None, description="HMAC-SHA256 key for callbacks.")
+    callback_secret_parameter: str | None = Field(
+        default=None, description="SSM SecureString holding the callback HMAC key."
+    )
+    callback_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    callback_max_attempts: int = Field(default=5, ge=1, le=20)
+
     render_dpi: int = Field(default=150, ge=36, le=600)
     render_max_long_edge: int = Field(default=1568, ge=256, le=10_000)
     render_format: Literal["jpeg", "png"] = "jpeg"
@@ -83,6 +112,18 @@ class Settings(BaseSettings):
                 f"DATABASE_URL must be a PostgreSQL URL (postgresql://…); got scheme {scheme or '(none)'!r}"
             )
         return value
+
+    @field_validator(
+        "database_secret_arn",
+        "database_host",
+        "provider_api_key_parameter",
+        "callback_secret_parameter",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # CloudFormation passes an unset optional parameter as an empty string.
+        return None if value == "" else value
 
     @field_validator("upload_prefix", "transcript_prefix")
     @classmethod
@@ -108,9 +149,14 @@ class Settings(BaseSettings):
     @property
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver named, as SQLAlchemy wants it."""
-        url = self.require("database_url")
-        scheme, rest = url.split("://", 1)
-        return f"postgresql+psycopg://{rest}" if scheme != "postgresql+psycopg" else url
+        return to_sqlalchemy_url(self.require("database_url"))
+
+    @property
+    def uses_offline_provider(self) -> bool:
+        if self.provider != "auto":
+            return self.provider == "offline"
+        has_key = self.provider_api_key is not None or self.provider_api_key_parameter is not None
+        return not has_key and self.provider_base_url == OPENROUTER_BASE_URL
 
     def require(self, name: Literal["database_url", "bucket_name", "queue_url"]) -> str:
         """The value of a setting that this code path cannot run without."""
@@ -124,6 +170,43 @@ class Settings(BaseSettings):
         if not value:
             raise ConfigurationError(f"{name.upper()} is not set; it is required here")
         return value
+
+
+def to_sqlalchemy_url(url: str) -> str:
+    scheme, rest = url.split("://", 1)
+    return f"postgresql+psycopg://{rest}" if scheme != "postgresql+psycopg" else url
+
+
+def database_url_from_secret(secret: str, *, host: str | None = None) -> str:
+    """A SQLAlchemy URL from a Secrets Manager secret: RDS's JSON (username, password, host, port, dbname),
+    a JSON object with "url", or a plain URL. ``host`` (an RDS Proxy endpoint) replaces the secret's host."""
+    text = secret.strip()
+    if not text.startswith("{"):
+        if host:
+            raise ConfigurationError("DATABASE_HOST cannot override a plain-URL database secret; store RDS JSON")
+        return to_sqlalchemy_url(text)
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"the database secret is not valid JSON: {exc.msg}") from exc
+    if "url" in fields and not host:
+        return to_sqlalchemy_url(str(fields["url"]))
+    missing = [k for k in ("username", "password") if k not in fields]
+    if missing or not (host or fields.get("host")):
+        raise ConfigurationError(
+            f"the database secret lacks {', '.join(missing or ['host'])}; expected RDS JSON "
+            "{username, password, host, port, dbname}"
+        )
+    url = URL.create(
+        "postgresql+psycopg",
+        username=str(fields["username"]),
+        password=str(fields["password"]),
+        host=host or str(fields["host"]),
+        port=int(fields.get("port", 5432)),
+        database=str(fields.get("dbname") or fields.get("database") or "postgres"),
+        query={"sslmode": "require"},
+    )
+    return url.render_as_string(hide_password=False)
 
 
 @lru_cache(maxsize=1)

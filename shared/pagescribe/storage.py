@@ -27,6 +27,7 @@ class JobStatus(StrEnum):
 
 
 class DocumentStatus(StrEnum):
+    AWAITING_UPLOAD = "AWAITING_UPLOAD"
     PROCESSING = "PROCESSING"
     COMPLETED = "COMPLETED"
     PARTIAL = "PARTIAL"
@@ -42,6 +43,27 @@ INSERT_DOCUMENT = text(
     VALUES (:id, :bucket, :object_key, :etag, :version_id, :size_bytes, :kind, :page_count,
             :status, :error, :model, :prompt, CASE WHEN :status = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
+    RETURNING id
+    """
+)
+
+INSERT_PENDING_DOCUMENT = text(
+    """
+    INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, prompt,
+                           filename, requested_pages, callback_url)
+    VALUES (:id, :bucket, :object_key, '', '', 0, 'AWAITING_UPLOAD', :model, :prompt,
+            :filename, :requested_pages, :callback_url)
+    """
+)
+
+# The upload of a document created through the API: it becomes PROCESSING (or FAILED) once.
+ACTIVATE_DOCUMENT = text(
+    """
+    UPDATE documents
+    SET etag = :etag, version_id = :version_id, size_bytes = :size_bytes, kind = :kind, page_count = :page_count,
+        status = :status, error = :error, finished_at = CASE WHEN :status = 'FAILED' THEN now() END,
+        updated_at = now()
+    WHERE id = :id AND status = 'AWAITING_UPLOAD'
     RETURNING id
     """
 )
@@ -161,8 +183,49 @@ REQUEUE_JOB = text(
 GET_DOCUMENT = text(
     """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, status, error,
-           model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at
+           model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
+           filename, requested_pages, callback_url, callback_status, callback_error
     FROM documents WHERE id = :document_id
+    """
+)
+
+PAGE_SUMMARY = text(
+    """
+    SELECT status, count(*) AS pages, coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost
+    FROM jobs WHERE document_id = :document_id
+    GROUP BY status
+    """
+)
+
+PAGE_ERRORS = text(
+    """
+    SELECT page_number, status, attempts, error FROM jobs
+    WHERE document_id = :document_id AND error IS NOT NULL
+    ORDER BY page_number
+    LIMIT :limit
+    """
+)
+
+# Only FAILED pages go back, with a fresh set of attempts; the document is unfinished again.
+RETRY_FAILED_PAGES = text(
+    """
+    WITH retried AS (
+        UPDATE jobs
+        SET status = 'QUEUED', attempts = 0, error = NULL, result_text = NULL, finish_reason = NULL,
+            lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
+            completed_at = NULL, updated_at = now()
+        WHERE document_id = :document_id AND status = 'FAILED'
+        RETURNING id, page_number
+    ),
+    reopened AS (
+        UPDATE documents
+        SET pages_failed = pages_failed - (SELECT count(*) FROM retried), status = 'PROCESSING', error = NULL,
+            finished_at = NULL, callback_status = NULL, updated_at = now()
+        WHERE id = :document_id AND EXISTS (SELECT 1 FROM retried)
+        RETURNING id
+    )
+    SELECT id, page_number FROM retried ORDER BY page_number
     """
 )
 
@@ -180,9 +243,38 @@ FINISH_DOCUMENT = text(
     """
     UPDATE documents
     SET status = :status, error = :error, transcript_key = :transcript_key,
-        finished_at = now(), updated_at = now()
+        finished_at = now(), updated_at = now(),
+        callback_status = CASE WHEN callback_url IS NOT NULL THEN 'PENDING' END,
+        callback_attempts = 0, callback_next_at = now(), callback_error = NULL
     WHERE id = :document_id AND finished_at IS NULL AND pages_completed + pages_failed >= page_count
     RETURNING status
+    """
+)
+
+# A due callback, claimed for a while (callback_next_at moves on) so that no one else delivers it meanwhile.
+CLAIM_DUE_CALLBACKS = text(
+    """
+    WITH due AS (
+        SELECT id FROM documents
+        WHERE callback_status = 'PENDING' AND callback_next_at <= now()
+          AND (CAST(:document_id AS uuid) IS NULL OR id = CAST(:document_id AS uuid))
+        ORDER BY callback_next_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE documents
+    SET callback_attempts = callback_attempts + 1, callback_next_at = now() + interval '5 minutes'
+    WHERE id IN (SELECT id FROM due)
+    RETURNING id, callback_url, callback_attempts
+    """
+)
+
+RECORD_CALLBACK = text(
+    """
+    UPDATE documents
+    SET callback_status = :status, callback_error = :error,
+        callback_next_at = now() + make_interval(secs => :retry_in_seconds)
+    WHERE id = :document_id AND callback_status = 'PENDING'
     """
 )
 
@@ -329,6 +421,49 @@ class DocumentRecord:
     transcript_key: str | None
     created_at: datetime
     finished_at: datetime | None
+    filename: str | None = None
+    requested_pages: tuple[int, ...] | None = None
+    callback_url: str | None = None
+    callback_status: str | None = None
+    callback_error: str | None = None
+
+
+@dataclass(frozen=True)
+class PendingDocument:
+    """A document created through the API, waiting for its upload to ``object_key``."""
+
+    document_id: str
+    bucket: str
+    object_key: str
+    filename: str
+    model: str
+    prompt: str | None
+    requested_pages: tuple[int, ...] | None
+    callback_url: str | None
+
+
+@dataclass(frozen=True)
+class PageSummary:
+    status: JobStatus
+    pages: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+
+
+@dataclass(frozen=True)
+class PageError:
+    page_number: int
+    status: JobStatus
+    attempts: int
+    error: str
+
+
+@dataclass(frozen=True)
+class DueCallback:
+    document_id: str
+    url: str
+    attempts: int
 
 
 @dataclass(frozen=True)
@@ -419,27 +554,37 @@ class Storage:
         kind: str | None,
         pages: Sequence[int],
         error: str | None = None,
+        pending_id: str | None = None,
     ) -> CreatedDocument:
         """Record a document and one QUEUED job per page in one transaction; with ``error``, a FAILED
-        document and no jobs. The same object (bucket, key, etag, version) is recorded once."""
-        document_id = str(uuid.uuid4())
+        document and no jobs. The same object (bucket, key, etag, version) is recorded once. With
+        ``pending_id``, the document the API created for this upload is the one recorded."""
+        document_id = pending_id or str(uuid.uuid4())
+        params: dict[str, Any] = {
+            "id": document_id,
+            "etag": new.etag,
+            "version_id": new.version_id,
+            "size_bytes": new.size_bytes,
+            "kind": kind,
+            "page_count": 0 if error else len(pages),
+            "status": DocumentStatus.FAILED.value if error else DocumentStatus.PROCESSING.value,
+            "error": error,
+        }
         with self.engine.begin() as conn:
-            row = self._one(
-                conn,
-                INSERT_DOCUMENT,
-                id=document_id,
-                bucket=new.bucket,
-                object_key=new.object_key,
-                etag=new.etag,
-                version_id=new.version_id,
-                size_bytes=new.size_bytes,
-                kind=kind,
-                page_count=0 if error else len(pages),
-                status=DocumentStatus.FAILED if error else DocumentStatus.PROCESSING,
-                error=error,
-                model=new.model,
-                prompt=new.prompt,
-            )
+            if pending_id is not None:
+                row = self._one(conn, ACTIVATE_DOCUMENT, **params)
+            else:
+                row = self._one(
+                    conn,
+                    INSERT_DOCUMENT,
+                    **params,
+                    bucket=new.bucket,
+                    object_key=new.object_key,
+                    model=new.model,
+                    prompt=new.prompt,
+                )
+            if row is None and pending_id is not None:
+                return CreatedDocument(document_id, (), duplicate=True)
             if row is None:
                 existing = self._one(
                     conn,
@@ -456,6 +601,52 @@ class Storage:
                 jobs = conn.execute(INSERT_JOBS, {"document_id": document_id, "pages": list(pages)}).all()
                 job_ids = tuple(str(j.id) for j in sorted(jobs, key=lambda j: j.page_number))
         return CreatedDocument(document_id, job_ids, duplicate=False)
+
+    def create_pending_document(self, pending: PendingDocument) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                INSERT_PENDING_DOCUMENT,
+                {
+                    "id": pending.document_id,
+                    "bucket": pending.bucket,
+                    "object_key": pending.object_key,
+                    "model": pending.model,
+                    "prompt": pending.prompt,
+                    "filename": pending.filename,
+                    "requested_pages": list(pending.requested_pages) if pending.requested_pages else None,
+                    "callback_url": pending.callback_url,
+                },
+            )
+
+    def page_summary(self, document_id: str) -> list[PageSummary]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(PAGE_SUMMARY, {"document_id": document_id}).all()
+        return [
+            PageSummary(JobStatus(r.status), r.pages, r.prompt_tokens, r.completion_tokens, float(r.cost)) for r in rows
+        ]
+
+    def page_errors(self, document_id: str, *, limit: int = 1000) -> list[PageError]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(PAGE_ERRORS, {"document_id": document_id, "limit": limit}).all()
+        return [PageError(r.page_number, JobStatus(r.status), r.attempts, r.error) for r in rows]
+
+    def retry_failed_pages(self, document_id: str) -> list[tuple[str, int]]:
+        """Requeue the FAILED pages of a document: (job id, page) of each, to be sent after this commit."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(RETRY_FAILED_PAGES, {"document_id": document_id}).all()
+        return [(str(r.id), r.page_number) for r in rows]
+
+    def claim_due_callbacks(self, *, limit: int, document_id: str | None = None) -> list[DueCallback]:
+        with self.engine.begin() as conn:
+            rows = conn.execute(CLAIM_DUE_CALLBACKS, {"limit": limit, "document_id": document_id}).all()
+        return [DueCallback(str(r.id), r.callback_url, r.callback_attempts) for r in rows]
+
+    def record_callback(self, document_id: str, *, status: str, error: str | None, retry_in_seconds: float = 0) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                RECORD_CALLBACK,
+                {"document_id": document_id, "status": status, "error": error, "retry_in_seconds": retry_in_seconds},
+            )
 
     def find_document(self, new: NewDocument) -> str | None:
         """The id of the document already recorded for this exact object, if any."""
@@ -610,6 +801,11 @@ class Storage:
             transcript_key=row.transcript_key,
             created_at=row.created_at,
             finished_at=row.finished_at,
+            filename=row.filename,
+            requested_pages=tuple(row.requested_pages) if row.requested_pages is not None else None,
+            callback_url=row.callback_url,
+            callback_status=row.callback_status,
+            callback_error=row.callback_error,
         )
 
     def load_pages(self, document_id: str) -> list[PageRecord]:

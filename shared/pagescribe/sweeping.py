@@ -6,6 +6,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from pagescribe.aws import JobMessage, JobQueue
+from pagescribe.callbacks import CallbackNotifier
 from pagescribe.settings import Settings
 from pagescribe.storage import Storage
 from pagescribe.transcripts import TranscriptWriter
@@ -20,14 +21,23 @@ class SweepReport:
     jobs_sent: int
     jobs_unsent: int
     documents_finished: int
+    callbacks_delivered: int
 
 
 class Sweeper:
-    def __init__(self, settings: Settings, storage: Storage, queue: JobQueue, transcripts: TranscriptWriter) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        storage: Storage,
+        queue: JobQueue,
+        transcripts: TranscriptWriter,
+        notifier: CallbackNotifier,
+    ) -> None:
         self._settings = settings
         self._storage = storage
         self._queue = queue
         self._transcripts = transcripts
+        self._notifier = notifier
 
     def sweep(self) -> SweepReport:
         """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap."""
@@ -48,6 +58,7 @@ class Sweeper:
         stuck = self._storage.claim_unfinished_documents(grace_seconds=settings.finish_grace_seconds, limit=limit)
         finished += sum(self._transcripts.finish(document_id) is not None for document_id in stuck)
 
-        report = SweepReport(requeued, failed, len(sent), len(unsent), finished)
+        delivered = self._notifier.deliver_due(limit=limit)
+        report = SweepReport(requeued, failed, len(sent), len(unsent), finished, delivered)
         log.info("sweep done", extra=asdict(report))
         return report

@@ -6,6 +6,7 @@ import json
 import logging
 
 from pagescribe.aws import DocumentStore
+from pagescribe.callbacks import CallbackNotifier
 from pagescribe.settings import Settings
 from pagescribe.storage import DocumentRecord, DocumentStatus, JobStatus, PageRecord, Storage
 
@@ -69,10 +70,11 @@ def _final_status(pages: list[PageRecord]) -> tuple[DocumentStatus, str | None]:
 
 
 class TranscriptWriter:
-    def __init__(self, settings: Settings, storage: Storage, store: DocumentStore) -> None:
+    def __init__(self, settings: Settings, storage: Storage, store: DocumentStore, notifier: CallbackNotifier) -> None:
         self._settings = settings
         self._storage = storage
         self._store = store
+        self._notifier = notifier
 
     def transcript_key(self, document_id: str, suffix: str) -> str:
         return f"{self._settings.transcript_prefix}{document_id}.{suffix}"
@@ -101,4 +103,5 @@ class TranscriptWriter:
         if not self._storage.finish_document(document_id, status=status, error=error, transcript_key=markdown_key):
             return None
         log.info("document finished", extra={"document_id": document_id, "status": status.value})
+        self._notifier.deliver_due(document_id=document_id)
         return status

@@ -106,3 +106,42 @@ class LambdaContext(PowertoolsLambdaContext):
 
 def job_ids_in(event: dict[str, Any]) -> list[str]:
     return [json.loads(r["body"])["job_id"] for r in event["Records"]]
+
+
+def api_event(
+    method: str,
+    path: str,
+    *,
+    body: str | None = None,
+    headers: dict[str, str] | None = None,
+    query: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """An API Gateway REST (v1) proxy event, as the {proxy+}-style integration sends it."""
+    all_headers = {"Host": "abc123.execute-api.us-east-1.amazonaws.com", "User-Agent": "curl/8.5.0", **(headers or {})}
+    if body is not None:
+        all_headers.setdefault("Content-Type", "application/json")
+    return {
+        "resource": path,
+        "path": path,
+        "httpMethod": method,
+        "headers": all_headers,
+        "multiValueHeaders": {k: [v] for k, v in all_headers.items()},
+        "queryStringParameters": query,
+        "multiValueQueryStringParameters": {k: [v] for k, v in query.items()} if query else None,
+        "pathParameters": None,
+        "stageVariables": None,
+        "requestContext": {
+            "accountId": ACCOUNT,
+            "apiId": "abc123",
+            "httpMethod": method,
+            "path": f"/v1{path}",
+            "protocol": "HTTP/1.1",
+            "requestId": str(uuid.uuid4()),
+            "requestTimeEpoch": int(time.time() * 1000),
+            "resourcePath": path,
+            "stage": "v1",
+            "identity": {"sourceIp": "127.0.0.1", "userAgent": "curl/8.5.0"},
+        },
+        "body": body,
+        "isBase64Encoded": False,
+    }

@@ -1,0 +1,165 @@
+"""What the REST API does: create a document and its upload URL, report status, serve the transcript, retry."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import Any
+
+from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
+from pagescribe.ingestion import parse_page_selection
+from pagescribe.settings import Settings
+from pagescribe.status import describe_document
+from pagescribe.storage import DocumentRecord, DocumentStatus, PendingDocument, Storage
+
+UPLOAD_CONTENT_TYPES = ("application/pdf", "image/png", "image/jpeg", "image/tiff", "image/webp")
+FINISHED = {DocumentStatus.COMPLETED, DocumentStatus.PARTIAL, DocumentStatus.FAILED}
+
+
+class RequestError(ValueError):
+    """A request that cannot be served as asked; ``field`` names the offending input where there is one."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class NewUpload:
+    filename: str
+    content_type: str
+    pages: str | None = None
+    model: str | None = None
+    prompt: str | None = None
+    callback_url: str | None = None
+
+
+@dataclass(frozen=True)
+class CreatedUpload:
+    document_id: str
+    key: str
+    upload_url: str
+    content_type: str
+    expires_at: datetime
+
+
+class TranscriptFormat(StrEnum):
+    MARKDOWN = "markdown"
+    JSON = "json"
+
+
+@dataclass(frozen=True)
+class TranscriptAnswer:
+    """The transcript when the document is finished; otherwise ``body`` is None and ``status`` says why."""
+
+    status: DocumentStatus
+    body: str | None
+    error: str | None = None
+
+
+def safe_filename(filename: str) -> str:
+    """The last path component, without control characters, so the S3 key stays ours."""
+    name = PurePosixPath(filename.replace("\\", "/")).name
+    cleaned = "".join(ch for ch in name if ch.isprintable()).strip()
+    if cleaned in {"", ".", ".."}:
+        raise RequestError(f"filename {filename!r} has no usable name", field="filename")
+    return cleaned[:200]
+
+
+def parse_document_id(document_id: str) -> str | None:
+    """The canonical form of an id, or None for anything that is not one (never reaches SQL)."""
+    try:
+        return str(uuid.UUID(document_id))
+    except ValueError:
+        return None
+
+
+class DocumentService:
+    def __init__(
+        self,
+        settings: Settings,
+        storage: Storage,
+        store: DocumentStore,
+        queue: JobQueue,
+        callbacks_signed: bool,
+    ) -> None:
+        self._settings = settings
+        self._storage = storage
+        self._store = store
+        self._queue = queue
+        self._callbacks_signed = callbacks_signed
+
+    def create(self, upload: NewUpload) -> CreatedUpload:
+        """Record a document awaiting its upload and return a presigned PUT URL under uploads/."""
+        if upload.content_type not in UPLOAD_CONTENT_TYPES:
+            raise RequestError(
+                f"content_type {upload.content_type!r} is not supported; use one of {', '.join(UPLOAD_CONTENT_TYPES)}",
+                field="content_type",
+            )
+        requested: tuple[int, ...] | None = None
+        if upload.pages:
+            try:
+                requested = parse_page_selection(upload.pages, max_pages=self._settings.max_pages)
+            except ValueError as exc:
+                raise RequestError(str(exc), field="pages") from exc
+        if upload.callback_url and not self._callbacks_signed:
+            raise RequestError(
+                "callback_url needs CALLBACK_SECRET (or CALLBACK_SECRET_PARAMETER) configured, "
+                "so that callbacks can be signed",
+                field="callback_url",
+            )
+        bucket = self._settings.require("bucket_name")
+        document_id = str(uuid.uuid4())
+        key = f"{self._settings.upload_prefix}{document_id}/{safe_filename(upload.filename)}"
+        self._storage.create_pending_document(
+            PendingDocument(
+                document_id=document_id,
+                bucket=bucket,
+                object_key=key,
+                filename=safe_filename(upload.filename),
+                model=upload.model or self._settings.model,
+                prompt=upload.prompt,
+                requested_pages=requested,
+                callback_url=upload.callback_url,
+            )
+        )
+        expires_in = self._settings.upload_url_expiry_seconds
+        url = self._store.presign_put(bucket, key, content_type=upload.content_type, expires_in=expires_in)
+        return CreatedUpload(
+            document_id, key, url, upload.content_type, datetime.now(UTC) + timedelta(seconds=expires_in)
+        )
+
+    def _document(self, document_id: str) -> DocumentRecord | None:
+        canonical = parse_document_id(document_id)
+        return self._storage.get_document(canonical) if canonical else None
+
+    def describe(self, document_id: str) -> dict[str, Any] | None:
+        document = self._document(document_id)
+        return describe_document(self._storage, document) if document else None
+
+    def transcript(self, document_id: str, fmt: TranscriptFormat) -> TranscriptAnswer | None:
+        document = self._document(document_id)
+        if document is None:
+            return None
+        if document.status not in FINISHED or document.transcript_key is None:
+            return TranscriptAnswer(document.status, None, document.error)
+        key = document.transcript_key
+        if fmt is TranscriptFormat.JSON:
+            key = key.removesuffix(".md") + ".json"
+        try:
+            return TranscriptAnswer(document.status, self._store.get_text(document.bucket, key))
+        except ObjectMissingError:
+            return TranscriptAnswer(document.status, None, "the transcript file is missing from the bucket")
+
+    def retry(self, document_id: str) -> list[int] | None:
+        """Requeue the FAILED pages and send them (after the commit); the pages retried, or None if unknown."""
+        document = self._document(document_id)
+        if document is None:
+            return None
+        retried = self._storage.retry_failed_pages(document.document_id)
+        sent = self._queue.send([JobMessage(job_id, document.document_id, page) for job_id, page in retried])
+        self._storage.mark_enqueued(sent)
+        return [page for _, page in retried]

@@ -1,0 +1,208 @@
+"""The REST API through real API Gateway proxy events, against moto (over HTTP) and PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import get_settings
+from pagescribe.storage import Storage
+
+from functions.api import app as api_app
+from tests.fakes.chat_server import FakeChatServer, Ok, Status
+from tests.support.aws_events import LambdaContext, api_event, s3_put_event
+from tests.support.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "test-api-key-0123456789"
+CALLBACK_SECRET = "callback-secret"
+
+
+def call(method: str, path: str, *, body: Any = None, key: str | None = API_KEY, **kw: Any) -> tuple[int, Any]:
+    headers = {"x-api-key": key} if key is not None else {}
+    raw = body if isinstance(body, str) or body is None else json.dumps(body)
+    response = api_app.handler(api_event(method, path, body=raw, headers=headers, **kw), LambdaContext(29))
+    text = response["body"]
+    try:
+        return response["statusCode"], json.loads(text)
+    except json.JSONDecodeError:
+        return response["statusCode"], text
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[tuple[dict[str, str], bytes]]
+    answers: list[int]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.received.append((dict(self.headers), body))
+        code = self.answers.pop(0) if self.answers else 200
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+@pytest.fixture
+def callback_receiver() -> Iterator[tuple[str, type[_Receiver]]]:
+    handler = type("Receiver", (_Receiver,), {"received": [], "answers": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hooks/pagescribe", handler
+    server.shutdown()
+
+
+@pytest.fixture
+def api(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
+    monkeypatch.setenv("API_KEY", API_KEY)
+    monkeypatch.setenv("CALLBACK_SECRET", CALLBACK_SECRET)
+    shutdown_runtime()
+    get_settings.cache_clear()
+    return pipeline
+
+
+def upload_through_presigned_url(api: Pipeline, created: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """PUT the file to the presigned URL over HTTP (as a client would), then deliver the S3 notification."""
+    put = httpx.put(created["upload_url"], content=data, headers=created["upload_headers"])
+    assert put.status_code == 200, put.text
+    key = httpx.URL(created["upload_url"]).path.split("/", 2)[2]
+    head = api.s3.head_object(Bucket=api.bucket, Key=key)
+    event = s3_put_event(api.bucket, key, size=head["ContentLength"], etag=head["ETag"].strip('"'))
+    from functions.upload import app as upload_app
+
+    return dict(upload_app.handler(event, LambdaContext(120)))
+
+
+def test_the_full_flow_create_upload_transcribe_status_transcript_retry(
+    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, callback_receiver: Any
+) -> None:
+    url, receiver = callback_receiver
+    # Given a document created through the API, for pages 1, 2 and 4, with a callback
+    code, created = call(
+        "POST",
+        "/documents",
+        body={"filename": "report q3.pdf", "content_type": "application/pdf", "pages": "1-2,4", "callback_url": url},
+    )
+    assert code == 201 and created["status"] == "AWAITING_UPLOAD"
+    document_id = created["document_id"]
+    assert call("GET", f"/documents/{document_id}")[1]["status"] == "AWAITING_UPLOAD"
+    # When the file is PUT to the presigned URL and S3 notifies the upload function
+    [doc] = upload_through_presigned_url(api, created, (corpus / "pdflatex-4-pages.pdf").read_bytes())["documents"]
+    assert doc["document_id"] == document_id and doc["pages"] == 3
+    # Then the transcript is not ready yet (409 with the status)
+    code, body = call("GET", f"/documents/{document_id}/transcript")
+    assert code == 409 and body["status"] == "PROCESSING"
+    # When one page fails for good (the provider refuses it) and the other two complete
+    fake_provider.script(Ok(), Ok())
+    fake_provider.set_default(Status(400, "unreadable page"))
+    api.run_until_idle()
+    code, status = call("GET", f"/documents/{document_id}")
+    assert code == 200 and status["status"] == "PARTIAL"
+    assert status["pages"] == {"QUEUED": 0, "PROCESSING": 0, "COMPLETED": 2, "FAILED": 1}
+    assert status["progress"] == 1.0 and status["cost"] > 0 and status["prompt_tokens"] == 2000
+    [page_error] = status["page_errors"]
+    failed_page = page_error["page"]
+    assert failed_page in (1, 2, 4) and page_error["status"] == "FAILED"
+    assert "unreadable page" in page_error["error"]
+    # And the transcript is served as markdown and as JSON
+    code, markdown = call("GET", f"/documents/{document_id}/transcript")
+    assert code == 200 and "<!-- page 1 of 3 -->" in markdown and "unreadable page" in markdown
+    code, as_json = call("GET", f"/documents/{document_id}/transcript", query={"format": "json"})
+    assert code == 200 and [p["page"] for p in as_json["pages"]] == [1, 2, 4]
+    # And the signed callback arrived once
+    [(headers, raw)] = receiver.received
+    expected = "sha256=" + hmac.new(CALLBACK_SECRET.encode(), raw, hashlib.sha256).hexdigest()
+    assert headers["X-Pagescribe-Signature"] == expected
+    assert json.loads(raw)["status"] == "PARTIAL" and json.loads(raw)["document_id"] == document_id
+    # When the failed page is retried and the provider has recovered
+    fake_provider.set_default(Ok())
+    code, retried = call("POST", f"/documents/{document_id}/retry")
+    assert code == 202 and retried["pages_requeued"] == [failed_page]
+    api.run_until_idle()
+    # Then the document completes
+    code, status = call("GET", f"/documents/{document_id}")
+    assert status["status"] == "COMPLETED" and status["pages"]["COMPLETED"] == 3
+    assert call("POST", f"/documents/{document_id}/retry")[0] == 409
+    assert len(receiver.received) == 2
+
+
+def test_a_failed_callback_never_fails_the_document_and_is_retried(
+    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, callback_receiver: Any
+) -> None:
+    url, receiver = callback_receiver
+    receiver.answers.extend([500])
+    _, created = call(
+        "POST", "/documents", body={"filename": "a.png", "content_type": "image/png", "callback_url": url}
+    )
+    upload_through_presigned_url(api, created, (corpus / "smile.png").read_bytes())
+    api.run_until_idle()
+    document = storage.get_document(created["document_id"])
+    assert document is not None and document.status.value == "COMPLETED"
+    assert document.callback_status == "PENDING" and document.callback_error == "HTTP 500"
+    assert len(receiver.received) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"content_type": "application/pdf"}, "filename"),
+        ({"filename": "a.pdf", "content_type": "text/plain"}, "content_type"),
+        ({"filename": "a.pdf", "content_type": "application/pdf", "pages": "3-1"}, "pages"),
+        ({"filename": "a.pdf", "content_type": "application/pdf", "pages": "one"}, "pages"),
+        ({"filename": "a.pdf", "content_type": "application/pdf", "callback_url": "ftp://x"}, "callback_url"),
+        ({"filename": "a.pdf", "content_type": "application/pdf", "surprise": 1}, "surprise"),
+    ],
+)
+def test_malformed_bodies_get_422_naming_the_field(api: Pipeline, body: dict[str, Any], field: str) -> None:
+    code, answer = call("POST", "/documents", body=body)
+    assert code == 422
+    assert field in json.dumps(answer)
+
+
+def test_a_body_that_is_not_json_gets_422(api: Pipeline) -> None:
+    code, answer = call("POST", "/documents", body="{not json")
+    assert code == 422 and "Traceback" not in json.dumps(answer)
+
+
+def test_the_api_key_is_required_except_for_health(api: Pipeline) -> None:
+    assert call("GET", "/health", key=None) == (200, {"status": "ok"})
+    assert call("GET", "/documents/00000000-0000-0000-0000-000000000000", key=None)[0] == 401
+    assert call("GET", "/documents/00000000-0000-0000-0000-000000000000", key="wrong")[0] == 403
+
+
+@pytest.mark.parametrize("document_id", ["00000000-0000-0000-0000-000000000000", "1' OR '1'='1", "..%2F..%2Fetc"])
+def test_unknown_and_sql_looking_ids_get_404(api: Pipeline, document_id: str) -> None:
+    for method, suffix in (("GET", ""), ("GET", "/transcript"), ("POST", "/retry")):
+        code, answer = call(method, f"/documents/{document_id}{suffix}")
+        assert code == 404, (method, suffix, answer)
+        assert answer == {"message": "no document with this id"}
+
+
+def test_an_oversized_body_gets_413(api: Pipeline) -> None:
+    body = {"filename": "a.pdf", "content_type": "application/pdf", "prompt": "x" * 70_000}
+    code, answer = call("POST", "/documents", body=body)
+    assert code == 413 and "exceeds" in answer["message"]
+
+
+def test_the_key_is_checked_before_the_body_is_looked_at(api: Pipeline) -> None:
+    code, answer = call("POST", "/documents", body="{not json", key=None)
+    assert code == 401 and answer == {"message": "missing API key: send it in the x-api-key header"}
+
+
+def test_the_committed_openapi_document_matches_the_code() -> None:
+    committed = (Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text()
+    assert json.loads(committed) == json.loads(api_app.openapi_json()), (
+        "docs/openapi.json is stale: regenerate it with `.venv/bin/python -m functions.api.app > docs/openapi.json`"
+    )
