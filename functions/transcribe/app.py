@@ -8,6 +8,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import async_process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from pagescribe.observability import metrics
 from pagescribe.runtime import get_runtime
 from pagescribe.settings import get_settings
 from pagescribe.transcription import PageResult
@@ -16,6 +17,7 @@ get_settings().check_model_call_budget()  # validate the configuration at cold s
 logger = Logger()
 
 
+@metrics.log_metrics
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     runtime = get_runtime()

@@ -18,6 +18,7 @@ from typing import Any
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
 from pagescribe.documents import DocumentKind, InvalidDocumentError, render_page
+from pagescribe.observability import count, milliseconds
 from pagescribe.providers.base import (
     PageImage,
     ProviderError,
@@ -178,6 +179,7 @@ class Transcriber:
         )
         if job is None:
             log.info("duplicate delivery: job is already claimed or finished", extra={"job_id": job_id})
+            count("DuplicateDeliveries")
             return PageResult.DUPLICATE
         document = self._storage.get_document(job.document_id)
         if document is None:  # the foreign key makes this impossible short of manual deletion
@@ -236,6 +238,11 @@ class Transcriber:
             "page completed",
             extra={**ctx.log_extra, "latency_ms": outcome.latency_ms, "request_id": result.request_id},
         )
+        count("PagesCompleted")
+        milliseconds("ModelLatency", result.latency_seconds * 1000)
+        count("PromptTokens", result.prompt_tokens or 0)
+        count("CompletionTokens", result.completion_tokens or 0)
+        count("CostUSD", result.cost or 0.0)
         await self._after_page(progress)
         return PageResult.COMPLETED
 
@@ -244,6 +251,7 @@ class Transcriber:
         if progress is None:
             return self._lease_lost(ctx)
         log.warning("page failed: %s", reason, extra=ctx.log_extra)
+        count("PagesFailed")
         await self._after_page(progress)
         return PageResult.FAILED
 
@@ -260,10 +268,12 @@ class Transcriber:
         )
         self._storage.mark_enqueued(sent)
         log.warning("page requeued in %d s: %s", delay, reason, extra=ctx.log_extra)
+        count("PagesRequeued")
         return PageResult.REQUEUED
 
     def _lease_lost(self, ctx: _Context) -> PageResult:
         log.warning("lease lost: a newer claim owns this page; the result is not written", extra=ctx.log_extra)
+        count("LeaseLost")
         return PageResult.LEASE_LOST
 
     async def _after_page(self, progress: DocumentProgress) -> None:

@@ -1,0 +1,18 @@
+"""CloudWatch metrics (embedded metric format through Powertools), flushed once per invocation."""
+
+from __future__ import annotations
+
+from aws_lambda_powertools import Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+
+NAMESPACE = "Pagescribe"
+
+metrics = Metrics(namespace=NAMESPACE, service="pagescribe")
+
+
+def count(name: str, value: float = 1) -> None:
+    metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+
+
+def milliseconds(name: str, value: float) -> None:
+    metrics.add_metric(name=name, unit=MetricUnit.Milliseconds, value=value)
