@@ -1,0 +1,237 @@
+"""The offline provider: OCR on the CPU with RapidOCR and onnxruntime, with no network and no API key.
+
+RapidOCR (the ``offline`` extra) ships its ONNX models inside its wheel. The engine is pointed at those
+files by path, so it never reaches its download code: nothing is fetched at run time, and a rapidocr
+release that does not ship them is refused when the provider is constructed.
+
+Each page is decoded, recognised and laid out in a worker thread, so the event loop stays free. A
+RapidOCR engine keeps per-call state and is not documented as thread-safe, so no engine is ever used by
+two threads at once: each of the ``max_workers`` threads takes an idle engine or builds one, lazily, on
+its first page, and the engines are reused for every later page.
+
+The prompt, model and output-token limit of a request are ignored: OCR takes none of them. The text is
+the detected lines in reading order, top to bottom and left to right, with a blank line where the gap
+between two lines is large; a page with no text reads :data:`BLANK_PAGE`, as the vision prompt asks.
+Columns are not detected: lines of side-by-side columns at the same height are joined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import io
+import itertools
+import logging
+import os
+import queue
+import statistics
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata, resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PIL import Image
+
+from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
+from pagescribe.settings import ConfigurationError
+
+if TYPE_CHECKING:
+    from rapidocr import RapidOCR
+
+logger = logging.getLogger(__name__)
+
+BLANK_PAGE = "(blank page)"
+PARAGRAPH_GAP = 1.5  # a gap between two lines taller than this many median line heights starts a paragraph
+# The detection and recognition models in the rapidocr wheel (3.10.0 ships them), its default models.
+_MODEL_FILES = {"Det": "PP-OCRv6_det_small.onnx", "Rec": "PP-OCRv6_rec_small.onnx"}
+_MISSING_EXTRA = "the offline provider needs the 'offline' extra: pip install 'pagescribe[offline]'"
+
+
+@dataclass(frozen=True)
+class TextBox:
+    """One detected run of text and its extent on the page, in pixels (y grows downwards)."""
+
+    text: str
+    left: float
+    top: float
+    bottom: float
+
+
+@dataclass
+class _Line:
+    top: float
+    bottom: float
+    boxes: list[TextBox] = field(default_factory=list)
+
+    def accepts(self, box: TextBox) -> bool:
+        """The box's vertical centre is within the line and the line's is within the box."""
+        return (
+            self.top <= (box.top + box.bottom) / 2 <= self.bottom
+            and box.top <= (self.top + self.bottom) / 2 <= box.bottom
+        )
+
+    def add(self, box: TextBox) -> None:
+        self.boxes.append(box)
+        self.top = min(self.top, box.top)
+        self.bottom = max(self.bottom, box.bottom)
+
+    def text(self) -> str:
+        return " ".join(box.text for box in sorted(self.boxes, key=lambda box: box.left))
+
+
+def boxes_to_text(boxes: Iterable[TextBox]) -> str:
+    """The boxes as lines in reading order; a gap over PARAGRAPH_GAP median line heights becomes a blank line."""
+    lines: list[_Line] = []
+    for box in sorted(boxes, key=lambda box: (box.top, box.left)):
+        if not lines or not lines[-1].accepts(box):
+            lines.append(_Line(box.top, box.bottom))
+        lines[-1].add(box)
+    if not lines:
+        return BLANK_PAGE
+    paragraph_gap = PARAGRAPH_GAP * statistics.median(line.bottom - line.top for line in lines)
+    parts = [lines[0].text()]
+    for previous, line in itertools.pairwise(lines):
+        if line.top - previous.bottom > paragraph_gap:
+            parts.append("")
+        parts.append(line.text())
+    return "\n".join(parts)
+
+
+class RapidOcrProvider:
+    """Transcribes page images with RapidOCR on the CPU, at most ``max_workers`` pages at a time.
+
+    Each worker thread has its own engine (its own models in memory) and divides the CPU cores with the
+    others. A page whose budget runs out cannot be stopped: its thread finishes it in the background,
+    and later pages wait for a free worker within their own budgets.
+    """
+
+    def __init__(self, *, max_workers: int = 1) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be at least 1, not {max_workers}")
+        self._engine_class = _import_rapidocr()
+        self._model = f"rapidocr-{metadata.version('rapidocr')}"
+        self._engine_params: dict[str, object] = {
+            "Global.use_cls": False,  # pages are upright; the text-direction classifier only costs time
+            "Global.log_level": "error",  # RapidOCR's own logger; it warns on every blank page
+            "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,
+            "EngineConfig.onnxruntime.intra_op_num_threads": max(1, (os.cpu_count() or 1) // max_workers),
+            **{f"{stage}.model_path": str(path) for stage, path in _bundled_models().items()},
+        }
+        self._max_workers = max_workers
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pagescribe-ocr")
+        self._idle: queue.SimpleQueue[RapidOCR] = queue.SimpleQueue()
+        self._loads_lock = threading.Lock()
+        self._engine_loads = 0
+
+    def __repr__(self) -> str:
+        return f"RapidOcrProvider(max_workers={self._max_workers})"
+
+    @property
+    def name(self) -> str:
+        return "offline:rapidocr"
+
+    @property
+    def engine_loads(self) -> int:
+        """How many OCR engines this provider has built: at most one per worker thread."""
+        return self._engine_loads
+
+    async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
+        """Transcribe one page; return or raise :class:`ProviderError` within ``budget_seconds``."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(budget_seconds):
+                text = await loop.run_in_executor(self._executor, self._recognise, request.image.data)
+        except TimeoutError:
+            raise ProviderError(
+                f"offline OCR did not finish within the {budget_seconds:g} s budget", retryable=True
+            ) from None
+        return Transcription(
+            text=text,
+            finish_reason="stop",
+            model=self._model,
+            prompt_tokens=None,
+            completion_tokens=None,
+            cost=0.0,
+            request_id=None,
+            latency_seconds=loop.time() - started,
+            http_attempts=1,
+        )
+
+    async def aclose(self) -> None:
+        """Stop the workers, waiting for a page still being recognised, and free the engines."""
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        self._idle = queue.SimpleQueue()
+
+    def _recognise(self, data: bytes) -> str:
+        """Runs in a worker thread: decode, OCR with an engine no other thread is using, lay out."""
+        try:
+            with Image.open(io.BytesIO(data)) as encoded:
+                image = encoded.convert("RGB")
+        except (OSError, Image.DecompressionBombError) as exc:
+            raise ProviderError(f"cannot decode the page image: {exc}", retryable=False) from exc
+        try:
+            engine = self._idle.get_nowait()
+        except queue.Empty:
+            engine = self._build_engine()
+        try:
+            result = engine(image)
+        except Exception as exc:
+            raise ProviderError(f"offline OCR failed: {type(exc).__name__}: {exc}", retryable=False) from exc
+        finally:
+            self._idle.put(engine)
+        return boxes_to_text(_text_boxes(result))
+
+    def _build_engine(self) -> RapidOCR:
+        try:
+            engine = self._engine_class(params=self._engine_params)
+        except Exception as exc:
+            raise ProviderError(
+                f"cannot start the offline OCR engine: {type(exc).__name__}: {exc}", retryable=False
+            ) from exc
+        with self._loads_lock:
+            self._engine_loads += 1
+            loads = self._engine_loads
+        logger.info("built offline OCR engine %d (%s)", loads, self._model)
+        return engine
+
+
+def _import_rapidocr() -> type[RapidOCR]:
+    try:
+        importlib.import_module("onnxruntime")  # rapidocr imports it only when it loads the first model
+        from rapidocr import RapidOCR
+    except ImportError as exc:
+        raise ConfigurationError(_MISSING_EXTRA) from exc
+    return RapidOCR
+
+
+def _bundled_models() -> dict[str, Path]:
+    """The model files inside the installed rapidocr package, by RapidOCR config section."""
+    directory = Path(str(resources.files("rapidocr").joinpath("models")))
+    paths = {stage: directory / name for stage, name in _MODEL_FILES.items()}
+    missing = sorted(
+        name for name, path in zip(_MODEL_FILES.values(), paths.values(), strict=True) if not path.is_file()
+    )
+    if missing:
+        raise ConfigurationError(
+            f"rapidocr {metadata.version('rapidocr')} does not ship {', '.join(missing)} in {directory}, and "
+            "pagescribe never downloads models: install the 'offline' extra, pip install 'pagescribe[offline]'"
+        )
+    return paths
+
+
+def _text_boxes(result: object) -> list[TextBox]:
+    """The recognised lines of a RapidOCR result; none when nothing was detected or recognised."""
+    from rapidocr.utils.output import RapidOCROutput
+
+    if not isinstance(result, RapidOCROutput) or result.boxes is None or result.txts is None:
+        return []
+    boxes: list[TextBox] = []
+    for points, text in zip(result.boxes, result.txts, strict=True):
+        if text.strip():
+            ys = points[:, 1]
+            boxes.append(TextBox(text.strip(), float(points[:, 0].min()), float(ys.min()), float(ys.max())))
+    return boxes
