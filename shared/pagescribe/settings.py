@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     callback_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     callback_max_attempts: int = Field(default=5, ge=1, le=20)
 
+    text_layer: Literal["off", "auto"] = Field(
+        default="off",
+        description="auto: a PDF page with a usable embedded text layer is taken as it is, without a model call.",
+    )
     render_dpi: int = Field(default=150, ge=36, le=600)
     render_max_long_edge: int = Field(default=1568, ge=256, le=10_000)
     render_format: Literal["jpeg", "png"] = "jpeg"

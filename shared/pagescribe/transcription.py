@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
-from pagescribe.documents import DocumentKind, InvalidDocumentError, render_page
+from pagescribe.documents import DocumentKind, InvalidDocumentError, extract_text_layer, render_page
 from pagescribe.observability import count, milliseconds
 from pagescribe.providers.base import (
     PageImage,
@@ -62,6 +62,15 @@ def parse_job_id(body: str) -> str:
         return str(uuid.UUID(str(job_id)))
     except ValueError as exc:
         raise MalformedMessageError(f"message body names no valid job_id: {body[:80]!r}") from exc
+
+
+TEXT_LAYER = "pdf-text-layer"
+
+
+def usable_text_layer(text: str) -> bool:
+    """Enough real text to stand for the page (a scanned page has none, or a few stray characters)."""
+    visible = [ch for ch in text if not ch.isspace()]
+    return len(visible) >= 30 and sum(ch.isprintable() for ch in visible) >= 0.95 * len(visible)
 
 
 def retry_delay_seconds(settings: Settings, attempts: int, retry_after: float | None) -> int:
@@ -201,6 +210,12 @@ class Transcriber:
         source = await self._sources.path_for(ctx.document)
         if ctx.document.kind is None:
             raise InvalidDocumentError("the document has no detected type")
+        if settings.text_layer == "auto" and ctx.document.kind == DocumentKind.PDF:
+            embedded = await asyncio.to_thread(extract_text_layer, source, ctx.job.page_number)
+            if usable_text_layer(embedded):
+                return await self._complete(
+                    ctx, PageOutcome(embedded, "text-layer", 0, 0, 0.0, TEXT_LAYER, TEXT_LAYER, None, 0)
+                )
         rendered = await asyncio.to_thread(
             render_page,
             source,
@@ -231,18 +246,26 @@ class Transcriber:
                 f"MAX_OUTPUT_TOKENS={settings.max_output_tokens}); the partial text is kept",
                 outcome,
             )
+        return await self._complete(ctx, outcome)
+
+    async def _complete(self, ctx: _Context, outcome: PageOutcome) -> PageResult:
         progress = self._storage.complete_job(ctx.job, outcome)
         if progress is None:
             return self._lease_lost(ctx)
         log.info(
             "page completed",
-            extra={**ctx.log_extra, "latency_ms": outcome.latency_ms, "request_id": result.request_id},
+            extra={
+                **ctx.log_extra,
+                "provider": outcome.provider,
+                "latency_ms": outcome.latency_ms,
+                "request_id": outcome.provider_request_id,
+            },
         )
         count("PagesCompleted")
-        milliseconds("ModelLatency", result.latency_seconds * 1000)
-        count("PromptTokens", result.prompt_tokens or 0)
-        count("CompletionTokens", result.completion_tokens or 0)
-        count("CostUSD", result.cost or 0.0)
+        milliseconds("ModelLatency", outcome.latency_ms or 0)
+        count("PromptTokens", outcome.prompt_tokens or 0)
+        count("CompletionTokens", outcome.completion_tokens or 0)
+        count("CostUSD", outcome.cost or 0.0)
         await self._after_page(progress)
         return PageResult.COMPLETED
 

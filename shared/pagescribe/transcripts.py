@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 def _page_marker(page: PageRecord, page_count: int) -> str:
     if page.status is JobStatus.COMPLETED:
-        return f"<!-- page {page.page_number} of {page_count} -->"
+        return f"<!-- page {page.page_number} of {page_count} ({page.provider} {page.model}) -->"
     return f"<!-- page {page.page_number} of {page_count}: {page.status.value}: {page.error or 'no reason'} -->"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.local import SCHEDULED_EVENT
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import PageOutcome, Storage
@@ -17,7 +18,7 @@ from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok
 from tests.support.aws_events import sqs_event
-from tests.support.pipeline import SCHEDULED_EVENT, Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

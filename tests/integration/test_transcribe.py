@@ -61,7 +61,8 @@ def test_a_multi_page_pdf_goes_end_to_end(
     assert fake_provider.calls == 4
     # And the transcript files are in S3, pages in order, each marked
     markdown, js = pipeline.transcript(doc["document_id"])
-    positions = [markdown.index(f"<!-- page {n} of 4 -->") for n in range(1, 5)]
+    positions = [markdown.index(f"<!-- page {n} of 4 (") for n in range(1, 5)]
+    assert "test/vision-model" in markdown  # each page says which provider and model produced it
     assert positions == sorted(positions)
     for n, text_ in enumerate(expected, start=1):
         assert markdown.index(text_) > positions[n - 1]

@@ -10,22 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagescribe.local import SCHEDULED_EVENT
+
 from functions.transcribe import app as transcribe_app
 from functions.upload import app as upload_app
 from tests.support.aws_events import LambdaContext, s3_put_event, sqs_event
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEDULED_EVENT: dict[str, Any] = {
-    "version": "0",
-    "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
-    "detail-type": "Scheduled Event",
-    "source": "aws.events",
-    "account": "123456789012",
-    "time": "2026-12-03T12:00:00Z",
-    "region": "us-east-1",
-    "resources": ["arn:aws:events:us-east-1:123456789012:rule/pagescribe-sweeper"],
-    "detail": {},
-}
 
 
 @dataclass

@@ -1,0 +1,271 @@
+"""The deployed stack on one machine: AWS emulated by a moto server, the real handlers driven as Lambda would.
+
+Nothing here is domain code. S3 sends ObjectCreated notifications for uploads/ to a queue (as the stack's
+trigger would), and a poller plays the Lambda service: notifications → upload handler, job batches → the
+transcribe handler with partial batch failures and visibility timeouts honoured, the sweeper on a schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from aws_lambda_powertools.utilities.typing import LambdaContext as PowertoolsLambdaContext
+from moto.server import ThreadedMotoServer
+
+log = logging.getLogger(__name__)
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+SCHEDULED_EVENT: dict[str, Any] = {
+    "version": "0",
+    "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
+    "detail-type": "Scheduled Event",
+    "source": "aws.events",
+    "account": ACCOUNT,
+    "time": "2026-12-03T12:00:00Z",
+    "region": REGION,
+    "resources": [f"arn:aws:events:{REGION}:{ACCOUNT}:rule/pagescribe-sweeper"],
+    "detail": {},
+}
+
+Handler = Callable[[dict[str, Any], PowertoolsLambdaContext], Any]
+
+
+class LambdaContext(PowertoolsLambdaContext):
+    """A Lambda context with a real deadline, like the service's: remaining time runs down as you wait."""
+
+    def __init__(self, timeout_seconds: float = 300.0, function_name: str = "pagescribe-local") -> None:
+        self._function_name = function_name
+        self._function_version = "$LATEST"
+        self._invoked_function_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{function_name}"
+        self._memory_limit_in_mb = 1024
+        self._aws_request_id = str(uuid.uuid4())
+        self._log_group_name = f"/aws/lambda/{function_name}"
+        self._log_stream_name = "local/[$LATEST]pagescribe"
+        self._deadline = time.monotonic() + timeout_seconds
+
+    def get_remaining_time_in_millis(self) -> int:  # type: ignore[override]  # the stub is a staticmethod
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
+    """An SQS batch as the Lambda event source mapping delivers it, from ReceiveMessage results."""
+    now = str(int(time.time() * 1000))
+    return {
+        "Records": [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": {
+                    "ApproximateReceiveCount": m.get("Attributes", {}).get("ApproximateReceiveCount", "1"),
+                    "SentTimestamp": m.get("Attributes", {}).get("SentTimestamp", now),
+                    "SenderId": "AIDAIENQZJOLO23YVJ4VO",
+                    "ApproximateFirstReceiveTimestamp": now,
+                },
+                "messageAttributes": {},
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue_arn,
+                "awsRegion": REGION,
+            }
+            for m in messages
+        ]
+    }
+
+
+def api_gateway_event(
+    method: str,
+    path: str,
+    *,
+    body: str | None = None,
+    headers: dict[str, str] | None = None,
+    query: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """An API Gateway REST (v1) proxy event, as the {proxy+}-style integration sends it."""
+    all_headers = {"Host": "abc123.execute-api.us-east-1.amazonaws.com", "User-Agent": "curl/8.5.0", **(headers or {})}
+    if body is not None:
+        all_headers.setdefault("Content-Type", "application/json")
+    return {
+        "resource": path,
+        "path": path,
+        "httpMethod": method,
+        "headers": all_headers,
+        "multiValueHeaders": {k: [v] for k, v in all_headers.items()},
+        "queryStringParameters": query,
+        "multiValueQueryStringParameters": {k: [v] for k, v in query.items()} if query else None,
+        "pathParameters": None,
+        "stageVariables": None,
+        "requestContext": {
+            "accountId": ACCOUNT,
+            "apiId": "abc123",
+            "httpMethod": method,
+            "path": f"/v1{path}",
+            "protocol": "HTTP/1.1",
+            "requestId": str(uuid.uuid4()),
+            "requestTimeEpoch": int(time.time() * 1000),
+            "resourcePath": path,
+            "stage": "v1",
+            "identity": {"sourceIp": "127.0.0.1", "userAgent": "curl/8.5.0"},
+        },
+        "body": body,
+        "isBase64Encoded": False,
+    }
+
+
+@dataclass(frozen=True)
+class LocalResources:
+    endpoint: str
+    bucket: str
+    queue_url: str
+    queue_arn: str
+    notifications_url: str
+
+
+class LocalAws:
+    """A moto server on this machine with the stack's bucket, queues and S3 trigger."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, bucket: str = "pagescribe-local") -> None:
+        self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+        self._bucket = bucket
+
+    def start(self, *, visibility_timeout: int) -> LocalResources:
+        """Start the server, point this process's AWS clients at it, and create the resources."""
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per AWS call otherwise
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        os.environ.update(
+            {
+                "AWS_ENDPOINT_URL": endpoint,
+                "AWS_ACCESS_KEY_ID": "local",
+                "AWS_SECRET_ACCESS_KEY": "local",
+                "AWS_DEFAULT_REGION": REGION,
+            }
+        )
+        s3, sqs = boto3.client("s3"), boto3.client("sqs")
+        s3.create_bucket(Bucket=self._bucket)
+        dlq_url = sqs.create_queue(QueueName="pagescribe-jobs-dlq")["QueueUrl"]
+        dlq_arn = _queue_arn(sqs, dlq_url)
+        queue_url = sqs.create_queue(
+            QueueName="pagescribe-jobs",
+            Attributes={
+                "VisibilityTimeout": str(visibility_timeout),
+                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"}),
+            },
+        )["QueueUrl"]
+        notifications_url = sqs.create_queue(QueueName="pagescribe-uploads")["QueueUrl"]
+        s3.put_bucket_notification_configuration(
+            Bucket=self._bucket,
+            NotificationConfiguration={
+                "QueueConfigurations": [
+                    {
+                        "QueueArn": _queue_arn(sqs, notifications_url),
+                        "Events": ["s3:ObjectCreated:*"],
+                        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "uploads/"}]}},
+                    }
+                ]
+            },
+        )
+        os.environ.update({"BUCKET_NAME": self._bucket, "QUEUE_URL": queue_url})
+        return LocalResources(endpoint, self._bucket, queue_url, _queue_arn(sqs, queue_url), notifications_url)
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+def _queue_arn(sqs: Any, queue_url: str) -> str:
+    return str(sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
+
+
+class LambdaService:
+    """Plays the Lambda service for the three event-driven functions, one poll at a time."""
+
+    def __init__(
+        self,
+        resources: LocalResources,
+        *,
+        upload: Handler,
+        transcribe: Handler,
+        sweeper: Handler,
+        transcribe_timeout: float,
+        sweep_every: float = 60.0,
+    ) -> None:
+        self._resources = resources
+        self._upload = upload
+        self._transcribe = transcribe
+        self._sweeper = sweeper
+        self._transcribe_timeout = transcribe_timeout
+        self._sweep_every = sweep_every
+        self._next_sweep = time.monotonic() + sweep_every
+        self._sqs = boto3.client("sqs")
+
+    def _receive(self, queue_url: str, wait_seconds: int) -> list[dict[str, Any]]:
+        response = self._sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds, AttributeNames=["All"]
+        )
+        messages: list[dict[str, Any]] = [dict(m) for m in response.get("Messages", [])]
+        return messages
+
+    def _delete(self, queue_url: str, messages: list[dict[str, Any]]) -> None:
+        for message in messages:
+            self._sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+    def deliver_uploads(self) -> int:
+        """S3 notifications → the upload function (asynchronous invocation: a failure is retried later)."""
+        messages = self._receive(self._resources.notifications_url, 0)
+        for message in messages:
+            event = json.loads(message["Body"])
+            if event.get("Event") == "s3:TestEvent":  # S3 sends one when notifications are configured
+                self._delete(self._resources.notifications_url, [message])
+                continue
+            try:
+                self._upload(event, LambdaContext(120, "pagescribe-upload"))
+            except Exception:
+                log.exception("the upload function failed; the notification will be delivered again")
+                continue
+            self._delete(self._resources.notifications_url, [message])
+        return len(messages)
+
+    def deliver_jobs(self, wait_seconds: int = 0) -> int:
+        """One batch of up to ten job messages → the transcribe function, honouring partial failures:
+        failed messages stay in flight until their visibility timeout, as with the real event source."""
+        messages = self._receive(self._resources.queue_url, wait_seconds)
+        if not messages:
+            return 0
+        response = self._transcribe(
+            sqs_event(messages, self._resources.queue_arn),
+            LambdaContext(self._transcribe_timeout, "pagescribe-transcribe"),
+        )
+        failed = {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
+        self._delete(self._resources.queue_url, [m for m in messages if m["MessageId"] not in failed])
+        return len(messages)
+
+    def sweep_if_due(self, *, force: bool = False) -> None:
+        if force or time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + self._sweep_every
+            self._sweeper(dict(SCHEDULED_EVENT), LambdaContext(120, "pagescribe-sweeper"))
+
+    def step(self, wait_seconds: int = 0) -> int:
+        """Deliver what is waiting once; return how many messages were handled."""
+        handled = self.deliver_uploads() + self.deliver_jobs(wait_seconds)
+        self.sweep_if_due()
+        return handled
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set. In-flight work is finished; anything left is the sweeper's."""
+        while not stop.is_set():
+            try:
+                self.step(wait_seconds=1)
+            except Exception:
+                log.exception("a poll failed; polling goes on")
+                stop.wait(1.0)
