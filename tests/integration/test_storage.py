@@ -19,7 +19,16 @@ from pagescribe.storage import (
 )
 from sqlalchemy import event, text
 
+from tests.conftest import both_servers
+
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["system", "embedded"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on the system PostgreSQL and on the embedded server of the local commands."""
+    return both_servers(request)
+
 
 LEASE = 300.0
 

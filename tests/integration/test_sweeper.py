@@ -16,11 +16,18 @@ from pagescribe.settings import get_settings
 from pagescribe.storage import PageOutcome, Storage
 from sqlalchemy import text
 
+from tests.conftest import both_servers
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok
 from tests.support.aws_events import sqs_event
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["system", "embedded"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on the system PostgreSQL and on the embedded server of the local commands."""
+    return both_servers(request)
 
 
 def _pages(storage: Storage, document_id: str) -> list[dict[str, Any]]:

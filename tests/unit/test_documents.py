@@ -1,24 +1,69 @@
-"""Type detection, page counting and rendering on the real corpus and on hostile inputs."""
+"""Type detection, page counting, rendering and text layers, on the real corpus and on hostile inputs."""
 
 from __future__ import annotations
 
 import io
+import struct
+import time
+import warnings
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
 from pagescribe.documents import (
+    DocumentInfo,
     DocumentKind,
     InvalidDocumentError,
+    RenderedPage,
     detect_kind,
     extract_text_layer,
     inspect_document,
     render_page,
 )
-from PIL import Image
+from PIL import Image, ImageDraw, ImageStat, TiffImagePlugin
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+FOUR_PAGES = CORPUS / "pdflatex-4-pages.pdf"
 LIMITS = {"max_pages": 500, "max_image_pixels": 60_000_000}
+
+
+def saved(path: Path, image: Image.Image, **options: Any) -> Path:
+    image.save(path, **options)
+    return path
+
+
+def blank_pdf(path: Path, width_pt: float, height_pt: float, pages: int = 1) -> Path:
+    pdf = pdfium.PdfDocument.new()
+    try:
+        for _ in range(pages):
+            pdf.new_page(width_pt, height_pt)
+        pdf.save(path)
+    finally:
+        pdf.close()
+    return path
+
+
+def png_claiming(path: Path, width: int, height: int) -> Path:
+    """A 1 x 1 PNG whose header (CRC fixed up) claims ``width`` x ``height``: instant to make, and undecodable."""
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, format="PNG")
+    data = bytearray(buffer.getvalue())
+    data[16:24] = struct.pack(">II", width, height)  # IHDR: signature (8), length (4), type (4), then the size
+    data[29:33] = struct.pack(">I", zlib.crc32(data[12:29]))
+    path.write_bytes(bytes(data))
+    return path
+
+
+def opened(page: RenderedPage) -> Image.Image:
+    image = Image.open(io.BytesIO(page.data))
+    assert image.size == (page.width, page.height)
+    return image
+
+
+# Detection
 
 
 @pytest.mark.parametrize(
@@ -26,53 +71,55 @@ LIMITS = {"max_pages": 500, "max_image_pixels": 60_000_000}
     [
         (b"%PDF-1.7\n", DocumentKind.PDF),
         (b"\x00junk before the header %PDF-1.4\n", DocumentKind.PDF),
-        (b"\x89PNG\r\n\x1a\n....", DocumentKind.PNG),
-        (b"\xff\xd8\xff\xe0..JFIF", DocumentKind.JPEG),
-        (b"II*\x00\x08\x00", DocumentKind.TIFF),
-        (b"MM\x00*\x00\x08", DocumentKind.TIFF),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", DocumentKind.PNG),
+        (b"\xff\xd8\xff\xe0\x00\x10JFIF", DocumentKind.JPEG),
+        (b"II*\x00\x08\x00\x00\x00", DocumentKind.TIFF),
+        (b"MM\x00*\x00\x00\x00\x08", DocumentKind.TIFF),
         (b"RIFF\x10\x00\x00\x00WEBPVP8 ", DocumentKind.WEBP),
     ],
 )
-def test_the_type_comes_from_the_bytes(head: bytes, kind: DocumentKind) -> None:
+def test_the_type_comes_from_the_magic_bytes(head: bytes, kind: DocumentKind) -> None:
     assert detect_kind(head) is kind
 
 
-def test_text_named_pdf_is_refused_by_its_content(tmp_path: Path) -> None:
-    path = tmp_path / "report.pdf"
-    path.write_text("hello world, I am not a PDF")
-    with pytest.raises(InvalidDocumentError, match="unsupported file type") as raised:
-        inspect_document(path, **LIMITS)
-    assert "hello wo" in raised.value.reason
-
-
 @pytest.mark.parametrize(
-    ("name", "kind", "pages"),
+    ("kind", "media_type"),
     [
-        ("pdflatex-4-pages.pdf", DocumentKind.PDF, 4),
-        ("multicolumn.pdf", DocumentKind.PDF, 3),
-        ("minimal-document.pdf", DocumentKind.PDF, 1),
-        ("smile.png", DocumentKind.PNG, 1),
-        ("smile.jpg", DocumentKind.JPEG, 1),
-        ("smile.tiff", DocumentKind.TIFF, 1),
+        (DocumentKind.PDF, "application/pdf"),
+        (DocumentKind.PNG, "image/png"),
+        (DocumentKind.JPEG, "image/jpeg"),
+        (DocumentKind.TIFF, "image/tiff"),
+        (DocumentKind.WEBP, "image/webp"),
     ],
 )
-def test_pages_are_counted(name: str, kind: DocumentKind, pages: int) -> None:
-    info = inspect_document(CORPUS / name, **LIMITS)
-    assert (info.kind, info.page_count) == (kind, pages)
+def test_each_kind_has_its_media_type(kind: DocumentKind, media_type: str) -> None:
+    assert kind.media_type == media_type
 
 
-def test_a_multi_frame_tiff_has_one_page_per_frame(tmp_path: Path) -> None:
-    path = tmp_path / "scan.tif"
-    frames = [Image.new("L", (40, 60), shade) for shade in (0, 128, 255)]
-    frames[0].save(path, save_all=True, append_images=frames[1:])
-    assert inspect_document(path, **LIMITS).page_count == 3
-    third = render_page(path, DocumentKind.TIFF, 3)
-    assert Image.open(io.BytesIO(third.data)).getpixel((5, 5)) == (255, 255, 255)
+def test_a_pdf_header_past_the_first_kilobyte_is_not_a_pdf() -> None:
+    with pytest.raises(InvalidDocumentError, match="unsupported file type"):
+        detect_kind(b" " * 1024 + b"%PDF-1.7")
 
 
-def test_a_password_protected_pdf_says_so() -> None:
-    with pytest.raises(InvalidDocumentError, match="password"):
-        inspect_document(CORPUS / "libreoffice-writer-password.pdf", **LIMITS)
+def test_no_bytes_and_unknown_bytes_are_refused() -> None:
+    with pytest.raises(InvalidDocumentError, match=r"^the file is empty \(0 bytes\)$"):
+        detect_kind(b"")
+    with pytest.raises(InvalidDocumentError) as raised:
+        detect_kind(b"GIF89a\x01\x00\x01\x00")
+    assert raised.value.reason == (
+        "unsupported file type: the content is not PDF, PNG, JPEG, TIFF or WebP (starts with b'GIF89a\\x01\\x00')"
+    )
+
+
+def test_a_text_file_named_pdf_is_refused_by_its_content(tmp_path: Path) -> None:
+    # Given a text file with a .pdf name
+    path = tmp_path / "report.pdf"
+    path.write_text("hello world, I am not a PDF")
+    # Then the name does not matter: the content is refused, and the reason shows it
+    with pytest.raises(InvalidDocumentError, match="unsupported file type") as raised:
+        inspect_document(path, **LIMITS)
+    assert "b'hello wo'" in raised.value.reason
+    assert str(raised.value) == raised.value.reason
 
 
 def test_an_empty_file_says_so(tmp_path: Path) -> None:
@@ -82,63 +129,271 @@ def test_an_empty_file_says_so(tmp_path: Path) -> None:
         inspect_document(path, **LIMITS)
 
 
+# Page counts and limits
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "pages"),
+    [
+        ("pdflatex-4-pages.pdf", DocumentKind.PDF, 4),
+        ("pdflatex-outline.pdf", DocumentKind.PDF, 4),
+        ("multicolumn.pdf", DocumentKind.PDF, 3),
+        ("002-trivial-libre-office-writer.pdf", DocumentKind.PDF, 1),
+        ("google-doc-document.pdf", DocumentKind.PDF, 1),
+        ("grayscale-image.pdf", DocumentKind.PDF, 1),
+        ("minimal-document.pdf", DocumentKind.PDF, 1),
+        ("pdflatex-image.pdf", DocumentKind.PDF, 1),
+        ("smile.png", DocumentKind.PNG, 1),
+        ("smile.jpg", DocumentKind.JPEG, 1),
+    ],
+)
+def test_pages_are_counted(name: str, kind: DocumentKind, pages: int) -> None:
+    assert inspect_document(CORPUS / name, **LIMITS) == DocumentInfo(kind, pages)
+
+
+def test_a_tiff_has_one_page_per_frame_as_pillow_counts_them(tmp_path: Path) -> None:
+    # Given the corpus TIFF, which Pillow reads as a single frame
+    with Image.open(CORPUS / "smile.tiff") as tiff:
+        assert isinstance(tiff, TiffImagePlugin.TiffImageFile) and tiff.n_frames == 1
+    assert inspect_document(CORPUS / "smile.tiff", **LIMITS) == DocumentInfo(DocumentKind.TIFF, 1)
+    # And a three-frame scan whose frames are black, grey and white
+    frames = [Image.new("L", (40, 60), shade) for shade in (0, 128, 255)]
+    scan = saved(tmp_path / "scan.tif", frames[0], save_all=True, append_images=frames[1:])
+    # Then each frame is a page, and rendering page 3 renders the third frame
+    assert inspect_document(scan, **LIMITS) == DocumentInfo(DocumentKind.TIFF, 3)
+    assert opened(render_page(scan, DocumentKind.TIFF, 3)).getpixel((5, 5)) == (255, 255, 255)
+    assert opened(render_page(scan, DocumentKind.TIFF, 1)).getpixel((5, 5)) == (0, 0, 0)
+
+
+def test_a_webp_is_one_page(tmp_path: Path) -> None:
+    path = saved(tmp_path / "photo.webp", Image.new("RGB", (30, 20), "red"), lossless=True)
+    assert inspect_document(path, **LIMITS) == DocumentInfo(DocumentKind.WEBP, 1)
+    assert opened(render_page(path, DocumentKind.WEBP, 1, image_format="png")).getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_a_password_protected_pdf_says_so() -> None:
+    with pytest.raises(InvalidDocumentError) as raised:
+        inspect_document(CORPUS / "libreoffice-writer-password.pdf", **LIMITS)
+    assert raised.value.reason == "the PDF is password-protected; upload it without a password"
+
+
 def test_a_truncated_pdf_is_unreadable(tmp_path: Path) -> None:
-    whole = (CORPUS / "pdflatex-4-pages.pdf").read_bytes()
+    # Given the first half of a real PDF
+    whole = FOUR_PAGES.read_bytes()
     path = tmp_path / "cut.pdf"
     path.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(InvalidDocumentError, match="could not be read"):
+    with pytest.raises(InvalidDocumentError, match=r"^the PDF could not be read: "):
         inspect_document(path, **LIMITS)
 
 
-def test_too_many_pages_names_the_count_and_the_limit() -> None:
+def test_a_pdf_without_pages_says_so(tmp_path: Path) -> None:
+    path = blank_pdf(tmp_path / "none.pdf", 612, 792, pages=0)
+    with pytest.raises(InvalidDocumentError, match=r"^the PDF has no pages$"):
+        inspect_document(path, **LIMITS)
+
+
+def test_too_many_pages_names_the_count_and_the_limit(tmp_path: Path) -> None:
     with pytest.raises(InvalidDocumentError) as raised:
-        inspect_document(CORPUS / "pdflatex-4-pages.pdf", max_pages=2, max_image_pixels=60_000_000)
-    assert "4 pages" in raised.value.reason and "MAX_PAGES=2" in raised.value.reason
+        inspect_document(FOUR_PAGES, max_pages=2, max_image_pixels=60_000_000)
+    assert raised.value.reason == "the document has 4 pages; the limit is MAX_PAGES=2"
+    frames = [Image.new("L", (8, 8))] * 3
+    scan = saved(tmp_path / "scan.tif", frames[0], save_all=True, append_images=frames[1:])
+    with pytest.raises(InvalidDocumentError, match="has 3 pages; the limit is MAX_PAGES=2"):
+        inspect_document(scan, max_pages=2, max_image_pixels=60_000_000)
 
 
 def test_a_huge_image_is_refused_from_its_header(tmp_path: Path) -> None:
-    # Given a 20,000 x 20,000 bilevel PNG (small on disk, 400 megapixels decoded)
-    path = tmp_path / "huge.png"
-    Image.new("1", (20_000, 20_000), 1).save(path)
-    # Then it is refused without being decoded, naming its size and the limit
-    with pytest.raises(InvalidDocumentError) as raised:
+    # Given a PNG whose header claims 20,000 x 20,000 pixels (decoding it would fail: it holds one pixel)
+    path = png_claiming(tmp_path / "huge.png", 20_000, 20_000)
+    started = time.monotonic()
+    # Then inspecting and rendering both refuse it by its size, naming the limit, without decoding it
+    expected = "the image is 20000 x 20000 pixels (400.0 megapixels); the limit is MAX_IMAGE_PIXELS=60000000"
+    with pytest.raises(InvalidDocumentError) as inspected:
         inspect_document(path, **LIMITS)
-    assert "20000 x 20000" in raised.value.reason and "MAX_IMAGE_PIXELS=60000000" in raised.value.reason
+    assert inspected.value.reason == expected
+    with pytest.raises(InvalidDocumentError) as rendered:
+        render_page(path, DocumentKind.PNG, 1, max_image_pixels=60_000_000)
+    assert rendered.value.reason == expected
+    assert time.monotonic() - started < 1
 
 
-def test_a_pdf_page_renders_within_the_long_edge() -> None:
-    page = render_page(CORPUS / "pdflatex-4-pages.pdf", DocumentKind.PDF, 2, dpi=150, max_long_edge=1568)
+def test_any_tiff_frame_over_the_pixel_limit_is_refused(tmp_path: Path) -> None:
+    small, large = Image.new("L", (10, 10)), Image.new("1", (2000, 1000))
+    scan = saved(tmp_path / "scan.tif", small, save_all=True, append_images=[large])
+    with pytest.raises(InvalidDocumentError, match=r"is 2000 x 1000 pixels \(2\.0 megapixels\)"):
+        inspect_document(scan, max_pages=10, max_image_pixels=1_000_000)
+
+
+def test_pillows_own_bomb_guard_neither_fires_nor_changes(tmp_path: Path) -> None:
+    # Given a configured limit far above Pillow's process-wide guard (which errors beyond ~179 megapixels)
+    path = png_claiming(tmp_path / "huge.png", 20_000, 20_000)
+    guard = Image.MAX_IMAGE_PIXELS
+    # When the 400-megapixel image is inspected with every warning an error
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        info = inspect_document(path, max_pages=1, max_image_pixels=1_000_000_000)
+    # Then the configured limit alone decides, and Pillow's guard is as it was
+    assert info == DocumentInfo(DocumentKind.PNG, 1)
+    assert Image.MAX_IMAGE_PIXELS == guard is not None
+
+
+def test_a_corrupt_image_is_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "broken.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    with pytest.raises(InvalidDocumentError, match=r"^the image could not be read: "):
+        inspect_document(path, **LIMITS)
+
+
+def test_an_image_whose_pixel_data_is_cut_short_fails_to_render(tmp_path: Path) -> None:
+    # Given a PNG whose header is intact but whose pixel data stops halfway
+    whole = io.BytesIO()
+    Image.effect_noise((300, 300), 64).save(whole, format="PNG")
+    path = tmp_path / "cut.png"
+    path.write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
+    # Then the header passes inspection, but rendering says the image could not be read
+    assert inspect_document(path, **LIMITS).page_count == 1
+    with pytest.raises(InvalidDocumentError, match=r"^the image could not be read: "):
+        render_page(path, DocumentKind.PNG, 1)
+
+
+# Rendering
+
+
+def test_a_pdf_page_renders_as_a_jpeg_within_the_long_edge() -> None:
+    page = render_page(FOUR_PAGES, DocumentKind.PDF, 2, dpi=150, max_long_edge=1568)
     assert page.data.startswith(b"\xff\xd8\xff") and page.media_type == "image/jpeg"
-    image = Image.open(io.BytesIO(page.data))
-    assert max(image.size) <= 1568 and image.size == (page.width, page.height)
+    image = opened(page)
+    assert image.format == "JPEG" and image.mode == "RGB"
+    # A4 at 150 dpi is 1240 x 1754: the long edge is capped, the aspect ratio kept
+    assert (image.width, image.height) == (1109, 1568)
 
 
-def test_a_giant_pdf_page_still_renders_small(tmp_path: Path) -> None:
-    # Given a PDF whose page is 200 x 200 inches
-    pdf = pdfium.PdfDocument.new()
-    pdf.new_page(14_400, 14_400)
-    path = tmp_path / "giant.pdf"
-    pdf.save(path)
-    pdf.close()
-    page = render_page(path, DocumentKind.PDF, 1, dpi=300, max_long_edge=1568)
+def test_a_pdf_page_renders_at_the_requested_dpi() -> None:
+    # Given an A4 page (595.3 x 841.9 pt) and no effective cap: 72 dpi is one pixel per point, rounded up
+    page = render_page(FOUR_PAGES, DocumentKind.PDF, 2, dpi=72, max_long_edge=10_000)
+    assert (page.width, page.height) == (596, 842)
+
+
+def test_a_giant_pdf_page_still_renders_small_and_fast(tmp_path: Path) -> None:
+    # Given a PDF whose page is 200 x 200 inches (40,000 x 40,000 pixels at 200 dpi)
+    path = blank_pdf(tmp_path / "giant.pdf", 14_400, 14_400)
+    started = time.monotonic()
+    page = render_page(path, DocumentKind.PDF, 1, dpi=200, max_long_edge=1568)
+    assert time.monotonic() - started < 5
     assert (page.width, page.height) == (1568, 1568)
 
 
-def test_png_output_and_image_downscaling(tmp_path: Path) -> None:
-    path = tmp_path / "wide.png"
-    Image.new("RGBA", (4000, 1000), (10, 20, 30, 0)).save(path)
+def test_the_long_edge_cap_survives_floating_point_rounding(tmp_path: Path) -> None:
+    # Given a page width w for which w * (1568 / w) comes out a hair above 1568, and pdfium rounds sizes up
+    path = blank_pdf(tmp_path / "wide.pdf", 2070, 1000)
+    page = render_page(path, DocumentKind.PDF, 1, max_long_edge=1568)
+    assert page.width == 1568
+
+
+def test_png_output_composites_transparency_on_white_and_downscales(tmp_path: Path) -> None:
+    path = saved(tmp_path / "wide.png", Image.new("RGBA", (4000, 1000), (10, 20, 30, 0)))
     page = render_page(path, DocumentKind.PNG, 1, max_long_edge=1000, image_format="png")
-    image = Image.open(io.BytesIO(page.data))
-    assert image.format == "PNG" and image.size == (1000, 250) and image.mode == "RGB"
-    assert image.getpixel((0, 0)) == (255, 255, 255)  # transparency composited on white
+    assert page.media_type == "image/png" and page.data.startswith(b"\x89PNG\r\n\x1a\n")
+    image = opened(page)
+    assert image.format == "PNG" and image.mode == "RGB" and image.size == (1000, 250)
+    assert image.getpixel((0, 0)) == (255, 255, 255)
 
 
-def test_a_page_out_of_range_is_refused() -> None:
-    with pytest.raises(InvalidDocumentError, match="page 5 does not exist"):
-        render_page(CORPUS / "pdflatex-4-pages.pdf", DocumentKind.PDF, 5)
+def test_a_large_jpeg_is_downscaled(tmp_path: Path) -> None:
+    path = saved(tmp_path / "photo.jpg", Image.linear_gradient("L").resize((4000, 3000)).convert("CMYK"))
+    image = opened(render_page(path, DocumentKind.JPEG, 1, max_long_edge=1000))
+    assert image.size == (1000, 750) and image.mode == "RGB"
+
+
+def test_thin_strokes_in_a_bilevel_scan_survive_downscaling(tmp_path: Path) -> None:
+    # Given a bilevel scan of 1-pixel black lines every 4 pixels (nearest-neighbour downscaling by 4 misses them all)
+    scan = Image.new("1", (400, 400), 1)
+    draw = ImageDraw.Draw(scan)
+    for x in range(0, 400, 4):
+        draw.line([(x, 0), (x, 399)], fill=0)
+    path = saved(tmp_path / "fax.tif", scan, compression="group4")
+    # When it is rendered at a quarter of its size
+    image = opened(render_page(path, DocumentKind.TIFF, 1, max_long_edge=100, image_format="png"))
+    # Then the lines blend to grey rather than vanish to white
+    assert image.size == (100, 100)
+    assert 150 < ImageStat.Stat(image.convert("L")).mean[0] < 230
+
+
+def test_sixteen_bit_grey_is_scaled_not_clipped(tmp_path: Path) -> None:
+    path = saved(tmp_path / "deep.png", Image.new("I;16", (20, 20), 50_000))
+    image = opened(render_page(path, DocumentKind.PNG, 1, image_format="png"))
+    assert image.getpixel((0, 0)) == (195, 195, 195)  # 50000 / 256; clipping would give white
+
+
+def test_an_exif_rotated_photo_renders_upright(tmp_path: Path) -> None:
+    # Given a 60 x 20 JPEG whose EXIF orientation says "rotate 90 degrees clockwise to display"
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = saved(tmp_path / "phone.jpg", Image.new("RGB", (60, 20), "blue"), exif=exif.tobytes())
+    assert opened(render_page(path, DocumentKind.JPEG, 1)).size == (20, 60)
+
+
+@pytest.mark.parametrize(
+    ("path", "kind", "page_number", "reason"),
+    [
+        (FOUR_PAGES, DocumentKind.PDF, 5, "page 5 does not exist; the document has 4 pages"),
+        (FOUR_PAGES, DocumentKind.PDF, 0, "page 0 does not exist; the document has 4 pages"),
+        (CORPUS / "smile.png", DocumentKind.PNG, 2, "page 2 does not exist; the document has 1 page"),
+    ],
+)
+def test_a_page_out_of_range_is_refused(path: Path, kind: DocumentKind, page_number: int, reason: str) -> None:
+    with pytest.raises(InvalidDocumentError) as raised:
+        render_page(path, kind, page_number)
+    assert raised.value.reason == reason
+
+
+def test_an_image_is_rendered_only_as_the_kind_it_was_detected_as() -> None:
+    with pytest.raises(InvalidDocumentError, match=r"^the image could not be read: "):
+        render_page(CORPUS / "smile.png", DocumentKind.JPEG, 1)
+
+
+def test_pages_render_the_same_from_many_threads_at_once() -> None:
+    # Given every page of five PDFs, each rendered (small, to be quick) and its text read one at a time
+    names = (
+        "pdflatex-4-pages.pdf",
+        "pdflatex-outline.pdf",
+        "multicolumn.pdf",
+        "pdflatex-image.pdf",
+        "google-doc-document.pdf",
+    )
+    pages = [
+        (CORPUS / name, number)
+        for name in names
+        for number in range(1, inspect_document(CORPUS / name, **LIMITS).page_count + 1)
+    ]
+
+    def page_and_text(page: tuple[Path, int]) -> tuple[bytes, str]:
+        path, number = page
+        return render_page(path, DocumentKind.PDF, number, max_long_edge=400).data, extract_text_layer(path, number)
+
+    expected = {page: page_and_text(page) for page in pages}
+    # When each is done thirty times over in sixteen threads at once (pdfium itself is not thread-safe)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(page_and_text, pages * 30))
+    # Then every page comes out exactly as it did alone
+    assert results == [expected[page] for page in pages * 30]
+
+
+# Text layer
 
 
 def test_the_text_layer_of_a_born_digital_pdf() -> None:
-    assert len(extract_text_layer(CORPUS / "pdflatex-4-pages.pdf", 1)) > 50
-    with pytest.raises(InvalidDocumentError, match="only a PDF"):
+    text = extract_text_layer(FOUR_PAGES, 1)
+    assert text.startswith("Hello, here is some text without a meaning.")
+    assert "\r" not in text and text == text.strip()
+
+
+def test_an_image_only_pdf_has_no_text_layer() -> None:
+    assert extract_text_layer(CORPUS / "grayscale-image.pdf", 1) == ""
+
+
+def test_only_an_existing_pdf_page_has_a_text_layer() -> None:
+    with pytest.raises(InvalidDocumentError, match=r"^only a PDF has a text layer$"):
         extract_text_layer(CORPUS / "smile.png", 1)
+    with pytest.raises(InvalidDocumentError, match=r"^page 5 does not exist; the document has 4 pages$"):
+        extract_text_layer(FOUR_PAGES, 5)

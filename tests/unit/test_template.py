@@ -6,6 +6,8 @@ their long form ({"Ref": ...}, {"Fn::Sub": ...}, {"Fn::GetAtt": [...]}); nothing
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -19,7 +21,27 @@ TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "template.yaml"
 
 # pagescribe.settings.Settings.result_reserve_seconds: time kept back from every model call to write its result.
 RESULT_RESERVE_SECONDS = 10
-FUNCTIONS = ("UploadFunction", "TranscribeFunction")
+FUNCTIONS = ("UploadFunction", "TranscribeFunction", "ApiFunction", "SweeperFunction", "MigrateFunction")
+CODE_URIS = {
+    "UploadFunction": "functions/upload/",
+    "TranscribeFunction": "functions/transcribe/",
+    "ApiFunction": "functions/api/",
+    "SweeperFunction": "functions/sweeper/",
+    "MigrateFunction": "functions/migrate/",
+}
+# Functions that must not start before the schema exists (MigrateFunction creates it, so it cannot wait).
+SCHEMA_DEPENDENT_FUNCTIONS = ("UploadFunction", "TranscribeFunction", "ApiFunction", "SweeperFunction")
+API_ROUTES = {
+    ("post", "/documents"),
+    ("get", "/documents/{id}"),
+    ("get", "/documents/{id}/transcript"),
+    ("post", "/documents/{id}/retry"),
+    ("get", "/health"),
+}
+UNAUTHENTICATED_ROUTES = {("get", "/health")}
+API_GATEWAY_MAX_INTEGRATION_SECONDS = 29
+# SAM policy templates whose expansion lists exact actions (checked against samtranslator's definitions).
+WILDCARD_FREE_POLICY_TEMPLATES = {"S3ReadPolicy"}
 SECRET_LOOKING_NAME = re.compile(r"API_KEY|SECRET|PASSWORD|TOKEN|DATABASE_URL", re.IGNORECASE)
 
 
@@ -121,6 +143,120 @@ def _mentions(node: Any, resource: str) -> bool:
     if isinstance(node, list):
         return any(_mentions(child, resource) for child in node)
     return False
+
+
+def _referenced_names(node: Any) -> set[str]:
+    """Every logical id, parameter or pseudo parameter a value names by !Ref, !GetAtt or ${Name[.Attr]} in !Sub."""
+    names: set[str] = set()
+    if isinstance(node, dict):
+        if isinstance(node.get("Ref"), str):
+            names.add(node["Ref"])
+        get_att = node.get("Fn::GetAtt")
+        if isinstance(get_att, list) and get_att and isinstance(get_att[0], str):
+            names.add(get_att[0])
+        sub = node.get("Fn::Sub")
+        sub_text = sub if isinstance(sub, str) else sub[0] if isinstance(sub, list) and sub else None
+        if isinstance(sub_text, str):
+            names.update(m.split(".", 1)[0] for m in re.findall(r"\$\{([^}!][^}]*)\}", sub_text))
+        for child in node.values():
+            names |= _referenced_names(child)
+    elif isinstance(node, list):
+        for child in node:
+            names |= _referenced_names(child)
+    return names
+
+
+def _dependencies(template: dict[str, Any]) -> dict[str, set[str]]:
+    """For each resource, the resources CloudFormation must create before it (after SAM's transform).
+
+    SAM writes a function into its S3 bucket's notification configuration and into its API's definition, so
+    for S3 and Api events the bucket / API waits for the function, not the other way round. Globals.Function
+    applies to every function. Both branches of an !If count (a cycle in either is a deployment failure)."""
+    resources = template["Resources"]
+    globals_function = template.get("Globals", {}).get("Function", {})
+    graph: dict[str, set[str]] = {name: set() for name in resources}
+    for name, resource in resources.items():
+        properties = dict(resource.get("Properties", {}))
+        if resource["Type"] == "AWS::Serverless::Function":
+            properties["Globals"] = globals_function
+            for event in properties.pop("Events", {}).values():
+                if event["Type"] in {"S3", "Api"}:
+                    for target in _referenced_names(event["Properties"]) & set(resources):
+                        graph[target].add(name)
+                else:
+                    graph[name] |= _referenced_names(event["Properties"]) & set(resources)
+        depends_on = set(_as_list(resource.get("DependsOn", [])))
+        graph[name] |= (_referenced_names(properties) | depends_on) & set(resources)
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One dependency cycle as a path that starts and ends on the same node, or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for successor in sorted(graph[node]):
+            if state.get(successor) == "open":
+                return [*path[path.index(successor) :], successor]
+            if successor not in state and (cycle := visit(successor)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def _function_statements(template: dict[str, Any], function: str) -> list[dict[str, Any]]:
+    """A function's inline statements plus those of the template's managed policies it attaches by !Ref."""
+    statements: list[dict[str, Any]] = []
+    for policy in _properties(template, function).get("Policies", []):
+        if isinstance(policy, dict) and "Statement" in policy:
+            statements += _policy_statements(policy["Statement"])
+        elif isinstance(policy, dict) and set(policy) == {"Ref"} and policy["Ref"] in template["Resources"]:
+            statements += _policy_statements(_properties(template, policy["Ref"])["PolicyDocument"])
+    return statements
+
+
+def _resources_of_type(template: dict[str, Any], resource_type: str) -> dict[str, dict[str, Any]]:
+    return {name: r for name, r in template["Resources"].items() if r["Type"] == resource_type}
+
+
+def _alarms(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r["Properties"] for r in _resources_of_type(template, "AWS::CloudWatch::Alarm").values()]
+
+
+def _dashboard_text(template: dict[str, Any]) -> str:
+    body = _properties(template, "Dashboard")["DashboardBody"]
+    assert isinstance(body, dict) and set(body) == {"Fn::Sub"}, body
+    text = body["Fn::Sub"]
+    assert isinstance(text, str), "the dashboard body should be one !Sub string"
+    return text
+
+
+def _dashboard_metrics(body: dict[str, Any]) -> list[tuple[str, list[str], dict[str, Any]]]:
+    """(widget title, [namespace, metric, dimension, value, ...], rendering options) for every metric row.
+
+    A row starting with "..." repeats the previous row's leading fields, as CloudWatch dashboards define it."""
+    rows: list[tuple[str, list[str], dict[str, Any]]] = []
+    for widget in body["widgets"]:
+        properties = widget.get("properties", {})
+        previous: list[str] = []
+        for row in properties.get("metrics", []):
+            options = row[-1] if row and isinstance(row[-1], dict) else {}
+            fields = [str(f) for f in row if not isinstance(f, dict)]
+            if fields[:1] == ["..."]:
+                rest = fields[1:]
+                fields = previous[: len(previous) - len(rest)] + rest
+            previous = fields
+            rows.append((str(properties.get("title", "")), fields, options))
+    return rows
 
 
 # --- queue and retries ------------------------------------------------------------------------------------
@@ -364,18 +500,150 @@ def test_no_statement_allows_every_action_of_a_service(template: dict[str, Any])
     assert not_actions == []
 
 
-def test_transcribe_may_write_only_under_transcripts(template: dict[str, Any]) -> None:
-    # Given the transcribe function's inline statements
-    policies = _properties(template, "TranscribeFunction")["Policies"]
-    statements = [s for p in policies if isinstance(p, dict) for s in _policy_statements(p.get("Statement"))]
+def test_no_statement_allows_on_every_resource(template: dict[str, Any]) -> None:
+    # Given every Allow statement in the template (function policies, managed policies, the proxy's role)
+    allows = [s for s in _policy_statements(template["Resources"]) if s["Effect"] == "Allow"]
+
+    # When their resources are collected
+    resources = [r for s in allows for r in _as_list(s.get("Resource", []))]
+
+    # Then each names something specific: no bare "*" and no NotResource
+    assert resources, "no Allow statement names a resource"
+    assert "*" not in resources
+    assert not [s for s in allows if "NotResource" in s]
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_functions_write_to_s3_only_under_their_prefix(template: dict[str, Any], function: str) -> None:
+    # Given the S3 prefix each function may write to (presigned PUTs from the API carry its permissions)
+    expected_suffix = {
+        "ApiFunction": "-documents/uploads/*",
+        "TranscribeFunction": "-documents/transcripts/*",
+        "SweeperFunction": "-documents/transcripts/*",
+    }.get(function)
+    policies = _properties(template, function).get("Policies", [])
 
     # When the statements allowing s3:PutObject are picked out
+    statements = _function_statements(template, function)
     put_resources = [r for s in statements if "s3:PutObject" in _as_list(s["Action"]) for r in _as_list(s["Resource"])]
 
-    # Then each is limited to the transcripts/ prefix, and no S3 policy template grants writes
-    assert put_resources, "the transcribe function cannot write transcripts"
-    assert all(isinstance(r, dict) and r["Fn::Sub"].endswith("-documents/transcripts/*") for r in put_resources)
-    assert not [p for p in policies if isinstance(p, dict) and {"S3CrudPolicy", "S3WritePolicy"} & set(p)]
+    # Then writes stay under that prefix (none at all for the others) and no S3 policy template grants writes
+    if expected_suffix is None:
+        assert put_resources == []
+    else:
+        assert put_resources, f"{function} cannot write under {expected_suffix}"
+        assert all(isinstance(r, dict) and r["Fn::Sub"].endswith(expected_suffix) for r in put_resources)
+    write_templates = {"S3CrudPolicy", "S3WritePolicy", "S3FullAccessPolicy"}
+    assert not [p for p in policies if isinstance(p, dict) and write_templates & set(p)]
+
+
+def test_api_reads_only_transcripts(template: dict[str, Any]) -> None:
+    # Given the API function's statements and policy templates
+    statements = _function_statements(template, "ApiFunction")
+    policies = _properties(template, "ApiFunction")["Policies"]
+
+    # When the statements allowing s3:GetObject are picked out
+    get_resources = [r for s in statements if "s3:GetObject" in _as_list(s["Action"]) for r in _as_list(s["Resource"])]
+
+    # Then it may read transcripts/ only, not the uploaded sources
+    assert get_resources, "the API function cannot read transcripts"
+    assert all(r["Fn::Sub"].endswith("-documents/transcripts/*") for r in get_resources)
+    assert not [p for p in policies if isinstance(p, dict) and "S3ReadPolicy" in p]
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_functions_send_only_to_the_job_queue(template: dict[str, Any], function: str) -> None:
+    # Given a function's statements
+    statements = _function_statements(template, function)
+
+    # When the queues it may send to are collected
+    queues = [r for s in statements if "sqs:SendMessage" in _as_list(s["Action"]) for r in _as_list(s["Resource"])]
+
+    # Then the functions that enqueue (upload), re-enqueue (transcribe, sweeper) or retry (API) page jobs may
+    # send to the job queue and nothing else; the migration function may not send at all
+    expected = [{"Fn::GetAtt": ["Queue", "Arn"]}] if function in SCHEMA_DEPENDENT_FUNCTIONS else []
+    assert queues == expected
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_functions_use_only_policy_templates_without_wildcard_actions(template: dict[str, Any], function: str) -> None:
+    # Given a function's SAM policy templates (SAM expands them; this test only sees their names)
+    policies = _properties(template, function).get("Policies", [])
+
+    # When their names are collected
+    used = {name for p in policies if isinstance(p, dict) for name in p if name not in {"Statement", "Ref"}}
+
+    # Then each is one whose expansion names exact actions (SQSSendMessagePolicy grants sqs:SendMessage*)
+    assert used <= WILDCARD_FREE_POLICY_TEMPLATES, used - WILDCARD_FREE_POLICY_TEMPLATES
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_functions_read_the_database_secret_in_use(template: dict[str, Any], function: str) -> None:
+    # Given a function's statements and the secret its environment names
+    statements = _function_statements(template, function)
+    secret = _environment(template, function)["DATABASE_SECRET_ARN"]
+
+    # When the statements allowing secretsmanager:GetSecretValue are picked out
+    readable = [
+        r
+        for s in statements
+        if "secretsmanager:GetSecretValue" in _as_list(s["Action"])
+        for r in _as_list(s["Resource"])
+    ]
+
+    # Then it may read exactly that secret
+    assert readable == [secret]
+
+
+@pytest.mark.parametrize("function", SCHEMA_DEPENDENT_FUNCTIONS)
+def test_runtime_functions_read_the_provider_key_parameter_by_its_arn(template: dict[str, Any], function: str) -> None:
+    # Given a function that may need the provider key or the callback secret
+    statements = _function_statements(template, function)
+
+    # When the statements allowing ssm:GetParameter are picked out
+    resources = [r for s in statements if "ssm:GetParameter" in _as_list(s["Action"]) for r in _as_list(s["Resource"])]
+
+    # Then the provider key's ARN keeps the name's leading slash (parameter/name, not parameter//name)
+    expected = {
+        "Fn::Sub": "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:parameter${ProviderApiKeyParameter}"
+    }
+    assert expected in resources
+
+
+def test_migration_function_reads_no_parameters_and_no_bucket(template: dict[str, Any]) -> None:
+    # Given the migration function's statements and policy templates
+    statements = _function_statements(template, "MigrateFunction")
+    policies = _properties(template, "MigrateFunction")["Policies"]
+
+    # When the actions it is allowed are collected
+    actions = {a for s in statements if s["Effect"] == "Allow" for a in _as_list(s["Action"])}
+
+    # Then it only reads the database secret (and decrypts it)
+    assert actions == {"secretsmanager:GetSecretValue", "kms:Decrypt"}
+    assert policies == [{"Ref": "DatabaseSecretReadPolicy"}]
+
+
+def test_callback_secret_is_readable_only_when_configured(template: dict[str, Any]) -> None:
+    # Given the callback secret parameter and the policy statements that mention it
+    parameter = template["Parameters"]["CallbackSecretParameter"]
+    mentioning = [
+        node
+        for node in _as_list(_properties(template, "ParameterReadPolicy")["PolicyDocument"]["Statement"])
+        if _mentions(node, "CallbackSecretParameter")
+    ]
+
+    # When the statement's guard is read
+    guards = [node["Fn::If"][0] for node in mentioning if isinstance(node, dict) and "Fn::If" in node]
+
+    # Then it is optional (empty by default) and granted only under a condition that it is non-empty
+    assert parameter["Default"] == ""
+    assert re.fullmatch(parameter["AllowedPattern"], "")
+    assert re.fullmatch(parameter["AllowedPattern"], "/pagescribe/callback-secret")
+    assert len(mentioning) == 1
+    assert guards == ["HasCallbackSecret"]
+    assert template["Conditions"]["HasCallbackSecret"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "CallbackSecretParameter"}, ""]}]
+    }
 
 
 def test_no_environment_variable_holds_a_secret_value(template: dict[str, Any]) -> None:
@@ -389,9 +657,15 @@ def test_no_environment_variable_holds_a_secret_value(template: dict[str, Any]) 
 
     # Then secrets are passed only as references (a parameter or secret NAME/ARN), never as values
     assert literal_secrets == []
-    assert not [key for key in variables if key[1] in {"PROVIDER_API_KEY", "DATABASE_URL"}]
-    assert all(_ref_parameter(variables[(f, "PROVIDER_API_KEY_PARAMETER")]) for f in FUNCTIONS)
-    assert all(_ref_parameter(variables[(f, "DATABASE_SECRET_ARN")]) for f in FUNCTIONS)
+    assert not [
+        key for key in variables if key[1] in {"PROVIDER_API_KEY", "DATABASE_URL", "CALLBACK_SECRET", "API_KEY"}
+    ]
+    for function in FUNCTIONS:
+        assert _ref_parameter(variables[(function, "PROVIDER_API_KEY_PARAMETER")]) == "ProviderApiKeyParameter"
+        assert _ref_parameter(variables[(function, "CALLBACK_SECRET_PARAMETER")]) == "CallbackSecretParameter"
+        assert variables[(function, "DATABASE_SECRET_ARN")] == {
+            "Fn::If": ["CreateDatabase", {"Ref": "DatabaseSecret"}, {"Ref": "DatabaseSecretArn"}]
+        }
 
 
 def test_provider_api_key_parameter_is_a_name_not_a_key(template: dict[str, Any]) -> None:
@@ -408,15 +682,11 @@ def test_provider_api_key_parameter_is_a_name_not_a_key(template: dict[str, Any]
     assert not re.fullmatch(pattern, "sk-or-v1-0123456789abcdef")
 
 
-# --- packaging and outputs --------------------------------------------------------------------------------
+# --- functions --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("function", "code_uri"), [("UploadFunction", "functions/upload/"), ("TranscribeFunction", "functions/transcribe/")]
-)
-def test_functions_run_their_handler_on_the_shared_layer(
-    template: dict[str, Any], function: str, code_uri: str
-) -> None:
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_functions_run_their_handler_on_the_shared_layer(template: dict[str, Any], function: str) -> None:
     # Given a function and the shared layer
     properties = _properties(template, function)
     layer = _resource(template, "SharedLayer")
@@ -426,23 +696,473 @@ def test_functions_run_their_handler_on_the_shared_layer(
     layers = properties.get("Layers", []) + template["Globals"]["Function"].get("Layers", [])
 
     # Then the handler comes from its own directory and the pagescribe package from the layer
-    assert (properties["CodeUri"], properties["Handler"], runtime) == (code_uri, "app.handler", "python3.12")
+    assert (properties["CodeUri"], properties["Handler"], runtime) == (CODE_URIS[function], "app.handler", "python3.12")
     assert layers == [{"Ref": "SharedLayer"}]
     assert layer["Properties"]["ContentUri"] == "shared/"
     assert layer["Metadata"]["BuildMethod"] == "python3.12"
 
 
+def test_every_serverless_function_is_covered_by_these_checks(template: dict[str, Any]) -> None:
+    # Given the template's functions
+    functions = set(_resources_of_type(template, "AWS::Serverless::Function"))
+
+    # When they are compared with the functions the parametrized checks run on
+    unchecked = functions - set(FUNCTIONS)
+
+    # Then none escapes the invariants above
+    assert unchecked == set()
+    assert functions == set(FUNCTIONS)
+
+
 @pytest.mark.parametrize("function", FUNCTIONS)
 def test_each_function_has_a_log_group_with_retention(template: dict[str, Any], function: str) -> None:
     # Given the log groups of the template
-    groups = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::Logs::LogGroup"]
+    groups = [r["Properties"] for r in _resources_of_type(template, "AWS::Logs::LogGroup").values()]
 
     # When the one named after the function is looked up
-    mine = [g for g in groups if g["LogGroupName"] == {"Fn::Sub": f"/aws/lambda/${{{function}}}"}]
+    mine = [g for g in groups if g.get("LogGroupName") == {"Fn::Sub": f"/aws/lambda/${{{function}}}"}]
 
     # Then it exists and expires its events
     assert len(mine) == 1
     assert int(mine[0]["RetentionInDays"]) > 0
+
+
+def test_api_function_timeout_fits_api_gateway(template: dict[str, Any]) -> None:
+    # Given the API function's timeout parameter
+    parameter_name = _ref_parameter(_properties(template, "ApiFunction")["Timeout"])
+    parameter = template["Parameters"][parameter_name]
+
+    # When its default and ceiling are read
+    default, ceiling = int(parameter["Default"]), int(parameter["MaxValue"])
+
+    # Then the function can never outlive API Gateway's 29 s integration timeout
+    assert default == API_GATEWAY_MAX_INTEGRATION_SECONDS
+    assert ceiling <= API_GATEWAY_MAX_INTEGRATION_SECONDS
+
+
+def test_sweeper_runs_every_minute(template: dict[str, Any]) -> None:
+    # Given the sweeper's schedule event and timeout
+    event = _event(template, "SweeperFunction", "Schedule")
+    timeout = _properties(template, "SweeperFunction")["Timeout"]
+
+    # When the schedule expression and the timeout parameter are read
+    schedule = event["Schedule"]
+
+    # Then it runs every minute, its timeout is the SweeperFunctionTimeout parameter (default 120 s), and a
+    # failed run is not retried (the next scheduled run is a minute away)
+    assert schedule == "rate(1 minute)"
+    assert event.get("Enabled", True) is True
+    assert _ref_parameter(timeout) == "SweeperFunctionTimeout"
+    assert _default(template, "SweeperFunctionTimeout") == 120
+    assert _properties(template, "SweeperFunction")["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
+
+
+# --- schema migration -------------------------------------------------------------------------------------
+
+
+def test_migration_custom_resource_runs_the_migrate_function(template: dict[str, Any]) -> None:
+    # Given the migration custom resource
+    migration = _resource(template, "DatabaseMigration")
+    properties = migration["Properties"]
+
+    # When its type, service token and the rest of its properties are read
+    others = {k: v for k, v in properties.items() if k not in {"ServiceToken", "ServiceTimeout"}}
+
+    # Then CloudFormation invokes MigrateFunction, and a property follows the layer's version so that every
+    # deployment that changes code sends an Update (and the migrations run again)
+    assert migration["Type"] == "Custom::DatabaseMigration"
+    assert properties["ServiceToken"] == {"Fn::GetAtt": ["MigrateFunction", "Arn"]}
+    assert {"Ref": "SharedLayer"} in others.values()
+    assert _default(template, _ref_parameter(_properties(template, "MigrateFunction")["Timeout"])) == 300
+    assert int(properties["ServiceTimeout"]) > int(
+        template["Parameters"][_ref_parameter(_properties(template, "MigrateFunction")["Timeout"])]["MaxValue"]
+    )
+
+
+def test_migration_waits_for_a_created_database(template: dict[str, Any]) -> None:
+    # Given the migration custom resource's properties
+    properties = _properties(template, "DatabaseMigration")
+
+    # When the properties guarded by CreateDatabase are collected
+    guarded = [v["Fn::If"] for v in properties.values() if isinstance(v, dict) and "Fn::If" in v]
+
+    # Then it waits for the database instance and the proxy's targets, but only when the stack makes them
+    assert ["CreateDatabase", {"Ref": "DatabaseInstance"}, ""] in guarded
+    assert ["CreateDatabase", {"Fn::GetAtt": ["DatabaseProxyTargetGroup", "TargetGroupArn"]}, ""] in guarded
+
+
+@pytest.mark.parametrize("function", SCHEMA_DEPENDENT_FUNCTIONS)
+def test_functions_start_only_after_the_migration(template: dict[str, Any], function: str) -> None:
+    # Given a function that reads or writes the schema
+    resource = _resource(template, function)
+
+    # When its explicit dependencies are read
+    depends_on = _as_list(resource.get("DependsOn", []))
+
+    # Then it (and so its event source) is created after the migration, on a fresh stack and on every update
+    assert "DatabaseMigration" in depends_on
+
+
+def test_resources_have_no_circular_dependency(template: dict[str, Any]) -> None:
+    # Given the resources and what each must wait for
+    graph = _dependencies(template)
+
+    # When a cycle is searched for
+    cycle = _find_cycle(graph)
+
+    # Then there is none, and the orderings that matter are in the graph
+    assert cycle is None, " -> ".join(cycle or [])
+    assert "DatabaseMigration" in graph["UploadFunction"]
+    assert "MigrateFunction" in graph["DatabaseMigration"]
+    assert "UploadFunction" in graph["DocumentsBucket"]
+
+
+def test_the_cycle_check_catches_the_migrate_function_waiting_for_its_own_migration(template: dict[str, Any]) -> None:
+    # Given a copy of the template where the migration function also waits for the migration
+    broken = copy.deepcopy(template)
+    broken["Resources"]["MigrateFunction"]["DependsOn"] = "DatabaseMigration"
+
+    # When a cycle is searched for
+    cycle = _find_cycle(_dependencies(broken))
+
+    # Then it is found
+    assert cycle is not None
+    assert {"MigrateFunction", "DatabaseMigration"} <= set(cycle)
+
+
+# --- database ---------------------------------------------------------------------------------------------
+
+
+def test_database_is_created_when_no_secret_is_given(template: dict[str, Any]) -> None:
+    # Given the DatabaseSecretArn parameter and the CreateDatabase condition
+    parameter = template["Parameters"]["DatabaseSecretArn"]
+    condition = template["Conditions"]["CreateDatabase"]
+
+    # When the parameter's default and pattern are read
+    pattern = parameter["AllowedPattern"]
+
+    # Then an empty secret (the default) creates the database, and a full secret ARN is accepted instead
+    assert condition == {"Fn::Equals": [{"Ref": "DatabaseSecretArn"}, ""]}
+    assert parameter["Default"] == ""
+    assert re.fullmatch(pattern, "")
+    assert re.fullmatch(pattern, "arn:aws:secretsmanager:us-east-1:123456789012:secret:pagescribe-db-AbCdEf")
+    assert not re.fullmatch(pattern, "postgresql://user:password@host/db")
+
+
+def test_created_database_requires_subnets(template: dict[str, Any]) -> None:
+    # Given the template's rules
+    rules = template.get("Rules", {})
+
+    # When the rules that apply exactly when the database is created are picked out
+    condition = template["Conditions"]["CreateDatabase"]
+    assertions = [a["Assert"] for r in rules.values() if r.get("RuleCondition") == condition for a in r["Assertions"]]
+
+    # Then one rejects an empty subnet list (a DB subnet group and the proxy need subnets) and one an empty VPC
+    assert {"Fn::Not": [{"Fn::EachMemberEquals": [{"Ref": "VpcSubnetIds"}, ""]}]} in assertions
+    assert {"Fn::Not": [{"Fn::Equals": [{"Ref": "VpcId"}, ""]}]} in assertions
+    assert _properties(template, "DatabaseSubnetGroup")["SubnetIds"] == {"Ref": "VpcSubnetIds"}
+
+
+def test_database_resources_exist_only_when_the_stack_creates_the_database(template: dict[str, Any]) -> None:
+    # Given every resource of the database and its network
+    database_types = (
+        "AWS::RDS::",
+        "AWS::SecretsManager::",
+        "AWS::EC2::SecurityGroup",
+        "AWS::EC2::SecurityGroupIngress",
+        "AWS::EC2::SecurityGroupEgress",
+    )
+    database_resources = {n: r for n, r in template["Resources"].items() if r["Type"].startswith(database_types)}
+
+    # When their conditions are read
+    conditions = {name: resource.get("Condition") for name, resource in database_resources.items()}
+
+    # Then all of them carry CreateDatabase, and the ones the issue asks for are among them
+    assert conditions == dict.fromkeys(database_resources, "CreateDatabase")
+    assert {
+        "DatabaseCluster",
+        "DatabaseInstance",
+        "DatabaseProxy",
+        "DatabaseProxyTargetGroup",
+        "DatabaseSecret",
+        "DatabaseSubnetGroup",
+        "DatabaseClusterParameterGroup",
+    } <= set(database_resources)
+
+
+def test_created_database_is_aurora_postgresql_serverless_v2_kept_as_a_snapshot(template: dict[str, Any]) -> None:
+    # Given the cluster and its instance
+    cluster = _resource(template, "DatabaseCluster")
+    instance = _properties(template, "DatabaseInstance")
+
+    # When their engine, capacity and deletion policy are read
+    properties = cluster["Properties"]
+    version = str(template["Parameters"][_ref_parameter(properties["EngineVersion"])]["Default"])
+    scaling = properties["ServerlessV2ScalingConfiguration"]
+
+    # Then it is Aurora PostgreSQL 15/16 on a db.serverless instance from 0.5 ACU, snapshotted when deleted
+    assert properties["Engine"] == "aurora-postgresql"
+    assert re.fullmatch(r"1[56]\.\d+", version), version
+    assert float(scaling["MinCapacity"]) == 0.5
+    assert _ref_parameter(scaling["MaxCapacity"]) == "DatabaseMaxCapacity"
+    assert cluster["DeletionPolicy"] == "Snapshot"
+    assert properties["StorageEncrypted"] is True
+    assert instance["DBInstanceClass"] == "db.serverless"
+    assert instance["DBClusterIdentifier"] == {"Ref": "DatabaseCluster"}
+    assert instance.get("PubliclyAccessible") is False
+
+
+def test_created_database_timeouts_are_set_by_the_server_not_by_sessions(template: dict[str, Any]) -> None:
+    # Given the cluster and its cluster parameter group
+    cluster = _properties(template, "DatabaseCluster")
+    group = _properties(template, "DatabaseClusterParameterGroup")
+
+    # When the group's parameters and family are read
+    parameters = group["Parameters"]
+    version = str(template["Parameters"][_ref_parameter(cluster["EngineVersion"])]["Default"])
+
+    # Then statement and idle-in-transaction timeouts are server settings (nothing to SET behind RDS Proxy)
+    assert cluster["DBClusterParameterGroupName"] == {"Ref": "DatabaseClusterParameterGroup"}
+    assert {"statement_timeout", "idle_in_transaction_session_timeout"} <= set(parameters)
+    assert all(_default(template, _ref_parameter(parameters[name])) > 0 for name in parameters)
+    assert group["Family"] == f"aurora-postgresql{version.split('.')[0]}"
+
+
+def test_created_database_secret_is_rds_style_json(template: dict[str, Any]) -> None:
+    # Given the generated secret, its attachment to the cluster and the cluster's credentials
+    generated = _properties(template, "DatabaseSecret")["GenerateSecretString"]
+    attachment = _properties(template, "DatabaseSecretClusterAttachment")
+    cluster = _properties(template, "DatabaseCluster")
+
+    # When the secret's template is parsed
+    fields = json.loads(generated["SecretStringTemplate"])
+
+    # Then it holds username, dbname and a generated password, and the attachment adds host and port
+    assert set(fields) >= {"username", "dbname"}
+    assert generated["GenerateStringKey"] == "password"
+    assert cluster["DatabaseName"] == fields["dbname"]
+    assert attachment == {
+        "SecretId": {"Ref": "DatabaseSecret"},
+        "TargetId": {"Ref": "DatabaseCluster"},
+        "TargetType": "AWS::RDS::DBCluster",
+    }
+    assert "${DatabaseSecret}:SecretString:password" in cluster["MasterUserPassword"]["Fn::Sub"]
+
+
+def test_created_database_is_reached_through_a_tls_only_proxy(template: dict[str, Any]) -> None:
+    # Given the proxy, its target group and its role
+    proxy = _properties(template, "DatabaseProxy")
+    targets = _properties(template, "DatabaseProxyTargetGroup")
+    role_statements = list(_policy_statements(_properties(template, "DatabaseProxyRole")["Policies"]))
+
+    # When the secret the proxy authenticates with is read
+    secrets = [auth["SecretArn"] for auth in proxy["Auth"]]
+
+    # Then it is a PostgreSQL proxy requiring TLS, in front of the cluster, reading the created secret
+    assert proxy["EngineFamily"] == "POSTGRESQL"
+    assert proxy["RequireTLS"] is True
+    assert secrets == [{"Ref": "DatabaseSecret"}]
+    assert proxy["RoleArn"] == {"Fn::GetAtt": ["DatabaseProxyRole", "Arn"]}
+    assert targets["DBProxyName"] == {"Ref": "DatabaseProxy"}
+    assert targets["DBClusterIdentifiers"] == [{"Ref": "DatabaseCluster"}]
+    assert any(
+        "secretsmanager:GetSecretValue" in _as_list(s["Action"]) and s["Resource"] == {"Ref": "DatabaseSecret"}
+        for s in role_statements
+    )
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_functions_connect_through_the_proxy_when_the_stack_creates_it(template: dict[str, Any], function: str) -> None:
+    # Given a function's merged environment
+    env = _environment(template, function)
+
+    # When its database host is read
+    host = env.get("DATABASE_HOST")
+
+    # Then it is the proxy endpoint when the stack creates the database, and empty (the secret's host) otherwise
+    assert host == {"Fn::If": ["CreateDatabase", {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}, ""]}
+
+
+def test_only_the_proxy_reaches_the_database_and_only_the_functions_reach_the_proxy(template: dict[str, Any]) -> None:
+    # Given the security groups' ingress rules
+    groups = _resources_of_type(template, "AWS::EC2::SecurityGroup")
+    ingress = {name: g["Properties"].get("SecurityGroupIngress", []) for name, g in groups.items()}
+    ingress_resources = _resources_of_type(template, "AWS::EC2::SecurityGroupIngress")
+
+    # When the sources they admit are collected
+    sources = {name: [rule.get("SourceSecurityGroupId") for rule in rules] for name, rules in ingress.items()}
+    cidr_ingress = [rule for rules in ingress.values() for rule in rules if "CidrIp" in rule or "CidrIpv6" in rule]
+
+    # Then PostgreSQL flows functions -> proxy -> cluster, and nothing is open to an address range
+    assert sources["DatabaseSecurityGroup"] == [{"Ref": "DatabaseProxySecurityGroup"}]
+    assert sources["DatabaseProxySecurityGroup"] == [{"Ref": "FunctionSecurityGroup"}]
+    assert sources["FunctionSecurityGroup"] == []
+    assert cidr_ingress == []
+    assert ingress_resources == {}
+    assert _properties(template, "DatabaseCluster")["VpcSecurityGroupIds"] == [{"Ref": "DatabaseSecurityGroup"}]
+
+
+def test_functions_join_the_vpc_only_when_subnets_are_given(template: dict[str, Any]) -> None:
+    # Given the functions' VPC configuration (Globals) and the UseVpc condition
+    vpc_config = template["Globals"]["Function"].get("VpcConfig")
+    use_vpc = template["Conditions"]["UseVpc"]
+
+    # When the !If is taken apart
+    condition, in_vpc, outside = vpc_config["Fn::If"]
+
+    # Then subnets decide, a created database adds the functions' own security group, and no function overrides it
+    assert condition == "UseVpc"
+    assert _referenced_names(use_vpc) == {"VpcSubnetIds"}
+    assert in_vpc["SubnetIds"] == {"Ref": "VpcSubnetIds"}
+    assert _mentions(in_vpc["SecurityGroupIds"], "FunctionSecurityGroup")
+    assert "VpcSecurityGroupIds" in _referenced_names(in_vpc["SecurityGroupIds"])
+    assert outside == {"Ref": "AWS::NoValue"}
+    assert [f for f in FUNCTIONS if "VpcConfig" in _properties(template, f)] == []
+
+
+# --- REST API ---------------------------------------------------------------------------------------------
+
+
+def test_api_requires_a_key_with_a_throttled_usage_plan(template: dict[str, Any]) -> None:
+    # Given the REST API
+    api = _properties(template, "Api")
+
+    # When its auth, usage plan and stage are read
+    auth = api["Auth"]
+    usage_plan = auth["UsagePlan"]
+
+    # Then every method needs an API key by default, SAM creates a per-API usage plan and key, and it throttles
+    assert auth["ApiKeyRequired"] is True
+    assert usage_plan["CreateUsagePlan"] == "PER_API"
+    assert {"RateLimit", "BurstLimit"} <= set(usage_plan["Throttle"])
+    assert api["StageName"] == "v1"
+    assert api["TracingEnabled"] is True
+
+
+def test_api_routes_require_a_key_except_health(template: dict[str, Any]) -> None:
+    # Given the API function's Api events
+    events = [e["Properties"] for e in _properties(template, "ApiFunction")["Events"].values() if e["Type"] == "Api"]
+
+    # When each route's key requirement is resolved (the API's default is "required")
+    routes = {(e["Method"].lower(), e["Path"]): e.get("Auth", {}).get("ApiKeyRequired", True) for e in events}
+
+    # Then the issue's routes are all there, on this API, and only /health is open
+    assert set(routes) == API_ROUTES
+    assert len(events) == len(API_ROUTES)
+    assert all(e["RestApiId"] == {"Ref": "Api"} for e in events)
+    assert {route for route, required in routes.items() if required is False} == UNAUTHENTICATED_ROUTES
+    assert all(required is True for route, required in routes.items() if route not in UNAUTHENTICATED_ROUTES)
+
+
+# --- alarms and dashboard ---------------------------------------------------------------------------------
+
+
+def test_dead_letter_queue_alarm_fires_on_the_first_message(template: dict[str, Any]) -> None:
+    # Given the template's alarms
+    alarms = _alarms(template)
+
+    # When the ones on the dead-letter queue's visible messages are picked out
+    dlq_alarms = [
+        a
+        for a in alarms
+        if (a["Namespace"], a["MetricName"]) == ("AWS/SQS", "ApproximateNumberOfMessagesVisible")
+        and a["Dimensions"] == [{"Name": "QueueName", "Value": {"Fn::GetAtt": ["DeadLetterQueue", "QueueName"]}}]
+    ]
+
+    # Then one fires as soon as there is more than zero
+    assert len(dlq_alarms) == 1
+    assert (int(dlq_alarms[0]["Threshold"]), dlq_alarms[0]["ComparisonOperator"]) == (0, "GreaterThanThreshold")
+
+
+def test_queue_age_alarm_uses_the_threshold_parameter(template: dict[str, Any]) -> None:
+    # Given the template's alarms
+    alarms = _alarms(template)
+
+    # When the ones on the job queue's oldest message are picked out
+    age_alarms = [
+        a
+        for a in alarms
+        if (a["Namespace"], a["MetricName"]) == ("AWS/SQS", "ApproximateAgeOfOldestMessage")
+        and a["Dimensions"] == [{"Name": "QueueName", "Value": {"Fn::GetAtt": ["Queue", "QueueName"]}}]
+    ]
+
+    # Then one compares it with a parameter
+    assert len(age_alarms) == 1
+    assert age_alarms[0]["ComparisonOperator"] == "GreaterThanThreshold"
+    assert _default(template, _ref_parameter(age_alarms[0]["Threshold"])) > 0
+
+
+@pytest.mark.parametrize("metric", ["Errors", "Throttles"])
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_each_function_has_error_and_throttle_alarms(template: dict[str, Any], function: str, metric: str) -> None:
+    # Given the template's alarms
+    alarms = _alarms(template)
+
+    # When the ones on this function's metric are picked out
+    mine = [
+        a
+        for a in alarms
+        if (a["Namespace"], a["MetricName"]) == ("AWS/Lambda", metric)
+        and a["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": function}}]
+    ]
+
+    # Then there is exactly one, firing on the first occurrence
+    assert len(mine) == 1
+    assert (int(mine[0]["Threshold"]), mine[0]["ComparisonOperator"]) == (0, "GreaterThanThreshold")
+
+
+def test_alarms_notify_the_optional_topic(template: dict[str, Any]) -> None:
+    # Given the alarms and the AlarmTopicArn parameter
+    alarms = _alarms(template)
+    parameter = template["Parameters"]["AlarmTopicArn"]
+
+    # When their actions are collected
+    actions = [a.get("AlarmActions") for a in alarms]
+
+    # Then every alarm notifies the topic when one is given, and nothing otherwise
+    expected = {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+    assert len(alarms) >= 2 + 2 * len(FUNCTIONS)
+    assert actions == [expected] * len(alarms)
+    assert parameter["Default"] == ""
+    assert template["Conditions"]["HasAlarmTopic"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]}
+
+
+def test_dashboard_body_is_json_naming_only_known_resources(template: dict[str, Any]) -> None:
+    # Given the dashboard's !Sub body
+    text = _dashboard_text(template)
+
+    # When its ${...} placeholders are collected and replaced by their names
+    placeholders = set(re.findall(r"\$\{([^}]+)\}", text))
+    body = json.loads(re.sub(r"\$\{([^}]+)\}", lambda m: m.group(1), text))
+
+    # Then it parses as JSON and every placeholder is a pseudo parameter or a resource of this template
+    assert body["widgets"], "the dashboard has no widgets"
+    unknown = {p for p in placeholders if not p.startswith("AWS::") and p.split(".")[0] not in template["Resources"]}
+    assert unknown == set()
+
+
+def test_dashboard_shows_throughput_latency_failures_cost_and_dead_letters(template: dict[str, Any]) -> None:
+    # Given the dashboard's metric rows
+    body = json.loads(re.sub(r"\$\{([^}]+)\}", lambda m: m.group(1), _dashboard_text(template)))
+    rows = _dashboard_metrics(body)
+
+    # When the application's rows are indexed by metric and statistic
+    app_rows = [(fields, options) for _, fields, options in rows if fields[0] == "Pagescribe"]
+    stats = {(fields[1], options.get("stat"), options.get("period")) for fields, options in app_rows}
+    latency_titles = [title for title, fields, _ in rows if fields[:2] == ["Pagescribe", "ModelLatency"]]
+
+    # Then the issue's panels are there, and every Powertools metric carries the service=pagescribe dimension
+    assert ("PagesCompleted", "Sum", 60) in stats
+    assert {("ModelLatency", "p50"), ("ModelLatency", "p95")} <= {(m, s) for m, s, _ in stats}
+    assert {"PagesFailed", "PagesRequeued", "LeaseLost"} <= {m for m, _, _ in stats}
+    assert "CostUSD" in {m for m, s, _ in stats if s == "Sum"}
+    assert latency_titles and all("Milliseconds" in title for title in latency_titles)
+    assert all(fields[2:] == ["service", "pagescribe"] for fields, _ in app_rows)
+    dlq = ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", "DeadLetterQueue.QueueName"]
+    assert dlq in [fields for _, fields, _ in rows]
+
+
+# --- outputs ----------------------------------------------------------------------------------------------
 
 
 def test_outputs_name_the_pipeline_endpoints(template: dict[str, Any]) -> None:
@@ -452,5 +1172,32 @@ def test_outputs_name_the_pipeline_endpoints(template: dict[str, Any]) -> None:
     # When their names are collected
     names = set(outputs)
 
-    # Then operators can find the bucket, the queues and the functions
-    assert {"BucketName", "QueueUrl", "DeadLetterQueueUrl", "UploadFunctionName", "TranscribeFunctionName"} <= names
+    # Then operators can find the API and its key, the bucket, the queues, the dashboard and the functions
+    assert {"ApiUrl", "ApiKeyId", "BucketName", "QueueUrl", "DeadLetterQueueUrl", "DashboardUrl"} <= names
+    assert {f"{function}Name" for function in FUNCTIONS} <= names
+
+
+def test_api_url_and_key_outputs_point_at_the_v1_stage_and_sams_key(template: dict[str, Any]) -> None:
+    # Given the API outputs
+    outputs = template["Outputs"]
+
+    # When their values are read
+    api_url = outputs["ApiUrl"]["Value"]
+    api_key = outputs["ApiKeyId"]["Value"]
+
+    # Then the URL is the regional v1 invoke URL and the key is the one SAM names "<Api logical id>ApiKey"
+    assert api_url == {"Fn::Sub": "https://${Api}.execute-api.${AWS::Region}.${AWS::URLSuffix}/v1"}
+    assert api_key == {"Ref": "ApiApiKey"}
+    assert _properties(template, "Api")["StageName"] == "v1"
+
+
+def test_dashboard_url_output_opens_this_dashboard(template: dict[str, Any]) -> None:
+    # Given the dashboard URL output
+    url = template["Outputs"]["DashboardUrl"]["Value"]
+
+    # When its !Sub text is read
+    text = url["Fn::Sub"]
+
+    # Then it opens the console's dashboard page for this stack's dashboard in this region
+    assert text.startswith("https://${AWS::Region}.console.aws.amazon.com/cloudwatch/home?region=${AWS::Region}")
+    assert text.endswith("#dashboards:name=${Dashboard}")

@@ -1,0 +1,138 @@
+"""The local commands as a user runs them: real subprocesses, the fake provider, PostgreSQL, plain HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from pagescribe.documents import DocumentKind, render_page
+
+from tests.fakes.chat_server import FakeChatServer, expected_text
+
+pytestmark = pytest.mark.integration
+
+
+def _environment(database_url: str, provider: FakeChatServer) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PROVIDER_", "API_KEY"))}
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "PROVIDER_BASE_URL": provider.base_url,
+            "MODEL": "test/vision-model",
+            "FUNCTION_TIMEOUT_SECONDS": "60",
+            "PROVIDER_TIMEOUT_SECONDS": "30",
+        }
+    )
+    return env
+
+
+def _pagescribe(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pagescribe.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_transcribe_writes_the_pages_in_order(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given a 4-page PDF and a provider that names the image it was sent
+    source = corpus / "pdflatex-4-pages.pdf"
+    # When the user runs pagescribe transcribe on it
+    result = _pagescribe(
+        "transcribe", str(source), "--out", "out", env=_environment(database_url, fake_provider), cwd=tmp_path
+    )
+    # Then it exits 0, says where it wrote, and the markdown has every page in order with its own text
+    assert result.returncode == 0, result.stderr
+    assert "wrote out/pdflatex-4-pages.md" in result.stderr
+    markdown = (tmp_path / "out" / "pdflatex-4-pages.md").read_text()
+    assert re.findall(r"<!-- page (\d) of 4", markdown) == ["1", "2", "3", "4"]
+    texts = [expected_text(render_page(source, DocumentKind.PDF, n).data) for n in range(1, 5)]
+    assert [markdown.index(t) for t in texts] == sorted(markdown.index(t) for t in texts)
+    assert fake_provider.calls == 4
+
+
+def test_transcribe_fails_clearly_on_a_password_protected_pdf(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    result = _pagescribe(
+        "transcribe",
+        str(corpus / "libreoffice-writer-password.pdf"),
+        env=_environment(database_url, fake_provider),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    assert "libreoffice-writer-password.pdf: FAILED: the PDF is password-protected" in result.stderr
+    assert fake_provider.calls == 0 and not list(tmp_path.glob("*.md"))
+
+
+def test_transcribe_names_a_missing_file(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> None:
+    result = _pagescribe("transcribe", "nope.pdf", env=_environment(database_url, fake_provider), cwd=tmp_path)
+    assert result.returncode == 2 and "no such file: nope.pdf" in result.stderr
+
+
+def test_serve_is_used_like_the_deployed_stack(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given pagescribe serve running, with an API key
+    env = {**_environment(database_url, fake_provider), "API_KEY": "local-key"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pagescribe.cli", "serve", "--port", "0"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        endpoints: dict[str, Any] = json.loads(server.stdout.readline())
+        api, headers = endpoints["api"], {"x-api-key": "local-key"}
+        # When a user creates a document over HTTP and PUTs the file to the presigned URL
+        assert (
+            httpx.post(f"{api}/documents", json={"filename": "x.pdf", "content_type": "application/pdf"}).status_code
+            == 401
+        )
+        created = httpx.post(
+            f"{api}/documents", json={"filename": "four pages.pdf", "content_type": "application/pdf"}, headers=headers
+        ).json()
+        put = httpx.put(
+            created["upload_url"],
+            content=(corpus / "pdflatex-4-pages.pdf").read_bytes(),
+            headers=created["upload_headers"],
+        )
+        assert put.status_code == 200
+        # Then polling the status sees it complete, and the transcript is served
+        deadline = time.monotonic() + 120
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{api}/documents/{created['document_id']}", headers=headers).json()
+            if status["status"] in {"COMPLETED", "PARTIAL", "FAILED"}:
+                break
+            time.sleep(0.5)
+        assert status["status"] == "COMPLETED" and status["pages"]["COMPLETED"] == 4
+        transcript = httpx.get(f"{api}/documents/{created['document_id']}/transcript", headers=headers)
+        assert transcript.status_code == 200 and transcript.text.count("<!-- page ") == 4
+        # And the S3 endpoint it printed works with boto3
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoints["aws_endpoint"],
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=endpoints["bucket"], Prefix="transcripts/")["Contents"]]
+        assert f"transcripts/{created['document_id']}.md" in keys
+    finally:
+        # When the user presses Ctrl-C, it stops cleanly
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
