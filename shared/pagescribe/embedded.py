@@ -69,6 +69,22 @@ def stop_embedded_database() -> None:
             logger.info("Released the embedded PostgreSQL server on %s", pgdata)
 
 
+START_ATTEMPTS = 6
+
+
+def _start_waiting(server: PostgresServer) -> None:
+    """Start the server, waiting past pgserver's fixed 10 s for pg_ctl: on a loaded machine the postmaster is
+    often still starting when that runs out, and the next attempt finds it running and ready."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            server.start()
+            return
+        except subprocess.TimeoutExpired:
+            if attempt == START_ATTEMPTS:
+                raise
+            logger.info("the embedded PostgreSQL server is slow to start; waiting (attempt %d)", attempt)
+
+
 def _start(pgdata: Path) -> PostgresServer:
     logger.info("Embedded PostgreSQL data directory: %s", pgdata)
     try:
@@ -97,7 +113,7 @@ def _start(pgdata: Path) -> PostgresServer:
                 live = [pid for pid in listed if running_pid and pid != os.getpid() and psutil.pid_exists(pid)]
                 if live != listed:  # no write otherwise: initdb wants a new pgdata empty
                     users.put(live)
-            server.start()
+            _start_waiting(server)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         raise EmbeddedDatabaseError(
             f"Could not start the embedded PostgreSQL server on {pgdata}: {exc}{_log_tail(pgdata)}"
