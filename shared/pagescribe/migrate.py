@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +26,25 @@ def upgrade_database(sqlalchemy_url: str) -> None:
     command.upgrade(alembic_config(sqlalchemy_url), "head")
 
 
+CONNECT_PATIENCE_SECONDS = 90.0
+
+
+def _upgrade_when_reachable(url: str, *, deadline: float) -> None:
+    """Upgrade, retrying while the server cannot be reached: on a new stack RDS Proxy may still be registering
+    its target when the migration runs. Any other error is final at once."""
+    delay = 2.0
+    while True:
+        try:
+            upgrade_database(url)
+            return
+        except OperationalError as exc:
+            if "does not exist" in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            log.warning("database not reachable yet (%s); retrying in %.0f s", exc.orig, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 15.0)
+
+
 def run_migration_resource(
     request_type: str, database_url: Callable[[], str], *, physical_id: str | None
 ) -> tuple[str, str, str]:
@@ -35,7 +56,7 @@ def run_migration_resource(
     if request_type == "Delete":
         return "SUCCESS", "the schema is kept when the stack is deleted", resource_id
     try:
-        upgrade_database(database_url())
+        _upgrade_when_reachable(database_url(), deadline=time.monotonic() + CONNECT_PATIENCE_SECONDS)
     except Exception as exc:  # every failure must reach CloudFormation as a reason
         log.exception("migration failed")
         return "FAILED", f"migration failed: {type(exc).__name__}: {exc}"[:1000], resource_id
