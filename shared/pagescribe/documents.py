@@ -6,6 +6,9 @@ pdfium is not thread-safe, and pages render in worker threads, so every pypdfium
 from __future__ import annotations
 
 import io
+import math
+import os
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,15 +19,21 @@ from typing import Literal
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
-from PIL import Image, ImageOps, TiffImagePlugin, UnidentifiedImageError
+from PIL import Image, ImageOps, TiffImagePlugin
 
 _PDFIUM_LOCK = threading.Lock()
+_PILLOW_GUARD_LOCK = threading.Lock()
 _SNIFF_BYTES = 1024
+_PDF_LOAD_ERRORS = {
+    pdfium_c.FPDF_ERR_FILE: "the file could not be opened",
+    pdfium_c.FPDF_ERR_FORMAT: "it is damaged, truncated or not a PDF",
+    pdfium_c.FPDF_ERR_SECURITY: "it is encrypted with an unsupported security handler",
+}
+_HIGH_BIT_GREY = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
 DEFAULT_MAX_IMAGE_PIXELS = 60_000_000
-
-# Every image is opened through _open_image, which refuses one over the configured MAX_IMAGE_PIXELS from its
-# header, naming the setting; Pillow's own process-wide guard would refuse first with a message that does not.
-Image.MAX_IMAGE_PIXELS = None
+# What Pillow raises for a malformed file: Image.open turns the last four into UnidentifiedImageError (an OSError),
+# but seeking to a TIFF frame or decoding pixels lets them through.
+_MALFORMED_IMAGE = (OSError, ValueError, EOFError, SyntaxError, IndexError, TypeError, struct.error)
 
 
 class DocumentKind(StrEnum):
@@ -65,7 +74,7 @@ def detect_kind(head: bytes) -> DocumentKind:
     """The document type, from its first bytes only (never the file name)."""
     if not head:
         raise InvalidDocumentError("the file is empty (0 bytes)")
-    if b"%PDF-" in head[:_SNIFF_BYTES]:
+    if b"%PDF-" in head[:_SNIFF_BYTES]:  # the PDF specification tolerates junk before the header
         return DocumentKind.PDF
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
         return DocumentKind.PNG
@@ -76,63 +85,8 @@ def detect_kind(head: bytes) -> DocumentKind:
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return DocumentKind.WEBP
     raise InvalidDocumentError(
-        f"unsupported file type: the content is not PDF, PNG, JPEG, TIFF or WebP (it starts with {head[:12]!r})"
+        f"unsupported file type: the content is not PDF, PNG, JPEG, TIFF or WebP (starts with {head[:8]!r})"
     )
-
-
-@contextmanager
-def _open_pdf(path: Path) -> Iterator[pdfium.PdfDocument]:
-    """Open a PDF under the pdfium lock, translating load failures into user-facing reasons."""
-    with _PDFIUM_LOCK:
-        try:
-            pdf = pdfium.PdfDocument(path)
-        except pdfium.PdfiumError as exc:
-            if exc.err_code == pdfium_c.FPDF_ERR_PASSWORD:
-                raise InvalidDocumentError("the PDF is password-protected; upload it without a password") from exc
-            raise InvalidDocumentError(f"the PDF could not be read: {exc}") from exc
-        try:
-            yield pdf
-        finally:
-            pdf.close()
-
-
-@contextmanager
-def _open_image(path: Path, max_pixels: int) -> Iterator[Image.Image]:
-    """Open an image lazily (header only); refuse one over ``max_pixels`` before any pixel is decoded."""
-    try:
-        image = Image.open(path)
-    except (UnidentifiedImageError, OSError) as exc:
-        raise InvalidDocumentError(f"the image could not be read: {exc}") from exc
-    try:
-        try:
-            _check_pixels(image, max_pixels)
-        except InvalidDocumentError:
-            raise
-        except (OSError, ValueError, EOFError) as exc:
-            raise InvalidDocumentError(f"the image could not be read: {exc}") from exc
-        yield image
-    finally:
-        image.close()
-
-
-def _frame_count(image: Image.Image) -> int:
-    """Pages in an image file: a TIFF's frames; any other image is one page."""
-    return image.n_frames if isinstance(image, TiffImagePlugin.TiffImageFile) else 1
-
-
-def _check_pixels(image: Image.Image, max_pixels: int) -> None:
-    frames = _frame_count(image)
-    for frame in range(frames):
-        if frames > 1:
-            image.seek(frame)
-        width, height = image.size
-        if width * height > max_pixels:
-            raise InvalidDocumentError(
-                f"the image is {width} x {height} pixels ({width * height / 1e6:.1f} megapixels); "
-                f"the limit is MAX_IMAGE_PIXELS={max_pixels}"
-            )
-    if frames > 1:
-        image.seek(0)
 
 
 def _read_head(path: Path) -> bytes:
@@ -140,48 +94,157 @@ def _read_head(path: Path) -> bytes:
         return handle.read(_SNIFF_BYTES)
 
 
+def _pages(count: int) -> str:
+    return f"{count} page" if count == 1 else f"{count} pages"
+
+
+def _check_page_number(page_number: int, pages: int) -> None:
+    if not 1 <= page_number <= pages:
+        raise InvalidDocumentError(f"page {page_number} does not exist; the document has {_pages(pages)}")
+
+
+def _check_page_count(pages: int, max_pages: int) -> None:
+    if pages > max_pages:
+        raise InvalidDocumentError(f"the document has {_pages(pages)}; the limit is MAX_PAGES={max_pages}")
+
+
+@contextmanager
+def _open_pdf(path: Path) -> Iterator[pdfium.PdfDocument]:
+    """Open a PDF and hold the pdfium lock until it is closed; load failures become user-facing reasons.
+
+    Loaded through pdfium directly: pypdfium2's PdfDocument(path) refuses a document with no pages without closing it,
+    under whatever stale error code an earlier failed load left behind. Closing the document also closes the pages and
+    text pages loaded from it (pypdfium2 tracks them as its kids).
+    """
+    with _PDFIUM_LOCK:
+        raw = pdfium_c.FPDF_LoadDocument(os.fsencode(path) + b"\0", None)
+        if not raw:
+            error = pdfium_c.FPDF_GetLastError()
+            if error == pdfium_c.FPDF_ERR_PASSWORD:
+                raise InvalidDocumentError("the PDF is password-protected; upload it without a password")
+            raise InvalidDocumentError(
+                f"the PDF could not be read: {_PDF_LOAD_ERRORS.get(error, f'pdfium error {error}')}"
+            )
+        pdf = pdfium.PdfDocument(raw)
+        try:
+            yield pdf
+        finally:
+            pdf.close()
+
+
+@contextmanager
+def _open_image(path: Path, kind: DocumentKind) -> Iterator[Image.Image]:
+    """Open an image of ``kind`` lazily (header only); Pillow failures in the block become user-facing reasons.
+
+    Callers check every frame against the configured MAX_IMAGE_PIXELS before decoding it, with a reason naming the
+    setting. Pillow's own process-wide bomb guard would fire first with a warning or an error naming neither, at open,
+    at decode or at a TIFF frame, so it is off for this block only; the lock stops threads restoring each other's value.
+    """
+    with _PILLOW_GUARD_LOCK:
+        guard = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            with Image.open(path, formats=[kind.name]) as image:  # the kind names are Pillow's format names
+                yield image
+        except InvalidDocumentError:
+            raise
+        except _MALFORMED_IMAGE as exc:
+            raise InvalidDocumentError(f"the image could not be read: {exc}") from exc
+        finally:
+            Image.MAX_IMAGE_PIXELS = guard
+
+
+def _frame_count(image: Image.Image) -> int:
+    """Pages in an image file: a TIFF's frames; any other image is one page (animation frames are not pages)."""
+    return image.n_frames if isinstance(image, TiffImagePlugin.TiffImageFile) else 1
+
+
+def _check_pixels(image: Image.Image, max_pixels: int) -> None:
+    """Refuse the current frame from its header if it is over ``max_pixels``."""
+    width, height = image.size
+    if width * height > max_pixels:
+        raise InvalidDocumentError(
+            f"the image is {width} x {height} pixels ({width * height / 1e6:.1f} megapixels); "
+            f"the limit is MAX_IMAGE_PIXELS={max_pixels}"
+        )
+
+
 def inspect_document(path: Path, *, max_pages: int, max_image_pixels: int) -> DocumentInfo:
-    """Type and page count of a document, or InvalidDocumentError saying what is wrong and the limit."""
+    """Type and page count, from the headers; InvalidDocumentError says what is wrong and any limit it breaks."""
     kind = detect_kind(_read_head(path))
     if kind is DocumentKind.PDF:
         with _open_pdf(path) as pdf:
             pages = len(pdf)
         if pages == 0:
             raise InvalidDocumentError("the PDF has no pages")
+        _check_page_count(pages, max_pages)
     else:
-        with _open_image(path, max_image_pixels) as image:
+        with _open_image(path, kind) as image:
             pages = _frame_count(image)
-    if pages > max_pages:
-        raise InvalidDocumentError(f"the document has {pages} pages; the limit is MAX_PAGES={max_pages}")
+            _check_page_count(pages, max_pages)
+            for frame in range(pages):
+                image.seek(frame)
+                _check_pixels(image, max_image_pixels)
     return DocumentInfo(kind, pages)
+
+
+def _pdf_scale(size_pt: tuple[float, float], dpi: int, max_long_edge: int) -> float:
+    """Pixels per point: ``dpi``, unless the long edge would pass ``max_long_edge`` pixels (pdfium rounds up)."""
+    longest = max(*size_pt, 1.0)
+    scale = min(dpi / 72, max_long_edge / longest)
+    while math.ceil(longest * scale) > max_long_edge:  # the division can land one ulp high
+        scale = math.nextafter(scale, 0)
+    return scale
+
+
+def _render_pdf_page(pdf: pdfium.PdfDocument, page_number: int, dpi: int, max_long_edge: int) -> Image.Image:
+    try:
+        page = pdf[page_number - 1]
+        bitmap = page.render(scale=_pdf_scale(page.get_size(), dpi, max_long_edge))
+        try:
+            image: Image.Image = bitmap.to_pil().convert("RGB")  # a copy: the bitmap's buffer is freed on close
+            return image
+        finally:
+            bitmap.close()
+    except (pdfium.PdfiumError, ValueError) as exc:
+        raise InvalidDocumentError(f"page {page_number} could not be rendered: {exc}") from exc
+
+
+def _flatten(image: Image.Image) -> Image.Image:
+    """8-bit grey or RGB with any transparency composited on white.
+
+    Resampling needs this first: Pillow resizes bilevel and palette images by nearest neighbour, dropping thin strokes.
+    """
+    if image.mode in _HIGH_BIT_GREY:  # scale 16 bits down to 8 rather than clip
+        return image.convert("I").point(lambda value: value / 256, "L")
+    if image.has_transparency_data:
+        rgba = image.convert("RGBA")
+        flat = Image.new("RGB", rgba.size, "white")
+        flat.paste(rgba, mask=rgba.getchannel("A"))
+        return flat
+    if image.mode in {"L", "RGB"}:
+        return image
+    return image.convert("L" if image.mode == "1" else "RGB")
+
+
+def _fit_image(source: Image.Image, max_long_edge: int) -> Image.Image:
+    """The current frame, upright, as a new RGB image whose long edge is at most ``max_long_edge``."""
+    ratio = max_long_edge / max(source.size)
+    if ratio < 1:  # JPEG only (a no-op otherwise): decode at 1/2, 1/4 or 1/8 scale, no smaller than the target
+        source.draft(None, (math.ceil(source.width * ratio), math.ceil(source.height * ratio)))
+    ImageOps.exif_transpose(source, in_place=True)
+    image = _flatten(source)
+    image.thumbnail((max_long_edge, max_long_edge), Image.Resampling.LANCZOS, reducing_gap=3.0)
+    return image.convert("RGB")
 
 
 def _encode(image: Image.Image, image_format: Literal["jpeg", "png"], jpeg_quality: int) -> RenderedPage:
     buffer = io.BytesIO()
     if image_format == "jpeg":
-        image.save(buffer, format="JPEG", quality=jpeg_quality, optimize=False)
+        image.save(buffer, format="JPEG", quality=jpeg_quality)
     else:
         image.save(buffer, format="PNG", compress_level=3)
     return RenderedPage(buffer.getvalue(), f"image/{image_format}", image.width, image.height)
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """RGB on white, whatever the source mode (palette, alpha, CMYK, 16-bit grey, bilevel)."""
-    if image.mode == "RGB":
-        return image
-    if image.mode in {"I;16", "I;16B", "I;16L", "I"}:
-        image = image.point(lambda v: v / 256).convert("L")
-    if image.mode in {"RGBA", "LA", "PA"} or (image.mode == "P" and "transparency" in image.info):
-        rgba = image.convert("RGBA")
-        background = Image.new("RGB", rgba.size, (255, 255, 255))
-        background.paste(rgba, mask=rgba.getchannel("A"))
-        return background
-    return image.convert("RGB")
-
-
-def _check_page_number(page_number: int, pages: int) -> None:
-    if not 1 <= page_number <= pages:
-        raise InvalidDocumentError(f"page {page_number} does not exist; the document has {pages} pages")
 
 
 def render_page(
@@ -195,38 +258,20 @@ def render_page(
     jpeg_quality: int = 85,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> RenderedPage:
-    """Render one page (1-based) at ``dpi``, never larger than ``max_long_edge`` pixels on its long edge."""
+    """Render one page (1-based) at ``dpi``, never larger than ``max_long_edge`` pixels on its long edge.
+
+    An image page is checked against ``max_image_pixels`` from its header again before it is decoded.
+    """
     if kind is DocumentKind.PDF:
         with _open_pdf(path) as pdf:
             _check_page_number(page_number, len(pdf))
-            page = pdf[page_number - 1]
-            try:
-                width_pt, height_pt = page.get_size()
-                longest_pt = max(width_pt, height_pt, 1.0)
-                scale = min(dpi / 72, max_long_edge / longest_pt)
-                bitmap = page.render(scale=scale, may_draw_forms=True)
-                try:
-                    image = bitmap.to_pil().convert("RGB")
-                finally:
-                    bitmap.close()
-            except pdfium.PdfiumError as exc:
-                raise InvalidDocumentError(f"page {page_number} could not be rendered: {exc}") from exc
-            finally:
-                page.close()
-        return _encode(image, image_format, jpeg_quality)
-
-    with _open_image(path, max_image_pixels) as source:
-        frames = _frame_count(source)
-        _check_page_number(page_number, frames)
-        try:
-            if frames > 1:
-                source.seek(page_number - 1)
-            source.draft("RGB", (max_long_edge, max_long_edge))  # JPEG decodes at a reduced scale
-            image = ImageOps.exif_transpose(source)
-            image.thumbnail((max_long_edge, max_long_edge), Image.Resampling.LANCZOS, reducing_gap=3.0)
-            image = _to_rgb(image)
-        except (OSError, ValueError, EOFError) as exc:
-            raise InvalidDocumentError(f"page {page_number} could not be decoded: {exc}") from exc
+            image = _render_pdf_page(pdf, page_number, dpi, max_long_edge)
+    else:
+        with _open_image(path, kind) as source:
+            _check_page_number(page_number, _frame_count(source))
+            source.seek(page_number - 1)
+            _check_pixels(source, max_image_pixels)
+            image = _fit_image(source, max_long_edge)
     return _encode(image, image_format, jpeg_quality)
 
 
@@ -236,10 +281,8 @@ def extract_text_layer(path: Path, page_number: int) -> str:
         raise InvalidDocumentError("only a PDF has a text layer")
     with _open_pdf(path) as pdf:
         _check_page_number(page_number, len(pdf))
-        page = pdf[page_number - 1]
-        textpage = page.get_textpage()
         try:
-            return str(textpage.get_text_range()).strip()
-        finally:
-            textpage.close()
-            page.close()
+            text = pdf[page_number - 1].get_textpage().get_text_range()
+        except pdfium.PdfiumError as exc:
+            raise InvalidDocumentError(f"the text of page {page_number} could not be read: {exc}") from exc
+    return str(text).replace("\r\n", "\n").strip()
