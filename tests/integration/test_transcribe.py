@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,22 @@ def test_malformed_messages_are_rejected_without_looping(pipeline: Pipeline, fak
     records = [sqs_record_for_body(body, pipeline.queue_arn) for body in ("not json", '{"job_id": "1 OR 1=1"}')]
     response = pipeline.invoke_transcribe({"Records": records})
     assert response["batchItemFailures"] == [] and fake_provider.calls == 0
+
+
+def test_sigterm_closes_the_warm_environment_cleanly(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+) -> None:
+    # Given a warm environment that has transcribed a page (its provider connection and pool are open)
+    pipeline.upload("uploads/warm.png", corpus / "smile.png")
+    [message] = pipeline.receive_all()
+    environment = pipeline.start_in_new_environment("transcribe", sqs_event([message], pipeline.queue_arn), linger=True)
+    assert environment.stdout is not None
+    response: dict[str, Any] = {}
+    while "batchItemFailures" not in response:  # metrics and logs (JSON too) come first on stdout
+        response = json.loads(environment.stdout.readline())
+    assert response["batchItemFailures"] == []
+    assert fake_provider.connections_opened == 1
+    # When the Lambda service shuts the environment down
+    environment.send_signal(signal.SIGTERM)
+    # Then its SIGTERM handler closes the clients and exits cleanly (killed by the signal, it would return -15)
+    assert environment.wait(timeout=30) == 0

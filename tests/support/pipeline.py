@@ -58,10 +58,12 @@ class Pipeline:
         return dict(transcribe_app.handler(event, LambdaContext(timeout or self.function_timeout)))
 
     def start_in_new_environment(
-        self, function: str, event: dict[str, Any], timeout: float | None = None
+        self, function: str, event: dict[str, Any], timeout: float | None = None, *, linger: bool = False
     ) -> subprocess.Popen[str]:
-        """Start one invocation in its own process (its own execution environment); the event is sent."""
+        """Start one invocation in its own process (its own execution environment); the event is sent. With
+        ``linger`` the environment stays warm after answering, until it is sent a signal."""
         command = [sys.executable, "-m", "tests.support.invoke", function, str(timeout or self.function_timeout)]
+        command += ["linger"] if linger else []
         with tempfile.TemporaryFile("w+") as stdin:
             json.dump(event, stdin)
             stdin.seek(0)
