@@ -90,6 +90,16 @@ MARK_ENQUEUED = text(
     """
 )
 
+# Both claims end the same way: the candidate row moves QUEUED → PROCESSING under a fresh lease.
+_TAKE_LEASE = """
+    UPDATE jobs
+    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = :lease_token,
+        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+        started_at = now(), updated_at = now()
+    WHERE id IN (SELECT id FROM candidate)
+    RETURNING id, document_id, page_number, attempts, lease_token
+"""
+
 # The claim: one statement, one round trip. The row is locked with SKIP LOCKED, so a concurrent claim of the
 # same job (a duplicate delivery) finds nothing and returns nothing. An expired lease proves its holder dead
 # (Lambda is killed at its timeout and the lease outlasts the invocation), so it may be taken over.
@@ -102,14 +112,8 @@ CLAIM_JOB_BY_ID = text(
           AND (status = 'QUEUED' OR (status = 'PROCESSING' AND lease_expires_at < now()))
         LIMIT 1
         FOR UPDATE SKIP LOCKED
-    )
-    UPDATE jobs
-    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = :lease_token,
-        lease_expires_at = now() + make_interval(secs => :lease_seconds),
-        started_at = now(), updated_at = now()
-    WHERE id IN (SELECT id FROM candidate)
-    RETURNING id, document_id, page_number, attempts, lease_token
-    """
+    )"""
+    + _TAKE_LEASE
 )
 
 # Ordered polling for the oldest due queued jobs: the partial index ix_jobs_queued serves it; no joins.
@@ -121,14 +125,8 @@ CLAIM_NEXT_QUEUED_JOBS = text(
         ORDER BY created_at, page_number
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
-    )
-    UPDATE jobs
-    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = :lease_token,
-        lease_expires_at = now() + make_interval(secs => :lease_seconds),
-        started_at = now(), updated_at = now()
-    WHERE id IN (SELECT id FROM candidate)
-    RETURNING id, document_id, page_number, attempts, lease_token
-    """
+    )"""
+    + _TAKE_LEASE
 )
 
 # Fenced completion: only the holder of the current lease may write; the document's counter moves in the
