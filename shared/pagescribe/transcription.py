@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import shutil
 import tempfile
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -81,7 +82,8 @@ def retry_delay_seconds(settings: Settings, attempts: int, retry_after: float | 
 
 class SourceCache:
     """Downloaded source documents, kept on local disk across warm invocations (a batch's pages usually
-    share one document). Bounded by entry count; one download per document at a time."""
+    share one document). Bounded by entry count, but a file a page is reading is never evicted; one
+    download per document at a time."""
 
     def __init__(self, store: DocumentStore, *, max_entries: int = 4) -> None:
         self._store = store
@@ -89,9 +91,33 @@ class SourceCache:
         self._root = Path(tempfile.mkdtemp(prefix="pagescribe-sources-"))
         self._entries: OrderedDict[str, Path] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._in_use: Counter[str] = Counter()
+
+    @staticmethod
+    def _key(document: DocumentRecord) -> str:
+        return f"{document.document_id}-{document.etag}-{document.version_id}"
+
+    @contextlib.asynccontextmanager
+    async def use(self, document: DocumentRecord) -> AsyncIterator[Path]:
+        """The document's local copy, kept on disk until the block ends (pages of more documents than the
+        cache holds run concurrently in one batch: evicting a file another page reads would fail that page)."""
+        key = self._key(document)
+        self._in_use[key] += 1
+        try:
+            yield await self.path_for(document)
+        finally:
+            self._in_use[key] -= 1
+            if self._in_use[key] <= 0:
+                del self._in_use[key]
+            self._evict()
+
+    def _evict(self) -> None:
+        idle = [key for key in self._entries if key not in self._in_use]
+        for key in idle[: max(0, len(self._entries) - self._max_entries)]:
+            self._entries.pop(key).unlink(missing_ok=True)
 
     async def path_for(self, document: DocumentRecord) -> Path:
-        key = f"{document.document_id}-{document.etag}-{document.version_id}"
+        key = self._key(document)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             cached = self._entries.get(key)
@@ -107,9 +133,7 @@ class SourceCache:
                 version_id=document.version_id or None,
             )
             self._entries[key] = path
-            while len(self._entries) > self._max_entries:
-                _, evicted = self._entries.popitem(last=False)
-                evicted.unlink(missing_ok=True)
+            self._evict()
             return path
 
     def close(self) -> None:
@@ -207,25 +231,25 @@ class Transcriber:
 
     async def _transcribe_claimed(self, ctx: _Context, remaining_seconds: Callable[[], float]) -> PageResult:
         settings = self._settings
-        source = await self._sources.path_for(ctx.document)
-        if ctx.document.kind is None:
-            raise InvalidDocumentError("the document has no detected type")
-        if settings.text_layer == "auto" and ctx.document.kind == DocumentKind.PDF:
-            embedded = await asyncio.to_thread(extract_text_layer, source, ctx.job.page_number)
-            if usable_text_layer(embedded):
-                return await self._complete(
-                    ctx, PageOutcome(embedded, "text-layer", 0, 0, 0.0, TEXT_LAYER, TEXT_LAYER, None, 0)
-                )
-        rendered = await asyncio.to_thread(
-            render_page,
-            source,
-            DocumentKind(ctx.document.kind),
-            ctx.job.page_number,
-            dpi=settings.render_dpi,
-            max_long_edge=settings.render_max_long_edge,
-            image_format=settings.render_format,
-            max_image_pixels=settings.max_image_pixels,
-        )
+        async with self._sources.use(ctx.document) as source:  # the file stays on disk while it is read
+            if ctx.document.kind is None:
+                raise InvalidDocumentError("the document has no detected type")
+            if settings.text_layer == "auto" and ctx.document.kind == DocumentKind.PDF:
+                embedded = await asyncio.to_thread(extract_text_layer, source, ctx.job.page_number)
+                if usable_text_layer(embedded):
+                    return await self._complete(
+                        ctx, PageOutcome(embedded, "text-layer", 0, 0, 0.0, TEXT_LAYER, TEXT_LAYER, None, 0)
+                    )
+            rendered = await asyncio.to_thread(
+                render_page,
+                source,
+                DocumentKind(ctx.document.kind),
+                ctx.job.page_number,
+                dpi=settings.render_dpi,
+                max_long_edge=settings.render_max_long_edge,
+                image_format=settings.render_format,
+                max_image_pixels=settings.max_image_pixels,
+            )
         budget = self.call_budget(remaining_seconds())
         if budget < settings.min_call_budget_seconds:
             return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
