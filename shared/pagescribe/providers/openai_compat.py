@@ -8,7 +8,7 @@ Failure policy:
 
 * HTTP 408, 429 and 5xx (except 501 and 505), transport errors (refused, reset, protocol errors,
   timeouts), a 200 whose body is malformed, an empty answer and ``finish_reason == "error"`` are
-  retried with exponential backoff and jitter, or with the server's ``Retry-After`` on 429/503.
+  retried with exponential backoff and jitter, never sooner than the server's ``Retry-After`` on 429/503.
   When the next wait does not fit in the remaining budget, the last error is raised, retryable.
 * Any other status (other 4xx, 501, 505, 3xx) is raised at once, not retryable.
 * A 200 whose body is an error object (OpenRouter does this) is treated like its code as a status.
@@ -99,7 +99,8 @@ class OpenAICompatibleProvider:
                         if not error.retryable:
                             raise
                         last_error = error
-                    wait = last_error.retry_after if last_error.retry_after is not None else _backoff(attempts)
+                    # Retry-After is a floor: "0" or a date in the past must not turn backoff into a tight loop.
+                    wait = max(_backoff(attempts), last_error.retry_after or 0.0)
                     if loop.time() + wait >= deadline:
                         raise last_error
                     logger.warning(
@@ -215,7 +216,12 @@ def _error_detail(error: object) -> str | None:
 
 def _clip(text: str) -> str | None:
     """Provider text fit for a one-line message: whitespace collapsed, at most _DETAIL_LIMIT characters."""
-    return " ".join(text.split())[:_DETAIL_LIMIT] or None
+    return " ".join(_storable(text).split())[:_DETAIL_LIMIT] or None
+
+
+def _storable(text: str) -> str:
+    """Provider text as PostgreSQL can store it: JSON strings may carry NUL and lone surrogates; it cannot."""
+    return text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
 
 
 def _status_error(response: httpx.Response) -> ProviderError:
@@ -292,6 +298,7 @@ def _transcription(
     text = _content_text(message.get("content"))
     if text is None:
         raise _malformed("choices[0].message.content is neither text nor a list of parts")
+    text = _storable(text)
     raw_finish_reason = choices[0].get("finish_reason")
     finish_reason = raw_finish_reason if isinstance(raw_finish_reason, str) else "unknown"
     if finish_reason == "error":
