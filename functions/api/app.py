@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
@@ -20,7 +21,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pagescribe.runtime import get_runtime
 from pagescribe.service import NewUpload, RequestError, TranscriptFormat
 from pagescribe.settings import get_settings
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 get_settings()  # validate the configuration at cold start
 logger = Logger()
@@ -43,6 +44,13 @@ class CreateDocumentRequest(BaseModel):
     callback_url: HttpUrl | None = Field(
         default=None, description="POSTed a signed JSON summary when the document finishes."
     )
+
+    @field_validator("model", "prompt")  # stored as given (the filename is cleaned, pages are parsed)
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:  # PostgreSQL text cannot hold NUL
+            raise ValueError("must not contain NUL characters")
+        return value
 
 
 class CreateDocumentResponse(BaseModel):
@@ -262,6 +270,18 @@ def _invalid_request(exc: RequestValidationError) -> Response[str]:
 @app.exception_handler(RequestError)  # type: ignore[untyped-decorator]
 def _request_error(exc: RequestError) -> Response[str]:
     return _error(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc), field=exc.field)
+
+
+@app.not_found
+def _no_route(exc: NotFoundError) -> Response[str]:
+    # Registered so that the catch-all below does not turn an unknown route or method into a 500.
+    return _error(HTTPStatus.NOT_FOUND, "no such route")
+
+
+@app.exception_handler(RecursionError)  # type: ignore[untyped-decorator]
+def _too_deep(exc: RecursionError) -> Response[str]:
+    # The JSON parser recurses per nesting level: "[[[[..." within the size limit must not be a 500.
+    return _error(HTTPStatus.UNPROCESSABLE_ENTITY, "invalid request: the JSON body is nested too deeply", field="body")
 
 
 @app.exception_handler(Exception)  # type: ignore[untyped-decorator]
