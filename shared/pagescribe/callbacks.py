@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
+import socket
 
 import httpx
 
@@ -50,8 +52,13 @@ class CallbackNotifier:
         headers = {"Content-Type": "application/json", "User-Agent": "pagescribe-callback"}
         if self._secret is not None:
             headers[SIGNATURE_HEADER] = sign(self._secret, body)
-        error = self._post(callback.url, body, headers)
         extra = {"document_id": callback.document_id, "attempt": callback.attempts}
+        refused = self._refusal(callback.url)
+        if refused is not None:  # the same answer on every attempt: give up at once
+            self._storage.record_callback(callback.document_id, status="FAILED", error=refused)
+            log.warning("callback refused: %s", refused, extra=extra)
+            return False
+        error = self._post(callback.url, body, headers)
         if error is None:
             self._storage.record_callback(callback.document_id, status="DELIVERED", error=None)
             log.info("callback delivered", extra=extra)
@@ -69,6 +76,24 @@ class CallbackNotifier:
 
     def close(self) -> None:
         self._client.close()
+
+    def _refusal(self, url: str) -> str | None:
+        """Why this URL must not be called: a host that resolves to a non-public address (loopback, private,
+        link-local such as the instance metadata service) unless CALLBACK_ALLOW_PRIVATE_NETWORKS is set."""
+        if self._settings.callback_allow_private_networks:
+            return None
+        host = httpx.URL(url).host
+        try:
+            addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+        except OSError as exc:
+            return f"callback host {host!r} cannot be resolved: {exc}"
+        for address in sorted(addresses):
+            if not ipaddress.ip_address(address.split("%", 1)[0]).is_global:
+                return (
+                    f"callback host {host!r} resolves to {address}, which is not a public address; "
+                    "set CALLBACK_ALLOW_PRIVATE_NETWORKS=true to allow it"
+                )
+        return None
 
     def _post(self, url: str, body: bytes, headers: dict[str, str]) -> str | None:
         try:

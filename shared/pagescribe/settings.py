@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     )
     callback_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     callback_max_attempts: int = Field(default=5, ge=1, le=20)
+    callback_allow_private_networks: bool = Field(
+        default=False,
+        description="Allow callbacks to loopback, private and link-local addresses (off: no requests to the "
+        "instance metadata service or the VPC on a caller's behalf).",
+    )
 
     text_layer: Literal["off", "auto"] = Field(
         default="off",

@@ -68,6 +68,7 @@ def callback_receiver() -> Iterator[tuple[str, type[_Receiver]]]:
 def api(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
     monkeypatch.setenv("API_KEY", API_KEY)
     monkeypatch.setenv("CALLBACK_SECRET", CALLBACK_SECRET)
+    monkeypatch.setenv("CALLBACK_ALLOW_PRIVATE_NETWORKS", "true")  # the receiver listens on 127.0.0.1
     shutdown_runtime()
     get_settings.cache_clear()
     return pipeline
@@ -152,6 +153,30 @@ def test_a_failed_callback_never_fails_the_document_and_is_retried(
     assert document is not None and document.status.value == "COMPLETED"
     assert document.callback_status == "PENDING" and document.callback_error == "HTTP 500"
     assert len(receiver.received) == 1
+
+
+def test_callbacks_to_non_public_addresses_are_refused_by_default(
+    api: Pipeline,
+    storage: Storage,
+    corpus: Path,
+    callback_receiver: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given the default policy: no callbacks into loopback, private or link-local networks
+    monkeypatch.delenv("CALLBACK_ALLOW_PRIVATE_NETWORKS")
+    shutdown_runtime()
+    get_settings.cache_clear()
+    url, receiver = callback_receiver
+    body = {"filename": "a.png", "content_type": "image/png", "callback_url": url}
+    _, created = call("POST", "/documents", body=body)
+    # When the document finishes
+    upload_through_presigned_url(api, created, (corpus / "smile.png").read_bytes())
+    api.run_until_idle()
+    # Then the document completes, the callback is refused once with the reason, and nothing was sent
+    document = storage.get_document(created["document_id"])
+    assert document is not None and document.status.value == "COMPLETED"
+    assert document.callback_status == "FAILED" and "not a public address" in (document.callback_error or "")
+    assert receiver.received == []
 
 
 @pytest.mark.parametrize(
