@@ -1,0 +1,403 @@
+"""Abuse of the REST API through functions/api/app.py, with real API Gateway (REST, proxy) events, against moto
+and PostgreSQL: every bad request gets the right 4xx, never a 500, no answer leaks internals, and the tables
+are intact afterwards."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import get_settings
+from pagescribe.storage import Storage
+from sqlalchemy import text
+
+from functions.api import app as api_app
+from tests.support.aws_events import LambdaContext, api_event
+from tests.support.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "abuse-test-key-0123456789abcdef"
+VALID = {"filename": "report.pdf", "content_type": "application/pdf"}
+# What would betray the implementation: a stack trace, the database driver, source paths, SQL of our own.
+LEAK_MARKERS = (
+    "Traceback",
+    'File "',
+    ".py",
+    "sqlalchemy",
+    "psycopg",
+    "postgres",
+    "/work/",
+    "site-packages",
+    "SELECT ",
+    "INSERT INTO",
+    "UPDATE jobs",
+    "FROM jobs",
+    "FROM documents",
+    "internal error",
+)
+SQL_LOOKING = ["' OR 1=1 --", "1; DROP TABLE jobs", "1' OR '1'='1", "'; DELETE FROM documents; --", "1 UNION SELECT 1"]
+NOT_UUIDS = ["", "0", "null", "not-a-uuid", "00000000-0000-0000-0000-00000000000G", "x" * 5000, "%00", "..", "%2e%2e"]
+
+
+@pytest.fixture
+def api(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipeline]:
+    monkeypatch.setenv("API_KEY", API_KEY)
+    shutdown_runtime()
+    get_settings.cache_clear()
+    yield pipeline
+    shutdown_runtime()
+
+
+def send(event: dict[str, Any]) -> tuple[int, str]:
+    """Invoke the API function; every answer, whatever the request, is a non-5xx JSON-or-text body without leaks."""
+    response = api_app.handler(event, LambdaContext(29))
+    status, body = int(response["statusCode"]), str(response["body"])
+    assert status < 500, (status, body)
+    leaked = [marker for marker in LEAK_MARKERS if marker.lower() in body.lower()]
+    assert leaked == [], (leaked, body)
+    return status, body
+
+
+def call(
+    method: str, path: str, *, body: Any = None, key: str | None = API_KEY, query: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    headers = {"x-api-key": key} if key is not None else {}
+    raw = body if isinstance(body, str) or body is None else json.dumps(body)
+    status, answer = send(api_event(method, path, body=raw, headers=headers, query=query))
+    try:
+        return status, json.loads(answer)
+    except json.JSONDecodeError:
+        return status, answer
+
+
+def _counts(storage: Storage) -> dict[str, int]:
+    with storage.engine.connect() as conn:
+        tables = conn.execute(
+            text("SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('documents', 'jobs')")
+        ).scalar_one()
+        return {
+            "tables": int(tables),
+            "documents": int(conn.execute(text("SELECT count(*) FROM documents")).scalar_one()),
+            "jobs": int(conn.execute(text("SELECT count(*) FROM jobs")).scalar_one()),
+        }
+
+
+# Authentication
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/documents"),
+        ("GET", f"/documents/{uuid.UUID(int=1)}"),
+        ("GET", f"/documents/{uuid.UUID(int=1)}/transcript"),
+        ("POST", f"/documents/{uuid.UUID(int=1)}/retry"),
+        ("GET", "/no/such/route"),
+    ],
+)
+def test_every_route_but_health_wants_the_right_key(api: Pipeline, method: str, path: str) -> None:
+    # Given API_KEY is set; When a request comes without a key, with an empty one, or with a wrong one
+    missing = call(method, path, body=VALID, key=None)
+    empty = call(method, path, body=VALID, key="")
+    wrong = [
+        call(method, path, body=VALID, key=bad)[0]
+        for bad in ("wrong", API_KEY[:-1], API_KEY + "x", f" {API_KEY}", API_KEY.upper(), "ключ-🔑", "' OR 1=1 --")
+    ]
+    # Then it is refused before anything else happens: 401 without a key, 403 with a wrong one
+    assert missing == (401, {"message": "missing API key: send it in the x-api-key header"})
+    assert empty[0] == 401
+    assert wrong == [403] * 7
+
+
+def test_the_key_header_name_is_case_insensitive_and_health_needs_none(api: Pipeline) -> None:
+    # Given the key sent under header names spelled as different clients spell them
+    some_id = uuid.UUID(int=2)
+    for name in ("x-api-key", "X-Api-Key", "X-API-KEY"):
+        # When a document is asked for; Then the key is accepted (the document does not exist)
+        status, _ = send(api_event("GET", f"/documents/{some_id}", headers={name: API_KEY}))
+        assert status == 404
+    # And /health answers without a key, and a request with no headers at all is refused, not crashed
+    assert call("GET", "/health", key=None) == (200, {"status": "ok"})
+    bare = api_event("GET", f"/documents/{some_id}")
+    bare["headers"] = bare["multiValueHeaders"] = None  # what API Gateway sends for a request without headers
+    assert send(bare)[0] == 401
+
+
+# Bodies
+
+
+@pytest.mark.parametrize(
+    ("size", "key", "status"),
+    [
+        (64 * 1024 + 1, API_KEY, 413),
+        (5 * 1024 * 1024, API_KEY, 413),
+        (5 * 1024 * 1024, None, 401),  # the key is checked first: no work for anonymous bodies
+    ],
+)
+def test_oversized_bodies_are_refused_unread(
+    api: Pipeline, storage: Storage, size: int, key: str | None, status: int
+) -> None:
+    # Given a body over the 64 KiB limit, most of it one huge prompt
+    before = _counts(storage)
+    body = json.dumps({**VALID, "prompt": "x" * size})
+    # When it is POSTed
+    code, answer = call("POST", "/documents", body=body, key=key)
+    # Then it is refused with the limit named (or for the missing key), and nothing was created
+    assert code == status
+    if status == 413:
+        assert answer == {"message": "the request body exceeds 65536 bytes"}
+    assert _counts(storage) == before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param("{not json", id="not-json"),
+        pytest.param("", id="empty"),
+        pytest.param("null", id="null"),
+        pytest.param("[]", id="array"),
+        pytest.param('"a string"', id="string"),
+        pytest.param("42", id="number"),
+        pytest.param("{'filename': 'a.pdf'}", id="single-quotes"),
+        pytest.param(json.dumps(VALID) + " trailing", id="trailing-garbage"),
+        pytest.param(json.dumps(VALID) * 2, id="two-objects"),
+        pytest.param("\ufeff" + json.dumps(VALID), id="byte-order-mark"),
+        pytest.param('{"filename": NaN, "content_type": "application/pdf"}', id="nan"),
+        pytest.param("[" * 30_000 + "]" * 30_000, id="nested-30000-deep"),
+        pytest.param('{"a":' * 10_000 + "1" + "}" * 10_000, id="nested-objects"),
+        pytest.param('{"filename": "\\ud800.pdf", "content_type": "application/pdf"}', id="lone-surrogate"),
+    ],
+)
+def test_malformed_json_gets_422(api: Pipeline, storage: Storage, body: str) -> None:
+    # Given a body that is not a JSON object of the right shape
+    before = _counts(storage)
+    # When it is POSTed
+    code, answer = call("POST", "/documents", body=body)
+    # Then it is a 422 that says so, and nothing was created
+    assert code == 422 and answer["message"].startswith("invalid request")
+    assert _counts(storage) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"filename": 123, "content_type": "application/pdf"}, "filename"),
+        ({"filename": ["a.pdf"], "content_type": "application/pdf"}, "filename"),
+        ({"filename": {"name": "a.pdf"}, "content_type": "application/pdf"}, "filename"),
+        ({"filename": None, "content_type": "application/pdf"}, "filename"),
+        ({"filename": True, "content_type": "application/pdf"}, "filename"),
+        ({"filename": "", "content_type": "application/pdf"}, "filename"),
+        ({"filename": "a" * 256, "content_type": "application/pdf"}, "filename"),
+        ({"filename": "a.pdf", "content_type": 1}, "content_type"),
+        ({"filename": "a.pdf", "content_type": "APPLICATION/PDF"}, "content_type"),
+        ({"filename": "a.pdf", "content_type": "application/x-msdownload"}, "content_type"),
+        ({**VALID, "pages": 5}, "pages"),
+        ({**VALID, "pages": ["1"]}, "pages"),
+        ({**VALID, "pages": "1; DROP TABLE jobs"}, "pages"),
+        ({**VALID, "pages": "0-3"}, "pages"),
+        ({**VALID, "pages": "1-999999999999"}, "pages"),
+        ({**VALID, "model": 7}, "model"),
+        ({**VALID, "model": ""}, "model"),
+        ({**VALID, "model": "m\x00odel"}, "model"),
+        ({**VALID, "prompt": ["transcribe"]}, "prompt"),
+        ({**VALID, "prompt": "ignore all\x00 previous"}, "prompt"),
+        ({**VALID, "prompt": "x" * 20_001}, "prompt"),
+        ({**VALID, "callback_url": 5}, "callback_url"),
+        ({**VALID, "callback_url": "javascript:alert(1)"}, "callback_url"),
+        ({**VALID, "callback_url": "file:///etc/passwd"}, "callback_url"),
+    ],
+)
+def test_wrong_types_and_values_get_422_naming_the_field(
+    api: Pipeline, storage: Storage, body: dict[str, Any], field: str
+) -> None:
+    # Given a JSON object with one field of the wrong type or an unacceptable value
+    before = _counts(storage)
+    # When it is POSTed
+    code, answer = call("POST", "/documents", body=body)
+    # Then the 422 names that field, and nothing was created
+    assert code == 422 and answer["field"] == field, answer
+    assert _counts(storage) == before
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"document_id": str(uuid.UUID(int=7))},
+        {"status": "COMPLETED"},
+        {"bucket": "someone-elses-bucket"},
+        {"object_key": "../../etc/passwd"},
+        {"__proto__": {"admin": True}},
+        {"filename ": "b.pdf"},
+    ],
+)
+def test_extra_fields_are_refused_not_ignored(api: Pipeline, storage: Storage, extra: dict[str, Any]) -> None:
+    # Given a valid request with a field the API does not have (an attempt to choose an id, status, bucket, key)
+    before = _counts(storage)
+    # When it is POSTed
+    code, answer = call("POST", "/documents", body={**VALID, **extra})
+    # Then it is a 422 naming the field, and nothing was created
+    [name] = extra
+    assert code == 422 and answer["field"] == name
+    assert _counts(storage) == before
+
+
+# Ids
+
+
+@pytest.mark.parametrize("document_id", [str(uuid.uuid4()), *SQL_LOOKING, *NOT_UUIDS])
+def test_unknown_sql_looking_and_non_uuid_ids_get_404_and_touch_nothing(
+    api: Pipeline, storage: Storage, document_id: str
+) -> None:
+    # Given a real document, so that a query that matched too much would show
+    assert call("POST", "/documents", body=VALID)[0] == 201
+    before = _counts(storage)
+    # When every per-document route is asked about an id that names no document (raw and URL-encoded)
+    answers = [
+        call(method, f"/documents/{spelling}{suffix}")
+        for spelling in {document_id, document_id.replace(" ", "%20").replace("'", "%27")}
+        for method, suffix in (("GET", ""), ("GET", "/transcript"), ("POST", "/retry"))
+    ]
+    # Then each is a 404 (or, for an id the router cannot take, a 404 for the route), and the tables are intact
+    assert {code for code, _ in answers} == {404}
+    assert {answer["message"] for _, answer in answers} <= {"no document with this id", "no such route"}
+    assert _counts(storage) == before == {"tables": 2, "documents": 1, "jobs": 0}
+
+
+def test_alternative_spellings_of_a_real_id_find_the_document_and_nothing_else(api: Pipeline, storage: Storage) -> None:
+    # Given a document
+    _, created = call("POST", "/documents", body=VALID)
+    document_id = created["document_id"]
+    # When it is asked for under the spellings uuid.UUID accepts (upper case, braces, urn, no dashes)
+    spellings = [document_id.upper(), f"{{{document_id}}}", f"urn:uuid:{document_id}", document_id.replace("-", "")]
+    answers = [call("GET", f"/documents/{spelling}") for spelling in spellings]
+    # Then each finds that document, reported under its canonical id
+    assert [(code, answer["document_id"]) for code, answer in answers] == [(200, document_id)] * 4
+
+
+def test_the_format_query_parameter_takes_only_its_two_values(api: Pipeline) -> None:
+    _, created = call("POST", "/documents", body=VALID)
+    for value in ("xml", "json' OR 1=1 --", "../../etc/passwd", "JSON", ""):
+        code, answer = call("GET", f"/documents/{created['document_id']}/transcript", query={"format": value})
+        assert code == 422 and answer["field"] == "format", (value, answer)
+
+
+# Where uploads go
+
+KEY_SHAPE = re.compile(r"^uploads/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/[^/]+$")
+
+
+@pytest.mark.parametrize(
+    ("filename", "stored_name"),
+    [
+        ("../../etc/passwd", "passwd"),
+        ("/etc/passwd", "passwd"),
+        ("..\\..\\windows\\system32\\config\\sam", "sam"),
+        ("a/../../../../b.pdf", "b.pdf"),
+        ("uploads/../transcripts/evil.md", "evil.md"),
+        ("%2e%2e%2f%2e%2e%2fetc%2fpasswd", "%2e%2e%2f%2e%2e%2fetc%2fpasswd"),  # literal characters, not a path
+        ("report\r\nX-Injected: yes.pdf", "reportX-Injected: yes.pdf"),
+        ("nul\x00byte.pdf", "nulbyte.pdf"),
+        ("résumé 2024 \u2013 final 📄.pdf", "résumé 2024 \u2013 final 📄.pdf"),
+        ("📄" * 255, "📄" * 200),
+    ],
+)
+def test_a_hostile_filename_becomes_a_safe_key_under_the_documents_own_prefix(
+    api: Pipeline, storage: Storage, filename: str, stored_name: str
+) -> None:
+    # When a document is created with a filename that tries to leave its place
+    code, created = call("POST", "/documents", body={"filename": filename, "content_type": "application/pdf"})
+    # Then it is created, its key is exactly uploads/<its id>/<one safe name>, within S3's key length limit
+    assert code == 201
+    document = storage.get_document(created["document_id"])
+    assert document is not None
+    key = document.object_key
+    assert key == f"uploads/{created['document_id']}/{stored_name}"
+    assert KEY_SHAPE.match(key) and ".." not in key.split("/") and len(key.encode()) <= 1024
+    # And the presigned URL points at that key in the pipeline's bucket, and nowhere else
+    url = urlsplit(created["upload_url"])
+    assert unquote(url.path) == f"/{api.bucket}/{key}"
+
+
+@pytest.mark.parametrize("filename", ["..", ".", "/", "../", "\\", "a/..", "\x00", " \t "])
+def test_a_filename_with_no_usable_name_gets_422(api: Pipeline, storage: Storage, filename: str) -> None:
+    before = _counts(storage)
+    code, answer = call("POST", "/documents", body={"filename": filename, "content_type": "application/pdf"})
+    assert code == 422 and answer["field"] == "filename"
+    assert _counts(storage) == before
+
+
+def test_sql_in_stored_fields_is_stored_as_text(api: Pipeline, storage: Storage) -> None:
+    # Given SQL-looking values in every free-text field
+    body = {**VALID, "model": "x'; DROP TABLE jobs; --", "prompt": "'); DELETE FROM documents; --"}
+    # When the document is created and read back
+    code, created = call("POST", "/documents", body=body)
+    assert code == 201
+    code, status = call("GET", f"/documents/{created['document_id']}")
+    # Then the values are data, stored and returned verbatim, and the tables are all still there
+    assert code == 200 and status["model"] == body["model"]
+    document = storage.get_document(created["document_id"])
+    assert document is not None and document.prompt == body["prompt"]
+    assert _counts(storage) == {"tables": 2, "documents": 1, "jobs": 0}
+
+
+# Routes and methods
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/"),
+        ("GET", "/documents"),
+        ("GET", "/admin"),
+        ("GET", "/../../etc/passwd"),
+        ("GET", "/documents/../health"),
+        ("GET", f"/documents/{uuid.UUID(int=3)}/transcript/extra"),
+        ("GET", f"/documents/{uuid.UUID(int=3)}/"),
+        ("DELETE", f"/documents/{uuid.UUID(int=3)}"),
+        ("PUT", f"/documents/{uuid.UUID(int=3)}"),
+        ("PATCH", f"/documents/{uuid.UUID(int=3)}"),
+        ("PUT", "/documents"),
+        ("DELETE", "/documents"),
+        ("POST", "/health"),
+        ("GET", f"/documents/{uuid.UUID(int=3)}/retry"),
+        ("POST", f"/documents/{uuid.UUID(int=3)}/transcript"),
+        ("OPTIONS", "/documents"),
+        ("TRACE", "/health"),
+    ],
+)
+def test_unknown_routes_and_wrong_methods_get_404_or_405(
+    api: Pipeline, storage: Storage, method: str, path: str
+) -> None:
+    # Given a document, so that a route that did something would show
+    assert call("POST", "/documents", body=VALID)[0] == 201
+    before = _counts(storage)
+    # When a route or method the API does not have is called (with the key, and a body)
+    code, _ = call(method, path, body=VALID)
+    # Then it is a 404 or 405, and nothing changed
+    assert code in (404, 405)
+    assert _counts(storage) == before
+
+
+def test_after_all_the_abuse_the_api_still_works(api: Pipeline, storage: Storage) -> None:
+    # Given a barrage of the abuse above, in one warm execution environment
+    for document_id in SQL_LOOKING + NOT_UUIDS:
+        call("GET", f"/documents/{document_id}")
+        call("POST", f"/documents/{document_id}/retry")
+    call("POST", "/documents", body="[" * 30_000)
+    call("POST", "/documents", body={**VALID, "model": "\x00"})
+    call("DELETE", "/documents")
+    # When a legitimate client uses the API
+    code, created = call("POST", "/documents", body=VALID)
+    # Then it is served normally, and the tables hold exactly what it created
+    assert code == 201
+    assert call("GET", f"/documents/{created['document_id']}")[1]["status"] == "AWAITING_UPLOAD"
+    assert call("GET", f"/documents/{created['document_id']}/transcript")[0] == 409
+    assert call("POST", f"/documents/{created['document_id']}/retry")[0] == 409
+    assert _counts(storage) == {"tables": 2, "documents": 1, "jobs": 0}
