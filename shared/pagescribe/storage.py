@@ -541,6 +541,9 @@ class Storage:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # Every method but create_document runs one statement, which is atomic on its own: in autocommit it
+        # costs one round trip instead of BEGIN, the statement and COMMIT (or ROLLBACK for a read).
+        self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def _one(self, conn: Connection, statement: TextClause, **params: Any) -> Row[Any] | None:
         return conn.execute(statement, params).first()
@@ -601,7 +604,7 @@ class Storage:
         return CreatedDocument(document_id, job_ids, duplicate=False)
 
     def create_pending_document(self, pending: PendingDocument) -> None:
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             conn.execute(
                 INSERT_PENDING_DOCUMENT,
                 {
@@ -617,30 +620,30 @@ class Storage:
             )
 
     def page_summary(self, document_id: str) -> list[PageSummary]:
-        with self.engine.connect() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(PAGE_SUMMARY, {"document_id": document_id}).all()
         return [
             PageSummary(JobStatus(r.status), r.pages, r.prompt_tokens, r.completion_tokens, float(r.cost)) for r in rows
         ]
 
     def page_errors(self, document_id: str, *, limit: int = 1000) -> list[PageError]:
-        with self.engine.connect() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(PAGE_ERRORS, {"document_id": document_id, "limit": limit}).all()
         return [PageError(r.page_number, JobStatus(r.status), r.attempts, r.error) for r in rows]
 
     def retry_failed_pages(self, document_id: str) -> list[tuple[str, int]]:
         """Requeue the FAILED pages of a document: (job id, page) of each, to be sent after this commit."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(RETRY_FAILED_PAGES, {"document_id": document_id}).all()
         return [(str(r.id), r.page_number) for r in rows]
 
     def claim_due_callbacks(self, *, limit: int, document_id: str | None = None) -> list[DueCallback]:
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(CLAIM_DUE_CALLBACKS, {"limit": limit, "document_id": document_id}).all()
         return [DueCallback(str(r.id), r.callback_url, r.callback_attempts) for r in rows]
 
     def record_callback(self, document_id: str, *, status: str, error: str | None, retry_in_seconds: float = 0) -> None:
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             conn.execute(
                 RECORD_CALLBACK,
                 {"document_id": document_id, "status": status, "error": error, "retry_in_seconds": retry_in_seconds},
@@ -648,7 +651,7 @@ class Storage:
 
     def find_document(self, new: NewDocument) -> str | None:
         """The id of the document already recorded for this exact object, if any."""
-        with self.engine.connect() as conn:
+        with self._single.connect() as conn:
             row = self._one(
                 conn,
                 FIND_DOCUMENT_BY_OBJECT,
@@ -662,13 +665,13 @@ class Storage:
     def mark_enqueued(self, job_ids: Sequence[str]) -> None:
         if not job_ids:
             return
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             conn.execute(MARK_ENQUEUED, {"ids": list(job_ids)})
 
     def claim_job(self, job_id: str, *, lease_seconds: float, max_attempts: int) -> ClaimedJob | None:
         """Move this job QUEUED → PROCESSING (or take over an expired lease) and commit; None when it is
         already claimed, finished, out of attempts or unknown."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(
                 CLAIM_JOB_BY_ID,
                 {
@@ -683,7 +686,7 @@ class Storage:
 
     def claim_next_queued_jobs(self, *, limit: int, lease_seconds: float, max_attempts: int) -> list[ClaimedJob]:
         """Claim up to ``limit`` of the oldest due QUEUED jobs (they share one lease token)."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(
                 CLAIM_NEXT_QUEUED_JOBS,
                 {
@@ -697,7 +700,7 @@ class Storage:
 
     def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
         """Store a page's transcription if this worker still holds the lease; None when the lease was lost."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             row = self._one(
                 conn,
                 COMPLETE_JOB,
@@ -717,7 +720,7 @@ class Storage:
 
     def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
         """Mark a page FAILED with its reason (keeping any partial text) if this worker holds the lease."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             row = self._one(
                 conn,
                 FAIL_JOB,
@@ -737,7 +740,7 @@ class Storage:
 
     def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
         """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             row = self._one(
                 conn,
                 REQUEUE_JOB,
@@ -749,35 +752,35 @@ class Storage:
         return row is not None
 
     def requeue_expired_leases(self, *, max_attempts: int, limit: int) -> int:
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             return len(conn.execute(REQUEUE_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}).all())
 
     def fail_expired_leases(self, *, max_attempts: int, limit: int) -> tuple[int, list[DocumentProgress]]:
         """FAIL the expired leases that used their last attempt: (jobs failed, progress of their documents)."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(FAIL_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}).all()
         progress = [DocumentProgress(str(r.id), r.page_count, r.pages_completed, r.pages_failed) for r in rows]
         return sum(r.jobs_failed for r in rows), progress
 
     def claim_unsent_jobs(self, *, resend_after_seconds: float, limit: int) -> list[tuple[str, str, int]]:
         """(job id, document id, page) of due QUEUED jobs never sent, or sent long ago; stamped as sent."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(CLAIM_UNSENT_JOBS, {"resend_after_seconds": resend_after_seconds, "limit": limit}).all()
         return [(str(r.id), str(r.document_id), r.page_number) for r in rows]
 
     def release_unsent_jobs(self, job_ids: Sequence[str]) -> None:
         if not job_ids:
             return
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             conn.execute(RELEASE_UNSENT_JOBS, {"ids": list(job_ids)})
 
     def claim_unfinished_documents(self, *, grace_seconds: float, limit: int) -> list[str]:
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(CLAIM_UNFINISHED_DOCUMENTS, {"grace_seconds": grace_seconds, "limit": limit}).all()
         return [str(r.id) for r in rows]
 
     def get_document(self, document_id: str) -> DocumentRecord | None:
-        with self.engine.connect() as conn:
+        with self._single.connect() as conn:
             row = self._one(conn, GET_DOCUMENT, document_id=document_id)
         if row is None:
             return None
@@ -807,7 +810,7 @@ class Storage:
         )
 
     def load_pages(self, document_id: str) -> list[PageRecord]:
-        with self.engine.connect() as conn:
+        with self._single.connect() as conn:
             rows = conn.execute(LOAD_PAGES, {"document_id": document_id}).all()
         return [
             PageRecord(
@@ -831,7 +834,7 @@ class Storage:
         self, document_id: str, *, status: DocumentStatus, error: str | None, transcript_key: str
     ) -> bool:
         """Mark a document whose pages are all terminal as finished; False if it was already finished."""
-        with self.engine.begin() as conn:
+        with self._single.connect() as conn:
             row = self._one(
                 conn,
                 FINISH_DOCUMENT,
