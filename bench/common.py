@@ -1,0 +1,252 @@
+"""Small helpers every benchmark shares: results, fresh databases, environment, statistics, counters."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+from pagescribe.migrate import upgrade_database
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import get_settings
+from pagescribe.storage import Storage
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "corpus"
+ADMIN_URL = os.environ.get("PAGESCRIBE_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+class CorrectnessError(AssertionError):
+    """A benchmark saw the system break a guarantee (a job claimed twice, a page lost): the run fails."""
+
+
+@dataclass
+class Result:
+    """One benchmark's outcome: the ratio it is judged by, its target, and the figures behind it."""
+
+    key: str
+    title: str
+    ratio_label: str
+    ratio: float
+    target: float | None
+    direction: Literal["<=", ">="]
+    summary: str
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def target_text(self) -> str:
+        return f"target {self.direction} {self.target:g}" if self.target is not None else "no fixed target"
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        return self.ratio <= self.target if self.direction == "<=" else self.ratio >= self.target
+
+    def line(self) -> str:
+        verdict = {True: "met", False: "MISSED", None: "info"}[self.met]
+        return (
+            f"[{self.key}] {self.title}: {self.ratio_label} = {self.ratio:.2f} "
+            f"({self.target_text}: {verdict}) | {self.summary}"
+        )
+
+
+# --- statistics -------------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Linear-interpolated percentile (fraction in [0, 1]) of a non-empty sequence."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * fraction
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+# --- databases and environment ----------------------------------------------------------------------------
+
+
+def plain_url(sqlalchemy_url: str) -> str:
+    """The libpq form (postgresql://) of a SQLAlchemy URL, for psycopg."""
+    return sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@contextmanager
+def fresh_database(label: str) -> Iterator[str]:
+    """A new database on the system server, migrated to head, dropped afterwards; yields its SQLAlchemy URL."""
+    name = f"pagescribe_bench_{label}_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = f"{ADMIN_URL.rsplit('/', 1)[0]}/{name}".replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        upgrade_database(url)
+        yield url
+    finally:
+        shutdown_runtime()
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# Handler logs at WARNING. Metrics stay on, as deployed (their EMF lines are discarded by bench.stack): with
+# POWERTOOLS_METRICS_DISABLED, Powertools 3.x keeps every value and prints a blob per 100 values anyway.
+QUIET = {"POWERTOOLS_LOG_LEVEL": "WARNING"}
+
+
+@contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """Set environment variables for a block, rebuilding the settings and runtime on the way in and out.
+
+    The whole environment is restored afterwards (the local stack also sets AWS_* and queue variables)."""
+    saved = dict(os.environ)
+    for name in ("PROVIDER_API_KEY", "PROVIDER_API_KEY_PARAMETER", "DATABASE_SECRET_ARN"):
+        os.environ.pop(name, None)
+    os.environ.update(values)
+    shutdown_runtime()
+    get_settings.cache_clear()
+    try:
+        yield
+    finally:
+        shutdown_runtime()
+        os.environ.clear()
+        os.environ.update(saved)
+        get_settings.cache_clear()
+
+
+# --- instrumentation (in this process only; production code is not changed) -------------------------------
+
+
+@contextmanager
+def timed_function(module: Any, name: str) -> Iterator[list[float]]:
+    """Time every call of ``module.name`` (a module global looked up at call time) for a block; yields the
+    durations (seconds), filled as calls finish. The original is put back afterwards."""
+    original = getattr(module, name)
+    durations: list[float] = []
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            durations.append(time.perf_counter() - started)
+
+    setattr(module, name, timed)
+    try:
+        yield durations
+    finally:
+        setattr(module, name, original)
+
+
+class ApiCalls:
+    """AWS API operations made by the boto3 clients it is attached to, counted per operation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_operation: Counter[str] = Counter()
+
+    def attach(self, client: Any) -> None:
+        client.meta.events.register("before-call.*.*", self._on_call)
+
+    def _on_call(self, event_name: str, **kwargs: Any) -> None:
+        _, service, operation = event_name.split(".", 2)
+        with self._lock:
+            self.by_operation[f"{service}:{operation}"] += 1
+
+    def count(self, prefix: str = "") -> int:
+        return sum(n for op, n in self.by_operation.items() if op.startswith(prefix))
+
+    def describe(self, prefix: str = "") -> str:
+        items = sorted((op, n) for op, n in self.by_operation.items() if op.startswith(prefix))
+        return ", ".join(f"{op.split(':', 1)[1]} {n}" for op, n in items) or "none"
+
+
+STORAGE_METHODS = (
+    "create_document",
+    "find_document",
+    "get_document",
+    "mark_enqueued",
+    "claim_job",
+    "claim_next_queued_jobs",
+    "complete_job",
+    "fail_job",
+    "requeue_job",
+    "load_pages",
+    "finish_document",
+    "claim_due_callbacks",
+    "record_callback",
+)
+
+
+class CallTimer:
+    """Wall time spent inside some methods of one object, wrapped on the instance (the class is untouched)."""
+
+    def __init__(self, methods: Sequence[str]) -> None:
+        self._methods = tuple(methods)
+        self._lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.seconds: dict[str, float] = {}
+
+    def attach(self, target: object) -> None:
+        for name in self._methods:
+            setattr(target, name, self._timed(name, getattr(target, name)))
+
+    def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - started
+                with self._lock:
+                    self.calls[name] += 1
+                    self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
+
+        return timed
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} {self.calls[name]}x {ms(self.seconds[name])}" for name in sorted(self.calls))
+
+
+class StorageTimer(CallTimer):
+    """Wall time spent inside the Storage methods of one instance (each is one short transaction, so this is
+    the database time as the code experiences it: pool checkout and ping, statements, commit)."""
+
+    def __init__(self) -> None:
+        super().__init__(STORAGE_METHODS)
+
+    def attach(self, target: object) -> None:
+        assert isinstance(target, Storage)
+        super().attach(target)
+
+
+def spread_ms(values: Sequence[float]) -> str:
+    """Median / p95 of durations in seconds, as milliseconds."""
+    return f"{median(values) * 1000:.0f} / {percentile(values, 0.95) * 1000:.0f} ms"
