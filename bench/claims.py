@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 import tempfile
 import threading
 import time
@@ -24,8 +23,7 @@ from pagescribe.storage import (
     create_database_engine,
 )
 from psycopg import pq
-from sqlalchemy import Engine, create_engine, event, exc, text
-from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
+from sqlalchemy import Engine, text
 
 from bench.common import CorrectnessError, Result, fresh_database, median, plain_url
 
@@ -46,14 +44,9 @@ OUTCOME = PageOutcome(
 )
 
 
-def to_psycopg(sql: str) -> str:
-    """SQLAlchemy's :name placeholders as psycopg's %(name)s (the statements use CAST, never ::)."""
-    assert "%" not in sql and "::" not in sql
-    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
-
-
-RAW_CLAIM = to_psycopg(CLAIM_NEXT_QUEUED_JOBS.text)
-RAW_COMPLETE = to_psycopg(COMPLETE_JOB.text)
+# The very statements Storage sends (psycopg's %(name)s placeholders).
+RAW_CLAIM = CLAIM_NEXT_QUEUED_JOBS
+RAW_COMPLETE = COMPLETE_JOB
 
 
 def complete_params(job_id: Any, lease_token: str) -> dict[str, Any]:
@@ -70,36 +63,6 @@ def complete_params(job_id: Any, lease_token: str) -> dict[str, Any]:
         "provider_request_id": OUTCOME.provider_request_id,
         "latency_ms": OUTCOME.latency_ms,
     }
-
-
-def engine_pinging_after_idle(url: str, *, pool_size: int = 1, idle_seconds: float = 1.0) -> Engine:
-    """The engine of the proposed fix (docs/benchmarks.md): create_database_engine's options, but a connection is
-    pinged at checkout only when it sat idle in the pool longer than ``idle_seconds`` (a frozen Lambda
-    environment thawing), not before every transaction. A failed ping makes the pool reconnect, as pre-ping does."""
-    engine = create_engine(
-        url,
-        pool_size=pool_size,
-        max_overflow=0,
-        pool_pre_ping=False,
-        pool_recycle=300,
-        pool_timeout=30,
-        connect_args={"prepare_threshold": None, "connect_timeout": 10, "application_name": "pagescribe"},
-    )
-
-    @event.listens_for(engine, "checkin")
-    def _checked_in(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        record.info["checked_in_at"] = time.monotonic()
-
-    @event.listens_for(engine, "checkout")
-    def _ping_after_idle(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: PoolProxiedConnection) -> None:
-        checked_in_at = record.info.get("checked_in_at")
-        if checked_in_at is not None and time.monotonic() - checked_in_at > idle_seconds:
-            try:
-                engine.dialect.do_ping(dbapi_connection)
-            except Exception as error:
-                raise exc.DisconnectionError() from error
-
-    return engine
 
 
 @dataclass
@@ -230,8 +193,7 @@ def _run(
 
 
 def _subject(variant: str, url: str, pool_size: int) -> tuple[Engine, Storage]:
-    factory = create_database_engine if variant == "storage" else engine_pinging_after_idle
-    engine = factory(url, pool_size=pool_size)
+    engine = create_database_engine(url, pool_size=pool_size)
     return engine, Storage(engine)
 
 
@@ -311,7 +273,7 @@ def run(*, quick: bool) -> Result:
     rounds = 2 if quick else 4
     # The jobs of each side are claimed in rounds, the variants alternating (ABC CBA ABC …), so that drift in
     # the machine's load (the server is shared) hits each side alike.
-    base = ["raw-autocommit", "storage", "raw-transaction", "storage-idle-ping"]
+    base = ["raw-autocommit", "storage", "raw-transaction"]
     order: list[str] = []
     for number in range(rounds):
         order += base if number % 2 == 0 else list(reversed(base))
@@ -351,9 +313,7 @@ def run(*, quick: bool) -> Result:
     storage_rate, storage_tx = aggregate("storage")
     raw_rate, raw_tx = aggregate("raw-autocommit")
     txn_rate, txn_tx = aggregate("raw-transaction")
-    fixed_rate, fixed_tx = aggregate("storage-idle-ping")
     ratio = paired("storage", "raw-autocommit")
-    fixed_ratio = paired("storage-idle-ping", "raw-autocommit")
     return Result(
         key="claims",
         title=f"Claim throughput ({THREADS} threads, {jobs:,} jobs per side in {rounds} alternating rounds)",
@@ -364,7 +324,7 @@ def run(*, quick: bool) -> Result:
         summary=(
             f"Storage {storage_rate:,.0f} pairs/s vs raw psycopg {raw_rate:,.0f} pairs/s (same autocommitted "
             f"statements); round trips per pair {round_trips['storage']:g} vs {round_trips['raw-autocommit']:g}; "
-            f"ping-after-idle engine {fixed_rate:,.0f} pairs/s = {fixed_ratio:.2f} of raw; no job claimed twice"
+            "no job claimed twice"
         ),
         rows=[
             ("Storage (claim_next_queued_jobs limit 1 + complete_job)", f"{storage_rate:,.0f} pairs/s"),
@@ -372,7 +332,7 @@ def run(*, quick: bool) -> Result:
             ("**Storage / raw, judged** (median of the per-round ratios)", f"**{ratio:.2f}**"),
             ("Storage / raw, from the totals", f"{storage_rate / raw_rate:.2f}"),
             (
-                "raw psycopg 3, same SQL, one BEGIN … COMMIT per statement (Storage before 619a961)",
+                "raw psycopg 3, same SQL, one BEGIN … COMMIT per statement",
                 f"{txn_rate:,.0f} pairs/s",
             ),
             (
@@ -381,16 +341,11 @@ def run(*, quick: bool) -> Result:
             ),
             (
                 "server transactions per claim+complete pair (pg_stat_database.xact_commit)",
-                f"Storage {storage_tx:.2f}, raw {raw_tx:.2f}, raw BEGIN/COMMIT {txn_tx:.2f}, "
-                f"ping-after-idle {fixed_tx:.2f}",
+                f"Storage {storage_tx:.2f}, raw {raw_tx:.2f}, raw BEGIN/COMMIT {txn_tx:.2f}",
             ),
             (
                 "client (Python) CPU per pair, all 16 threads",
                 ", ".join(f"{variant} {cpu_ms(variant):.2f} ms" for variant in base),
-            ),
-            (
-                "Storage over an engine pinging only after 1 s idle (proposed fix), same rounds",
-                f"{fixed_rate:,.0f} pairs/s = {fixed_ratio:.2f} of raw",
             ),
             ("duplicate claims / lost leases", "0 / 0 (claims counted per job id; table and counters checked)"),
         ],

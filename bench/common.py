@@ -184,8 +184,10 @@ STORAGE_METHODS = (
     "create_document",
     "find_document",
     "get_document",
+    "get_documents",
     "mark_enqueued",
     "claim_job",
+    "claim_jobs",
     "claim_next_queued_jobs",
     "complete_job",
     "fail_job",
@@ -237,7 +239,7 @@ class CallTimer:
 
 class StorageTimer(CallTimer):
     """Wall time spent inside the Storage methods of one instance (each is one short transaction, so this is
-    the database time as the code experiences it: pool checkout and ping, statements, commit)."""
+    the database time as the code experiences it: pool checkout and the statement)."""
 
     def __init__(self) -> None:
         super().__init__(STORAGE_METHODS)

@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import async_process_partial_response
-from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSEvent, SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pagescribe.observability import metrics
 from pagescribe.runtime import get_runtime
@@ -25,8 +25,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     def remaining_seconds() -> float:
         return context.get_remaining_time_in_millis() / 1000
 
+    batch = runtime.transcriber.batch([record.body for record in SQSEvent(event).records], remaining_seconds)
+
     async def record_handler(record: SQSRecord) -> PageResult:
-        return await runtime.transcriber.transcribe_message(record.body, remaining_seconds)
+        return await batch.transcribe(record.body)
 
     return dict(
         async_process_partial_response(

@@ -15,11 +15,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from aws_lambda_powertools.utilities.typing import LambdaContext as PowertoolsLambdaContext
 from moto.server import ThreadedMotoServer
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs.type_defs import DeleteMessageBatchRequestEntryTypeDef
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +220,15 @@ class LambdaService:
         return messages
 
     def _delete(self, queue_url: str, messages: list[dict[str, Any]]) -> None:
-        for message in messages:
-            self._sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+        """Delete handled messages, up to ten per call, as the event source does."""
+        for start in range(0, len(messages), 10):
+            entries: list[DeleteMessageBatchRequestEntryTypeDef] = [
+                {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
+                for number, message in enumerate(messages[start : start + 10])
+            ]
+            response = self._sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+            for failure in response.get("Failed", []):  # such a message is simply delivered again
+                log.warning("a handled message could not be deleted: %s", failure.get("Message"))
 
     def deliver_uploads(self) -> int:
         """S3 notifications → the upload function (asynchronous invocation: a failure is retried later)."""

@@ -8,15 +8,22 @@ while a model call runs.
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Row, TextClause, create_engine, text
-from sqlalchemy.engine import Connection
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.pool import QueuePool
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class JobStatus(StrEnum):
@@ -36,94 +43,86 @@ class DocumentStatus(StrEnum):
 
 # --- statements -------------------------------------------------------------------------------------------
 
-INSERT_DOCUMENT = text(
-    """
+INSERT_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count,
                            status, error, model, prompt, finished_at)
-    VALUES (:id, :bucket, :object_key, :etag, :version_id, :size_bytes, :kind, :page_count,
-            :status, :error, :model, :prompt, CASE WHEN :status = 'FAILED' THEN now() END)
+    VALUES (%(id)s, %(bucket)s, %(object_key)s, %(etag)s, %(version_id)s, %(size_bytes)s, %(kind)s, %(page_count)s,
+            %(status)s, %(error)s, %(model)s, %(prompt)s, CASE WHEN %(status)s = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
     RETURNING id
     """
-)
 
-INSERT_PENDING_DOCUMENT = text(
-    """
+INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, prompt,
                            filename, requested_pages, callback_url)
-    VALUES (:id, :bucket, :object_key, '', '', 0, 'AWAITING_UPLOAD', :model, :prompt,
-            :filename, :requested_pages, :callback_url)
+    VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(prompt)s,
+            %(filename)s, %(requested_pages)s, %(callback_url)s)
+    ON CONFLICT (id) DO NOTHING
     """
-)
 
 # The upload of a document created through the API: it becomes PROCESSING (or FAILED) once.
-ACTIVATE_DOCUMENT = text(
-    """
+ACTIVATE_DOCUMENT = """
     UPDATE documents
-    SET etag = :etag, version_id = :version_id, size_bytes = :size_bytes, kind = :kind, page_count = :page_count,
-        status = :status, error = :error, finished_at = CASE WHEN :status = 'FAILED' THEN now() END,
+    SET etag = %(etag)s, version_id = %(version_id)s, size_bytes = %(size_bytes)s, kind = %(kind)s,
+        page_count = %(page_count)s,
+        status = %(status)s, error = %(error)s, finished_at = CASE WHEN %(status)s = 'FAILED' THEN now() END,
         updated_at = now()
-    WHERE id = :id AND status = 'AWAITING_UPLOAD'
+    WHERE id = %(id)s AND status = 'AWAITING_UPLOAD'
     RETURNING id
     """
-)
 
-FIND_DOCUMENT_BY_OBJECT = text(
-    """
+FIND_DOCUMENT_BY_OBJECT = """
     SELECT id FROM documents
-    WHERE bucket = :bucket AND object_key = :object_key AND etag = :etag AND version_id = :version_id
+    WHERE bucket = %(bucket)s AND object_key = %(object_key)s AND etag = %(etag)s AND version_id = %(version_id)s
     """
-)
 
-INSERT_JOBS = text(
-    """
+INSERT_JOBS = """
     INSERT INTO jobs (document_id, page_number)
-    SELECT :document_id, page FROM unnest(CAST(:pages AS integer[])) AS page
+    SELECT %(document_id)s, page FROM unnest(CAST(%(pages)s AS integer[])) AS page
     RETURNING id, page_number
     """
-)
 
-MARK_ENQUEUED = text(
-    """
+MARK_ENQUEUED = """
     UPDATE jobs SET enqueued_at = now(), updated_at = now()
-    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'QUEUED'
+    WHERE id = ANY(CAST(%(ids)s AS uuid[])) AND status = 'QUEUED'
     """
-)
 
 # Both claims end the same way: the candidate row moves QUEUED → PROCESSING under a fresh lease.
 _TAKE_LEASE = """
     UPDATE jobs
-    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = :lease_token,
-        lease_expires_at = now() + make_interval(secs => :lease_seconds),
+    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = %(lease_token)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
         started_at = now(), updated_at = now()
     WHERE id IN (SELECT id FROM candidate)
     RETURNING id, document_id, page_number, attempts, lease_token
 """
 
-# The claim: one statement, one round trip. The row is locked with SKIP LOCKED, so a concurrent claim of the
-# same job (a duplicate delivery) finds nothing and returns nothing. An expired lease proves its holder dead
-# (Lambda is killed at its timeout and the lease outlasts the invocation), so it may be taken over.
-CLAIM_JOB_BY_ID = text(
+# The claim: one statement, one round trip, for every job of an SQS batch at once. The rows are locked with
+# SKIP LOCKED, so a concurrent claim of the same job (a duplicate delivery) finds nothing and returns nothing.
+# An expired lease proves its holder dead (Lambda is killed at its timeout and the lease outlasts the
+# invocation), so it may be taken over. The jobs claimed together share the statement's fresh lease token:
+# a token fences one claim of one job, and no statement claims a job twice.
+CLAIM_JOBS_BY_ID = (
     """
     WITH candidate AS (
         SELECT id FROM jobs
-        WHERE id = :job_id
-          AND attempts < :max_attempts
+        WHERE id = ANY(CAST(%(job_ids)s AS uuid[]))
+          AND attempts < %(max_attempts)s
           AND (status = 'QUEUED' OR (status = 'PROCESSING' AND lease_expires_at < now()))
-        LIMIT 1
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )"""
     + _TAKE_LEASE
 )
 
 # Ordered polling for the oldest due queued jobs: the partial index ix_jobs_queued serves it; no joins.
-CLAIM_NEXT_QUEUED_JOBS = text(
+CLAIM_NEXT_QUEUED_JOBS = (
     """
     WITH candidate AS (
         SELECT id FROM jobs
-        WHERE status = 'QUEUED' AND available_at <= now() AND attempts < :max_attempts
+        WHERE status = 'QUEUED' AND available_at <= now() AND attempts < %(max_attempts)s
         ORDER BY created_at, page_number
-        LIMIT :limit
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )"""
     + _TAKE_LEASE
@@ -131,16 +130,15 @@ CLAIM_NEXT_QUEUED_JOBS = text(
 
 # Fenced completion: only the holder of the current lease may write; the document's counter moves in the
 # same statement, so exactly one completion sees the last page land.
-COMPLETE_JOB = text(
-    """
+COMPLETE_JOB = """
     WITH done AS (
         UPDATE jobs
-        SET status = 'COMPLETED', result_text = :result_text, finish_reason = :finish_reason,
-            prompt_tokens = :prompt_tokens, completion_tokens = :completion_tokens, cost = :cost,
-            model = :model, provider = :provider, provider_request_id = :provider_request_id,
-            latency_ms = :latency_ms, error = NULL, lease_expires_at = NULL,
+        SET status = 'COMPLETED', result_text = %(result_text)s, finish_reason = %(finish_reason)s,
+            prompt_tokens = %(prompt_tokens)s, completion_tokens = %(completion_tokens)s, cost = %(cost)s,
+            model = %(model)s, provider = %(provider)s, provider_request_id = %(provider_request_id)s,
+            latency_ms = %(latency_ms)s, error = NULL, lease_expires_at = NULL,
             completed_at = now(), updated_at = now()
-        WHERE id = :job_id AND status = 'PROCESSING' AND lease_token = :lease_token
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
         RETURNING document_id
     )
     UPDATE documents
@@ -148,17 +146,15 @@ COMPLETE_JOB = text(
     WHERE id IN (SELECT document_id FROM done)
     RETURNING id, page_count, pages_completed, pages_failed
     """
-)
 
-FAIL_JOB = text(
-    """
+FAIL_JOB = """
     WITH failed AS (
         UPDATE jobs
-        SET status = 'FAILED', error = :error, result_text = :result_text, finish_reason = :finish_reason,
-            prompt_tokens = :prompt_tokens, completion_tokens = :completion_tokens, cost = :cost,
-            model = :model, provider = :provider, provider_request_id = :provider_request_id,
+        SET status = 'FAILED', error = %(error)s, result_text = %(result_text)s, finish_reason = %(finish_reason)s,
+            prompt_tokens = %(prompt_tokens)s, completion_tokens = %(completion_tokens)s, cost = %(cost)s,
+            model = %(model)s, provider = %(provider)s, provider_request_id = %(provider_request_id)s,
             lease_expires_at = NULL, completed_at = now(), updated_at = now()
-        WHERE id = :job_id AND status = 'PROCESSING' AND lease_token = :lease_token
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
         RETURNING document_id
     )
     UPDATE documents
@@ -166,98 +162,82 @@ FAIL_JOB = text(
     WHERE id IN (SELECT document_id FROM failed)
     RETURNING id, page_count, pages_completed, pages_failed
     """
-)
 
-REQUEUE_JOB = text(
-    """
+REQUEUE_JOB = """
     UPDATE jobs
-    SET status = 'QUEUED', error = :error, lease_token = NULL, lease_expires_at = NULL,
-        available_at = now() + make_interval(secs => :delay_seconds), enqueued_at = NULL, updated_at = now()
-    WHERE id = :job_id AND status = 'PROCESSING' AND lease_token = :lease_token
+    SET status = 'QUEUED', error = %(error)s, lease_token = NULL, lease_expires_at = NULL,
+        available_at = now() + make_interval(secs => %(delay_seconds)s), enqueued_at = NULL, updated_at = now()
+    WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
     RETURNING id
     """
-)
 
-GET_DOCUMENT = text(
-    """
+GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, status, error,
            model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error
-    FROM documents WHERE id = :document_id
+    FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
-)
 
-PAGE_SUMMARY = text(
-    """
+PAGE_SUMMARY = """
     SELECT status, count(*) AS pages, coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
            coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost
-    FROM jobs WHERE document_id = :document_id
+    FROM jobs WHERE document_id = %(document_id)s
     GROUP BY status
     """
-)
 
-PAGE_ERRORS = text(
-    """
+PAGE_ERRORS = """
     SELECT page_number, status, attempts, error FROM jobs
-    WHERE document_id = :document_id AND error IS NOT NULL
+    WHERE document_id = %(document_id)s AND error IS NOT NULL
     ORDER BY page_number
-    LIMIT :limit
+    LIMIT %(limit)s
     """
-)
 
 # Only FAILED pages go back, with a fresh set of attempts; the document is unfinished again.
-RETRY_FAILED_PAGES = text(
-    """
+RETRY_FAILED_PAGES = """
     WITH retried AS (
         UPDATE jobs
         SET status = 'QUEUED', attempts = 0, error = NULL, result_text = NULL, finish_reason = NULL,
             lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
             completed_at = NULL, updated_at = now()
-        WHERE document_id = :document_id AND status = 'FAILED'
+        WHERE document_id = %(document_id)s AND status = 'FAILED'
         RETURNING id, page_number
     ),
     reopened AS (
         UPDATE documents
         SET pages_failed = pages_failed - (SELECT count(*) FROM retried), status = 'PROCESSING', error = NULL,
             finished_at = NULL, callback_status = NULL, updated_at = now()
-        WHERE id = :document_id AND EXISTS (SELECT 1 FROM retried)
+        WHERE id = %(document_id)s AND EXISTS (SELECT 1 FROM retried)
         RETURNING id
     )
     SELECT id, page_number FROM retried ORDER BY page_number
     """
-)
 
-LOAD_PAGES = text(
-    """
+LOAD_PAGES = """
     SELECT page_number, status, attempts, result_text, finish_reason, error, prompt_tokens,
            completion_tokens, cost, model, provider, provider_request_id
-    FROM jobs WHERE document_id = :document_id
+    FROM jobs WHERE document_id = %(document_id)s
     ORDER BY page_number
     """
-)
 
 # Only a document whose pages are all terminal, and only once.
-FINISH_DOCUMENT = text(
-    """
+FINISH_DOCUMENT = """
     UPDATE documents
-    SET status = :status, error = :error, transcript_key = :transcript_key,
+    SET status = %(status)s, error = %(error)s, transcript_key = %(transcript_key)s,
         finished_at = now(), updated_at = now(),
         callback_status = CASE WHEN callback_url IS NOT NULL THEN 'PENDING' END,
         callback_attempts = 0, callback_next_at = now(), callback_error = NULL
-    WHERE id = :document_id AND finished_at IS NULL AND pages_completed + pages_failed >= page_count
+    WHERE id = %(document_id)s AND finished_at IS NULL AND pages_completed + pages_failed >= page_count
     RETURNING status
     """
-)
 
 # A due callback, claimed for a while (callback_next_at moves on) so that no one else delivers it meanwhile.
-CLAIM_DUE_CALLBACKS = text(
-    """
+CLAIM_DUE_CALLBACKS = """
     WITH due AS (
         SELECT id FROM documents
         WHERE callback_status = 'PENDING' AND callback_next_at <= now()
-          AND (CAST(:document_id AS uuid) IS NULL OR id = CAST(:document_id AS uuid))
+          AND (CAST(%(document_id)s AS uuid) IS NULL OR id = CAST(%(document_id)s AS uuid))
         ORDER BY callback_next_at
-        LIMIT :limit
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
     UPDATE documents
@@ -265,29 +245,25 @@ CLAIM_DUE_CALLBACKS = text(
     WHERE id IN (SELECT id FROM due)
     RETURNING id, callback_url, callback_attempts
     """
-)
 
-RECORD_CALLBACK = text(
-    """
+RECORD_CALLBACK = """
     UPDATE documents
-    SET callback_status = :status, callback_error = :error,
-        callback_next_at = now() + make_interval(secs => :retry_in_seconds)
-    WHERE id = :document_id AND callback_status = 'PENDING'
+    SET callback_status = %(status)s, callback_error = %(error)s,
+        callback_next_at = now() + make_interval(secs => %(retry_in_seconds)s)
+    WHERE id = %(document_id)s AND callback_status = 'PENDING'
     """
-)
 
 
 # --- sweeper ----------------------------------------------------------------------------------------------
 
 # An expired lease proves its holder dead (the lease outlasts the invocation): the page goes back to QUEUED,
 # unsent, so the same sweep sends it again.
-REQUEUE_EXPIRED_LEASES = text(
-    """
+REQUEUE_EXPIRED_LEASES = """
     WITH expired AS (
         SELECT id FROM jobs
-        WHERE status = 'PROCESSING' AND lease_expires_at < now() AND attempts < :max_attempts
+        WHERE status = 'PROCESSING' AND lease_expires_at < now() AND attempts < %(max_attempts)s
         ORDER BY lease_expires_at
-        LIMIT :limit
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
     UPDATE jobs
@@ -297,21 +273,19 @@ REQUEUE_EXPIRED_LEASES = text(
     WHERE id IN (SELECT id FROM expired)
     RETURNING id
     """
-)
 
-FAIL_EXPIRED_LEASES = text(
-    """
+FAIL_EXPIRED_LEASES = """
     WITH expired AS (
         SELECT id FROM jobs
-        WHERE status = 'PROCESSING' AND lease_expires_at < now() AND attempts >= :max_attempts
+        WHERE status = 'PROCESSING' AND lease_expires_at < now() AND attempts >= %(max_attempts)s
         ORDER BY lease_expires_at
-        LIMIT :limit
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ),
     failed AS (
         UPDATE jobs
         SET status = 'FAILED', lease_expires_at = NULL, completed_at = now(), updated_at = now(),
-            error = 'attempts exhausted (' || attempts || ' of ' || CAST(:max_attempts AS text)
+            error = 'attempts exhausted (' || attempts || ' of ' || CAST(%(max_attempts)s AS text)
                     || '): the lease expired; the worker stopped before finishing'
         WHERE id IN (SELECT id FROM expired)
         RETURNING document_id
@@ -324,50 +298,43 @@ FAIL_EXPIRED_LEASES = text(
     RETURNING documents.id, documents.page_count, documents.pages_completed, documents.pages_failed,
               counts.n AS jobs_failed
     """
-)
 
 # Stamping enqueued_at before the send is this sweeper's claim on sending: a concurrent sweeper skips the
 # locked rows and then sees them stamped. A failed send clears the stamp again.
-CLAIM_UNSENT_JOBS = text(
-    """
+CLAIM_UNSENT_JOBS = """
     WITH due AS (
         SELECT id FROM jobs
         WHERE status = 'QUEUED' AND available_at <= now()
-          AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => :resend_after_seconds))
+          AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => %(resend_after_seconds)s))
         ORDER BY created_at, page_number
-        LIMIT :limit
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
     UPDATE jobs SET enqueued_at = now(), updated_at = now()
     WHERE id IN (SELECT id FROM due)
     RETURNING id, document_id, page_number
     """
-)
 
-RELEASE_UNSENT_JOBS = text(
-    """
+RELEASE_UNSENT_JOBS = """
     UPDATE jobs SET enqueued_at = NULL, updated_at = now()
-    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'QUEUED'
+    WHERE id = ANY(CAST(%(ids)s AS uuid[])) AND status = 'QUEUED'
     """
-)
 
 # Documents whose pages are all terminal but whose finishing invocation died: touched, so that a concurrent
 # sweeper leaves them alone for the grace period.
-CLAIM_UNFINISHED_DOCUMENTS = text(
-    """
+CLAIM_UNFINISHED_DOCUMENTS = """
     WITH stuck AS (
         SELECT id FROM documents
         WHERE finished_at IS NULL AND status = 'PROCESSING' AND pages_completed + pages_failed >= page_count
-          AND updated_at < now() - make_interval(secs => :grace_seconds)
+          AND updated_at < now() - make_interval(secs => %(grace_seconds)s)
         ORDER BY updated_at
-        LIMIT :limit
+        LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
     UPDATE documents SET updated_at = now()
     WHERE id IN (SELECT id FROM stuck)
     RETURNING id
     """
-)
 
 
 # --- records ----------------------------------------------------------------------------------------------
@@ -514,39 +481,112 @@ NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None)
 
 
 def create_database_engine(url: str, *, pool_size: int = 1) -> Engine:
-    """An engine suited to Lambda behind RDS Proxy: a tiny pre-pinged pool and no prepared statements."""
+    """A tiny pool suited to Lambda behind RDS Proxy: autocommit connections, no prepared statements.
+
+    SQLAlchemy keeps the pool (and Alembic the migrations); ``Storage`` runs its statements on the pooled
+    psycopg connections directly. Connections are not pinged before use: a connection found dead is replaced
+    and its statement run once more (see ``Storage._rows``), which costs a round trip only when one died."""
     return create_engine(
         url,
         pool_size=pool_size,
         max_overflow=0,
-        pool_pre_ping=True,
+        pool_pre_ping=False,
         pool_recycle=300,
         pool_timeout=30,
+        isolation_level="AUTOCOMMIT",
         connect_args={"prepare_threshold": None, "connect_timeout": 10, "application_name": "pagescribe"},
     )
 
 
-def _progress(row: Row[Any] | None) -> DocumentProgress | None:
+def _progress(row: Any | None) -> DocumentProgress | None:
     if row is None:
         return None
     return DocumentProgress(str(row.id), row.page_count, row.pages_completed, row.pages_failed)
 
 
-def _claimed(rows: Sequence[Row[Any]]) -> list[ClaimedJob]:
+def _claimed(rows: Sequence[Any]) -> list[ClaimedJob]:
     return [ClaimedJob(str(r.id), str(r.document_id), r.page_number, r.attempts, str(r.lease_token)) for r in rows]
 
 
+def _document(row: Any) -> DocumentRecord:
+    return DocumentRecord(
+        document_id=str(row.id),
+        bucket=row.bucket,
+        object_key=row.object_key,
+        etag=row.etag,
+        version_id=row.version_id,
+        size_bytes=row.size_bytes,
+        kind=row.kind,
+        page_count=row.page_count,
+        status=DocumentStatus(row.status),
+        error=row.error,
+        model=row.model,
+        prompt=row.prompt,
+        pages_completed=row.pages_completed,
+        pages_failed=row.pages_failed,
+        transcript_key=row.transcript_key,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        filename=row.filename,
+        requested_pages=tuple(row.requested_pages) if row.requested_pages is not None else None,
+        callback_url=row.callback_url,
+        callback_status=row.callback_status,
+        callback_error=row.callback_error,
+    )
+
+
+_Work = Callable[[psycopg.Connection[Any]], T]
+
+
 class Storage:
-    """The data-access layer: each method is one short transaction around named statements."""
+    """The data-access layer: each method is one statement (one round trip, autocommitted) or, for a new
+    document, one short transaction.
+
+    Statements run on the pool's psycopg connection itself: SQLAlchemy's statement layer would cost more
+    client CPU than the database spends on a claim. A connection the server closed (a restart, a failover,
+    RDS Proxy's idle timeout while the environment was frozen) is found on use, not by a ping before every
+    call: it is dropped from the pool and the work runs once more on a fresh connection. Running it again is
+    safe for every statement here: the connection died before the answer came back, so either nothing was
+    done, or it was done and the repeat finds the rows already moved (a claim finds the job leased, a fenced
+    write finds the lease gone, an insert finds the row) and changes nothing."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        # Every method but create_document runs one statement, which is atomic on its own: in autocommit it
-        # costs one round trip instead of BEGIN, the statement and COMMIT (or ROLLBACK for a read).
-        self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
 
-    def _one(self, conn: Connection, statement: TextClause, **params: Any) -> Row[Any] | None:
-        return conn.execute(statement, params).first()
+    def _with_connection(self, work: _Work[T]) -> T:
+        # A pool of n may hold n dead connections (a restarted server killed them all): each is found and
+        # dropped in turn, then a fresh one is made. Failing to connect raises at once.
+        pool = self.engine.pool
+        attempts = (pool.size() if isinstance(pool, QueuePool) else 1) + 1
+        for attempt in range(1, attempts + 1):
+            pooled = self.engine.raw_connection()
+            try:
+                connection = pooled.driver_connection
+                assert isinstance(connection, psycopg.Connection)
+                try:
+                    return work(connection)
+                except psycopg.OperationalError as exc:
+                    if not connection.broken or attempt == attempts:
+                        raise
+                    pooled.invalidate(exc)
+                    log.warning("database connection lost (%s); running the statement on a new connection", exc)
+            finally:
+                pooled.close()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _rows(self, statement: str, params: dict[str, Any]) -> list[Any]:
+        """Run one statement in autocommit: its rows (none for a statement that returns none)."""
+
+        def run(connection: psycopg.Connection[Any]) -> list[Any]:
+            with connection.cursor(row_factory=namedtuple_row) as cursor:
+                cursor.execute(statement, params)
+                return cursor.fetchall() if cursor.description is not None else []
+
+        return self._with_connection(run)
+
+    def _row(self, statement: str, params: dict[str, Any]) -> Any | None:
+        rows = self._rows(statement, params)
+        return rows[0] if rows else None
 
     def create_document(
         self,
@@ -571,247 +611,212 @@ class Storage:
             "status": DocumentStatus.FAILED.value if error else DocumentStatus.PROCESSING.value,
             "error": error,
         }
-        with self.engine.begin() as conn:
-            if pending_id is not None:
-                row = self._one(conn, ACTIVATE_DOCUMENT, **params)
-            else:
-                row = self._one(
-                    conn,
-                    INSERT_DOCUMENT,
-                    **params,
-                    bucket=new.bucket,
-                    object_key=new.object_key,
-                    model=new.model,
-                    prompt=new.prompt,
-                )
-            if row is None and pending_id is not None:
-                return CreatedDocument(document_id, (), duplicate=True)
-            if row is None:
-                existing = self._one(
-                    conn,
-                    FIND_DOCUMENT_BY_OBJECT,
-                    bucket=new.bucket,
-                    object_key=new.object_key,
-                    etag=new.etag,
-                    version_id=new.version_id,
-                )
-                assert existing is not None, "ON CONFLICT skipped the insert, so the row exists"
-                return CreatedDocument(str(existing.id), (), duplicate=True)
-            job_ids: tuple[str, ...] = ()
-            if not error:
-                jobs = conn.execute(INSERT_JOBS, {"document_id": document_id, "pages": list(pages)}).all()
-                job_ids = tuple(str(j.id) for j in sorted(jobs, key=lambda j: j.page_number))
-        return CreatedDocument(document_id, job_ids, duplicate=False)
+        if pending_id is not None:
+            statement, insert_params = ACTIVATE_DOCUMENT, params
+        else:
+            statement = INSERT_DOCUMENT
+            insert_params = {**params, "bucket": new.bucket, "object_key": new.object_key}
+            insert_params |= {"model": new.model, "prompt": new.prompt}
+
+        def record(connection: psycopg.Connection[Any]) -> CreatedDocument:
+            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
+                row = cursor.execute(statement, insert_params).fetchone()
+                if row is None and pending_id is not None:
+                    return CreatedDocument(document_id, (), duplicate=True)
+                if row is None:
+                    existing: Any = cursor.execute(
+                        FIND_DOCUMENT_BY_OBJECT,
+                        {
+                            "bucket": new.bucket,
+                            "object_key": new.object_key,
+                            "etag": new.etag,
+                            "version_id": new.version_id,
+                        },
+                    ).fetchone()
+                    assert existing is not None, "ON CONFLICT skipped the insert, so the row exists"
+                    return CreatedDocument(str(existing.id), (), duplicate=True)
+                job_ids: tuple[str, ...] = ()
+                if not error:
+                    jobs: list[Any] = cursor.execute(
+                        INSERT_JOBS, {"document_id": document_id, "pages": list(pages)}
+                    ).fetchall()
+                    job_ids = tuple(str(j.id) for j in sorted(jobs, key=lambda j: j.page_number))
+            return CreatedDocument(document_id, job_ids, duplicate=False)
+
+        return self._with_connection(record)
 
     def create_pending_document(self, pending: PendingDocument) -> None:
-        with self._single.connect() as conn:
-            conn.execute(
-                INSERT_PENDING_DOCUMENT,
-                {
-                    "id": pending.document_id,
-                    "bucket": pending.bucket,
-                    "object_key": pending.object_key,
-                    "model": pending.model,
-                    "prompt": pending.prompt,
-                    "filename": pending.filename,
-                    "requested_pages": list(pending.requested_pages) if pending.requested_pages else None,
-                    "callback_url": pending.callback_url,
-                },
-            )
+        self._rows(
+            INSERT_PENDING_DOCUMENT,
+            {
+                "id": pending.document_id,
+                "bucket": pending.bucket,
+                "object_key": pending.object_key,
+                "model": pending.model,
+                "prompt": pending.prompt,
+                "filename": pending.filename,
+                "requested_pages": list(pending.requested_pages) if pending.requested_pages else None,
+                "callback_url": pending.callback_url,
+            },
+        )
 
     def page_summary(self, document_id: str) -> list[PageSummary]:
-        with self._single.connect() as conn:
-            rows = conn.execute(PAGE_SUMMARY, {"document_id": document_id}).all()
+        rows = self._rows(PAGE_SUMMARY, {"document_id": document_id})
         return [
             PageSummary(JobStatus(r.status), r.pages, r.prompt_tokens, r.completion_tokens, float(r.cost)) for r in rows
         ]
 
     def page_errors(self, document_id: str, *, limit: int = 1000) -> list[PageError]:
-        with self._single.connect() as conn:
-            rows = conn.execute(PAGE_ERRORS, {"document_id": document_id, "limit": limit}).all()
+        rows = self._rows(PAGE_ERRORS, {"document_id": document_id, "limit": limit})
         return [PageError(r.page_number, JobStatus(r.status), r.attempts, r.error) for r in rows]
 
     def retry_failed_pages(self, document_id: str) -> list[tuple[str, int]]:
         """Requeue the FAILED pages of a document: (job id, page) of each, to be sent after this commit."""
-        with self._single.connect() as conn:
-            rows = conn.execute(RETRY_FAILED_PAGES, {"document_id": document_id}).all()
+        rows = self._rows(RETRY_FAILED_PAGES, {"document_id": document_id})
         return [(str(r.id), r.page_number) for r in rows]
 
     def claim_due_callbacks(self, *, limit: int, document_id: str | None = None) -> list[DueCallback]:
-        with self._single.connect() as conn:
-            rows = conn.execute(CLAIM_DUE_CALLBACKS, {"limit": limit, "document_id": document_id}).all()
+        rows = self._rows(CLAIM_DUE_CALLBACKS, {"limit": limit, "document_id": document_id})
         return [DueCallback(str(r.id), r.callback_url, r.callback_attempts) for r in rows]
 
     def record_callback(self, document_id: str, *, status: str, error: str | None, retry_in_seconds: float = 0) -> None:
-        with self._single.connect() as conn:
-            conn.execute(
-                RECORD_CALLBACK,
-                {"document_id": document_id, "status": status, "error": error, "retry_in_seconds": retry_in_seconds},
-            )
+        self._rows(
+            RECORD_CALLBACK,
+            {"document_id": document_id, "status": status, "error": error, "retry_in_seconds": retry_in_seconds},
+        )
 
     def find_document(self, new: NewDocument) -> str | None:
         """The id of the document already recorded for this exact object, if any."""
-        with self._single.connect() as conn:
-            row = self._one(
-                conn,
-                FIND_DOCUMENT_BY_OBJECT,
-                bucket=new.bucket,
-                object_key=new.object_key,
-                etag=new.etag,
-                version_id=new.version_id,
-            )
+        row = self._row(
+            FIND_DOCUMENT_BY_OBJECT,
+            {"bucket": new.bucket, "object_key": new.object_key, "etag": new.etag, "version_id": new.version_id},
+        )
         return str(row.id) if row is not None else None
 
     def mark_enqueued(self, job_ids: Sequence[str]) -> None:
-        if not job_ids:
-            return
-        with self._single.connect() as conn:
-            conn.execute(MARK_ENQUEUED, {"ids": list(job_ids)})
+        if job_ids:
+            self._rows(MARK_ENQUEUED, {"ids": list(job_ids)})
 
     def claim_job(self, job_id: str, *, lease_seconds: float, max_attempts: int) -> ClaimedJob | None:
         """Move this job QUEUED → PROCESSING (or take over an expired lease) and commit; None when it is
         already claimed, finished, out of attempts or unknown."""
-        with self._single.connect() as conn:
-            rows = conn.execute(
-                CLAIM_JOB_BY_ID,
-                {
-                    "job_id": job_id,
-                    "lease_token": str(uuid.uuid4()),
-                    "lease_seconds": lease_seconds,
-                    "max_attempts": max_attempts,
-                },
-            ).all()
-        claimed = _claimed(rows)
-        return claimed[0] if claimed else None
+        claimed = self.claim_jobs([job_id], lease_seconds=lease_seconds, max_attempts=max_attempts)
+        return claimed.get(job_id)
+
+    def claim_jobs(self, job_ids: Sequence[str], *, lease_seconds: float, max_attempts: int) -> dict[str, ClaimedJob]:
+        """Claim the claimable ones of these jobs (an SQS batch's) in one statement: {job id: claim}. A job
+        already claimed, finished, out of attempts or unknown is absent; a job named twice is claimed once."""
+        unique = list(dict.fromkeys(job_ids))
+        if not unique:
+            return {}
+        rows = self._rows(
+            CLAIM_JOBS_BY_ID,
+            {
+                "job_ids": unique,
+                "lease_token": str(uuid.uuid4()),
+                "limit": len(unique),
+                "lease_seconds": lease_seconds,
+                "max_attempts": max_attempts,
+            },
+        )
+        return {job.job_id: job for job in _claimed(rows)}
 
     def claim_next_queued_jobs(self, *, limit: int, lease_seconds: float, max_attempts: int) -> list[ClaimedJob]:
         """Claim up to ``limit`` of the oldest due QUEUED jobs (they share one lease token)."""
-        with self._single.connect() as conn:
-            rows = conn.execute(
-                CLAIM_NEXT_QUEUED_JOBS,
-                {
-                    "limit": limit,
-                    "lease_token": str(uuid.uuid4()),
-                    "lease_seconds": lease_seconds,
-                    "max_attempts": max_attempts,
-                },
-            ).all()
+        rows = self._rows(
+            CLAIM_NEXT_QUEUED_JOBS,
+            {
+                "limit": limit,
+                "lease_token": str(uuid.uuid4()),
+                "lease_seconds": lease_seconds,
+                "max_attempts": max_attempts,
+            },
+        )
         return sorted(_claimed(rows), key=lambda job: job.page_number)
 
     def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
         """Store a page's transcription if this worker still holds the lease; None when the lease was lost."""
-        with self._single.connect() as conn:
-            row = self._one(
-                conn,
-                COMPLETE_JOB,
-                job_id=job.job_id,
-                lease_token=job.lease_token,
-                result_text=outcome.text,
-                finish_reason=outcome.finish_reason,
-                prompt_tokens=outcome.prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
-                cost=outcome.cost,
-                model=outcome.model,
-                provider=outcome.provider,
-                provider_request_id=outcome.provider_request_id,
-                latency_ms=outcome.latency_ms,
-            )
+        row = self._row(
+            COMPLETE_JOB,
+            {
+                "job_id": job.job_id,
+                "lease_token": job.lease_token,
+                "result_text": outcome.text,
+                "finish_reason": outcome.finish_reason,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "cost": outcome.cost,
+                "model": outcome.model,
+                "provider": outcome.provider,
+                "provider_request_id": outcome.provider_request_id,
+                "latency_ms": outcome.latency_ms,
+            },
+        )
         return _progress(row)
 
     def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
         """Mark a page FAILED with its reason (keeping any partial text) if this worker holds the lease."""
-        with self._single.connect() as conn:
-            row = self._one(
-                conn,
-                FAIL_JOB,
-                job_id=job.job_id,
-                lease_token=job.lease_token,
-                error=error,
-                result_text=outcome.text,
-                finish_reason=outcome.finish_reason,
-                prompt_tokens=outcome.prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
-                cost=outcome.cost,
-                model=outcome.model,
-                provider=outcome.provider,
-                provider_request_id=outcome.provider_request_id,
-            )
+        row = self._row(
+            FAIL_JOB,
+            {
+                "job_id": job.job_id,
+                "lease_token": job.lease_token,
+                "error": error,
+                "result_text": outcome.text,
+                "finish_reason": outcome.finish_reason,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "cost": outcome.cost,
+                "model": outcome.model,
+                "provider": outcome.provider,
+                "provider_request_id": outcome.provider_request_id,
+            },
+        )
         return _progress(row)
 
     def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
         """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""
-        with self._single.connect() as conn:
-            row = self._one(
-                conn,
-                REQUEUE_JOB,
-                job_id=job.job_id,
-                lease_token=job.lease_token,
-                error=error,
-                delay_seconds=delay_seconds,
-            )
+        row = self._row(
+            REQUEUE_JOB,
+            {"job_id": job.job_id, "lease_token": job.lease_token, "error": error, "delay_seconds": delay_seconds},
+        )
         return row is not None
 
     def requeue_expired_leases(self, *, max_attempts: int, limit: int) -> int:
-        with self._single.connect() as conn:
-            return len(conn.execute(REQUEUE_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}).all())
+        return len(self._rows(REQUEUE_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}))
 
     def fail_expired_leases(self, *, max_attempts: int, limit: int) -> tuple[int, list[DocumentProgress]]:
         """FAIL the expired leases that used their last attempt: (jobs failed, progress of their documents)."""
-        with self._single.connect() as conn:
-            rows = conn.execute(FAIL_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}).all()
+        rows = self._rows(FAIL_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit})
         progress = [DocumentProgress(str(r.id), r.page_count, r.pages_completed, r.pages_failed) for r in rows]
         return sum(r.jobs_failed for r in rows), progress
 
     def claim_unsent_jobs(self, *, resend_after_seconds: float, limit: int) -> list[tuple[str, str, int]]:
         """(job id, document id, page) of due QUEUED jobs never sent, or sent long ago; stamped as sent."""
-        with self._single.connect() as conn:
-            rows = conn.execute(CLAIM_UNSENT_JOBS, {"resend_after_seconds": resend_after_seconds, "limit": limit}).all()
+        rows = self._rows(CLAIM_UNSENT_JOBS, {"resend_after_seconds": resend_after_seconds, "limit": limit})
         return [(str(r.id), str(r.document_id), r.page_number) for r in rows]
 
     def release_unsent_jobs(self, job_ids: Sequence[str]) -> None:
-        if not job_ids:
-            return
-        with self._single.connect() as conn:
-            conn.execute(RELEASE_UNSENT_JOBS, {"ids": list(job_ids)})
+        if job_ids:
+            self._rows(RELEASE_UNSENT_JOBS, {"ids": list(job_ids)})
 
     def claim_unfinished_documents(self, *, grace_seconds: float, limit: int) -> list[str]:
-        with self._single.connect() as conn:
-            rows = conn.execute(CLAIM_UNFINISHED_DOCUMENTS, {"grace_seconds": grace_seconds, "limit": limit}).all()
+        rows = self._rows(CLAIM_UNFINISHED_DOCUMENTS, {"grace_seconds": grace_seconds, "limit": limit})
         return [str(r.id) for r in rows]
 
     def get_document(self, document_id: str) -> DocumentRecord | None:
-        with self._single.connect() as conn:
-            row = self._one(conn, GET_DOCUMENT, document_id=document_id)
-        if row is None:
-            return None
-        return DocumentRecord(
-            document_id=str(row.id),
-            bucket=row.bucket,
-            object_key=row.object_key,
-            etag=row.etag,
-            version_id=row.version_id,
-            size_bytes=row.size_bytes,
-            kind=row.kind,
-            page_count=row.page_count,
-            status=DocumentStatus(row.status),
-            error=row.error,
-            model=row.model,
-            prompt=row.prompt,
-            pages_completed=row.pages_completed,
-            pages_failed=row.pages_failed,
-            transcript_key=row.transcript_key,
-            created_at=row.created_at,
-            finished_at=row.finished_at,
-            filename=row.filename,
-            requested_pages=tuple(row.requested_pages) if row.requested_pages is not None else None,
-            callback_url=row.callback_url,
-            callback_status=row.callback_status,
-            callback_error=row.callback_error,
-        )
+        row = self._row(GET_DOCUMENTS, {"document_ids": [document_id]})
+        return _document(row) if row is not None else None
+
+    def get_documents(self, document_ids: Sequence[str]) -> dict[str, DocumentRecord]:
+        """The records of these documents, in one statement: {document id: record}; unknown ids are absent."""
+        unique = list(dict.fromkeys(document_ids))
+        if not unique:
+            return {}
+        return {str(row.id): _document(row) for row in self._rows(GET_DOCUMENTS, {"document_ids": unique})}
 
     def load_pages(self, document_id: str) -> list[PageRecord]:
-        with self._single.connect() as conn:
-            rows = conn.execute(LOAD_PAGES, {"document_id": document_id}).all()
+        rows = self._rows(LOAD_PAGES, {"document_id": document_id})
         return [
             PageRecord(
                 page_number=r.page_number,
@@ -834,13 +839,8 @@ class Storage:
         self, document_id: str, *, status: DocumentStatus, error: str | None, transcript_key: str
     ) -> bool:
         """Mark a document whose pages are all terminal as finished; False if it was already finished."""
-        with self._single.connect() as conn:
-            row = self._one(
-                conn,
-                FINISH_DOCUMENT,
-                document_id=document_id,
-                status=status.value,
-                error=error,
-                transcript_key=transcript_key,
-            )
+        row = self._row(
+            FINISH_DOCUMENT,
+            {"document_id": document_id, "status": status.value, "error": error, "transcript_key": transcript_key},
+        )
         return row is not None

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -189,34 +189,34 @@ class Transcriber:
     def call_budget(self, remaining_seconds: float) -> float:
         return min(self._settings.provider_timeout_seconds, remaining_seconds - self._settings.result_reserve_seconds)
 
-    async def transcribe_message(self, body: str, remaining_seconds: Callable[[], float]) -> PageResult:
-        """Claim the job a message names, transcribe its page and store the result under the lease.
+    def batch(self, bodies: Sequence[str], remaining_seconds: Callable[[], float]) -> TranscriptionBatch:
+        """The jobs of one SQS batch, to be transcribed concurrently, one ``TranscriptionBatch.transcribe``
+        per message."""
+        return TranscriptionBatch(self, bodies, remaining_seconds)
 
-        A duplicate delivery (the job is claimed or finished) is acknowledged without a model call. The
-        claim is committed before the model is called and no transaction is open during the call."""
-        try:
-            job_id = parse_job_id(body)
-        except MalformedMessageError as exc:
-            # It names no job, so no page depends on it; retrying it could only loop.
-            log.error("message rejected: %s", exc)
-            return PageResult.REJECTED
-        remaining = remaining_seconds()
-        if self.call_budget(remaining) < self._settings.min_call_budget_seconds:
+    def claim_batch(
+        self, job_ids: Sequence[str], remaining_seconds: float
+    ) -> tuple[dict[str, ClaimedJob], dict[str, DocumentRecord]]:
+        """Claim a batch's jobs in one statement and read their documents in one: (claims, documents by id).
+
+        Raises NotEnoughTimeError, claiming nothing, when too little of the invocation is left for a useful
+        model call. Each claim is committed before any model is called, and no transaction stays open."""
+        if self.call_budget(remaining_seconds) < self._settings.min_call_budget_seconds:
             raise NotEnoughTimeError(
-                f"only {remaining:.1f} s of the invocation left; job {job_id} is left for redelivery"
+                f"only {remaining_seconds:.1f} s of the invocation left; the batch's jobs are left for redelivery"
             )
-        job = self._storage.claim_job(
-            job_id,
-            lease_seconds=remaining + self._settings.lease_margin_seconds,
+        claims = self._storage.claim_jobs(
+            job_ids,
+            lease_seconds=remaining_seconds + self._settings.lease_margin_seconds,
             max_attempts=self._settings.max_attempts,
         )
-        if job is None:
-            log.info("duplicate delivery: job is already claimed or finished", extra={"job_id": job_id})
-            count("DuplicateDeliveries")
-            return PageResult.DUPLICATE
-        document = self._storage.get_document(job.document_id)
-        if document is None:  # the foreign key makes this impossible short of manual deletion
-            raise LookupError(f"job {job_id} names document {job.document_id}, which does not exist")
+        documents = self._storage.get_documents([job.document_id for job in claims.values()])
+        return claims, documents
+
+    async def transcribe_claimed(
+        self, job: ClaimedJob, document: DocumentRecord, remaining_seconds: Callable[[], float]
+    ) -> PageResult:
+        """Transcribe a claimed page and store the result under its lease (or its failure, or a retry)."""
         ctx = _Context(job, document)
         try:
             return await self._transcribe_claimed(ctx, remaining_seconds)
@@ -326,3 +326,47 @@ class Transcriber:
     async def _after_page(self, progress: DocumentProgress) -> None:
         if progress.all_pages_done:
             await asyncio.to_thread(self._transcripts.finish, progress.document_id)
+
+
+class TranscriptionBatch:
+    """One SQS batch of page jobs. When its first message is processed, every job of the batch is claimed in
+    one statement and their documents read in one (two round trips for the batch, not two per page); each
+    message then transcribes its own page. A job named twice, already claimed or finished is a duplicate
+    delivery, acknowledged without a model call."""
+
+    def __init__(self, transcriber: Transcriber, bodies: Sequence[str], remaining_seconds: Callable[[], float]) -> None:
+        self._transcriber = transcriber
+        self._remaining_seconds = remaining_seconds
+        self._job_ids: list[str] = []
+        for body in bodies:
+            with contextlib.suppress(MalformedMessageError):  # rejected when its own message is processed
+                self._job_ids.append(parse_job_id(body))
+        self._claims: dict[str, ClaimedJob] | None = None
+        self._documents: dict[str, DocumentRecord] = {}
+
+    def _claim(self, job_id: str) -> tuple[ClaimedJob, DocumentRecord] | None:
+        if self._claims is None:
+            self._claims, self._documents = self._transcriber.claim_batch(self._job_ids, self._remaining_seconds())
+        job = self._claims.pop(job_id, None)
+        if job is None:
+            return None
+        document = self._documents.get(job.document_id)
+        if document is None:  # the foreign key makes this impossible short of manual deletion
+            raise LookupError(f"job {job_id} names document {job.document_id}, which does not exist")
+        return job, document
+
+    async def transcribe(self, body: str) -> PageResult:
+        """Transcribe the page one message names (see ``Transcriber.transcribe_claimed``)."""
+        try:
+            job_id = parse_job_id(body)
+        except MalformedMessageError as exc:
+            # It names no job, so no page depends on it; retrying it could only loop.
+            log.error("message rejected: %s", exc)
+            return PageResult.REJECTED
+        claimed = self._claim(job_id)
+        if claimed is None:
+            log.info("duplicate delivery: job is already claimed or finished", extra={"job_id": job_id})
+            count("DuplicateDeliveries")
+            return PageResult.DUPLICATE
+        job, document = claimed
+        return await self._transcriber.transcribe_claimed(job, document, self._remaining_seconds)

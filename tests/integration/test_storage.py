@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import tempfile
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, field
 
+import psycopg
 import pytest
 from pagescribe.storage import (
     ClaimedJob,
@@ -16,8 +19,10 @@ from pagescribe.storage import (
     NewDocument,
     PageOutcome,
     Storage,
+    create_database_engine,
 )
-from sqlalchemy import event, text
+from psycopg import pq
+from sqlalchemy import text
 
 from tests.conftest import both_servers
 
@@ -54,18 +59,41 @@ def _expire_lease(storage: Storage, job_id: str) -> None:
         )
 
 
+@dataclass
+class _Wire:
+    """What a Storage with a pool of one sent its server: per exchange (libpq protocol trace)."""
+
+    queries: list[str] = field(default_factory=list)  # the text of each statement sent
+    round_trips: int = 0  # exchanges completed (ReadyForQuery messages)
+
+
 @contextmanager
-def _statements(storage: Storage) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(storage.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(storage.engine, "before_cursor_execute", record)
+def _on_the_wire(storage: Storage) -> Iterator[tuple[Storage, _Wire]]:
+    engine = create_database_engine(storage.engine.url.render_as_string(hide_password=False))
+    traced = Storage(engine)
+    traced.page_summary(str(uuid.uuid4()))  # connect before tracing
+    pooled = engine.raw_connection()
+    connection = pooled.driver_connection
+    pooled.close()
+    assert isinstance(connection, psycopg.Connection)
+    wire = _Wire()
+    with tempfile.TemporaryFile() as trace:
+        connection.pgconn.trace(trace.fileno())
+        connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield traced, wire
+        finally:
+            connection.pgconn.untrace()  # flushes libpq's buffered trace
+            trace.seek(0)
+            messages: list[str] = []
+            for line in trace.read().decode(errors="replace").splitlines():
+                if line.startswith(("F\t", "B\t")) or not messages:
+                    messages.append(line)
+                else:  # a statement's text goes on over the lines it has
+                    messages[-1] += "\n" + line
+            engine.dispose()
+    wire.queries = [m for m in messages if m.startswith(("F\t", "B\t")) and m.split("\t")[2] in {"Parse", "Query"}]
+    wire.round_trips = sum(m.startswith("B\t") and m.split("\t")[2] == "ReadyForQuery" for m in messages)
 
 
 def test_a_document_and_its_jobs_are_recorded_once(storage: Storage) -> None:
@@ -215,15 +243,42 @@ def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(storage: Stora
 
 
 def test_claim_and_poll_are_each_one_limited_statement_without_joins(storage: Storage) -> None:
-    [job_id, _] = storage.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2]).job_ids
-    with _statements(storage) as by_id:
-        storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
-    with _statements(storage) as poll:
-        storage.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
-    for seen in (by_id, poll):
-        assert len(seen) == 1, seen
-        sql = seen[0].upper()
+    # Given two queued jobs
+    job_ids = storage.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3]).job_ids
+    # When a batch's jobs are claimed by id, and then the oldest is claimed by polling
+    with _on_the_wire(storage) as (traced, by_id):
+        claimed = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3)
+    with _on_the_wire(storage) as (traced, poll):
+        [polled] = traced.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
+    # Then both jobs were claimed together, and the poll took the third
+    assert sorted(claimed) == sorted(job_ids[:2]) and polled.job_id == job_ids[2]
+    # And each claim was one statement, sent and answered in one round trip (no ping, no BEGIN/COMMIT)
+    for wire in (by_id, poll):
+        assert (len(wire.queries), wire.round_trips) == (1, 1), wire
+        sql = wire.queries[0].upper()
         assert "LIMIT" in sql and "JOIN" not in sql and "FOR UPDATE SKIP LOCKED" in sql
+
+
+def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_more(storage: Storage) -> None:
+    # Given a Storage whose pooled connection has been used, and a queued job
+    [job_id] = storage.create_document(_new("uploads/killed.pdf"), kind="pdf", pages=[1]).job_ids
+    engine = create_database_engine(storage.engine.url.render_as_string(hide_password=False))
+    survivor = Storage(engine)
+    survivor.page_summary(job_id)  # connects
+    pooled = engine.raw_connection()
+    connection = pooled.driver_connection
+    pooled.close()
+    assert isinstance(connection, psycopg.Connection)
+    # When the server ends that connection's session while it sits in the pool (as a restart or RDS Proxy's
+    # idle timeout would)
+    with storage.engine.connect() as admin:
+        admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": connection.info.backend_pid})
+    # Then the next call finds it dead, replaces it and succeeds, and the job is claimed exactly once
+    claimed = survivor.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert claimed is not None and connection.closed
+    assert _status(storage, job_id) == ("PROCESSING", 1)
+    assert survivor.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is None
+    engine.dispose()
 
 
 def test_the_poll_is_served_by_the_partial_index(storage: Storage) -> None:
