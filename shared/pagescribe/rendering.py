@@ -1,0 +1,473 @@
+"""Render pages in a pool of worker processes, each under a memory limit and a time limit.
+
+Why processes: pdfium allocates whatever a page asks for. A content stream that inflates from a few MB to gigabytes
+(a decompression bomb) would take the whole function down with it, over and over on every redelivery; and pdfium is not
+thread-safe, so in one process pages render one at a time. A worker here is a long-lived ``python -m
+pagescribe.rendering`` whose address space is capped with ``RLIMIT_AS``: a hostile page makes *it* fail (pdfium aborts
+when an allocation fails, Python raises MemoryError), the parent turns that into an InvalidDocumentError naming the
+limit, and the next page gets a fresh worker. Each worker has its own pdfium, so the pool renders in parallel.
+
+Why not multiprocessing: its queues and locks need POSIX semaphores in /dev/shm, which AWS Lambda does not have. The
+protocol is plain pipes instead: requests on the worker's stdin, replies on a pipe of their own (the worker's stdout
+goes to the parent's stderr, so a stray print can never corrupt a reply). A frame is two big-endian lengths, then a
+JSON object, then raw bytes (the encoded image).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from pagescribe.documents import (
+    DocumentKind,
+    InvalidDocumentError,
+    RenderedPage,
+    extract_text_layer,
+    render_page,
+)
+
+DEFAULT_RENDER_WORKERS = 2
+# An idle worker (Python, pypdfium2, Pillow) is about 40 MiB of address space and a corpus page peaks under 70 MiB;
+# 1 GiB leaves room for large pages at high DPI and still stops a bomb long before it takes the function with it.
+DEFAULT_RENDER_MEMORY_LIMIT_MB = 1024
+DEFAULT_RENDER_TIMEOUT_SECONDS = 60.0
+MIN_RENDER_MEMORY_LIMIT_MB = 128  # below this an idle worker has too little room left to render anything
+_STARTUP_TIMEOUT_SECONDS = 30.0
+_FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
+_MAX_META_BYTES = 16 << 20
+_MAX_BLOB_BYTES = 1 << 30
+
+
+class RenderWorkerError(RuntimeError):
+    """The pool could not do the work for reasons that are not the document's (a worker would not start, the pool is
+    closed, an unexpected error in the worker): retrying may help."""
+
+
+class _WorkerGone(Exception):
+    """The worker closed its reply pipe: it exited or was killed."""
+
+
+class _WorkerTimedOut(Exception):
+    """No complete reply before the deadline."""
+
+
+# Framing, shared by both ends
+
+
+def _encode_frame(meta: dict[str, Any], blob: bytes = b"") -> bytes:
+    body = json.dumps(meta).encode()
+    return _FRAME_HEADER.pack(len(body), len(blob)) + body + blob
+
+
+def _read_frame_blocking(stream: BinaryIO) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame from a blocking stream, or None at a clean end of stream (the parent closed the pipe)."""
+    header = stream.read(_FRAME_HEADER.size)
+    if not header:
+        return None
+    if len(header) < _FRAME_HEADER.size:
+        raise EOFError("the request stream ended inside a frame header")
+    meta_size, blob_size = _FRAME_HEADER.unpack(header)
+    body = stream.read(meta_size)
+    blob = stream.read(blob_size) if blob_size else b""
+    if len(body) < meta_size or len(blob) < blob_size:
+        raise EOFError("the request stream ended inside a frame")
+    meta: dict[str, Any] = json.loads(body)
+    return meta, blob
+
+
+# The worker side (python -m pagescribe.rendering REPLY_FD MEMORY_LIMIT_MB)
+
+
+def _limit_memory(memory_limit_mb: int) -> None:
+    limit = memory_limit_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    _, core_hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, core_hard))  # an abort() under the limit must not dump a core
+
+
+def _handle(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    path = Path(request["path"])
+    if request["op"] == "render":
+        page = render_page(
+            path,
+            DocumentKind(request["kind"]),
+            request["page_number"],
+            dpi=request["dpi"],
+            max_long_edge=request["max_long_edge"],
+            image_format=request["image_format"],
+            jpeg_quality=request["jpeg_quality"],
+            max_image_pixels=request["max_image_pixels"],
+        )
+        return {"ok": {"media_type": page.media_type, "width": page.width, "height": page.height}}, page.data
+    if request["op"] == "text":
+        return {"ok": {"text": extract_text_layer(path, request["page_number"])}}, b""
+    raise ValueError(f"unknown request {request['op']!r}")
+
+
+def serve(reply_fd: int, memory_limit_mb: int) -> int:
+    """The worker loop: one request at a time from stdin, one reply each on ``reply_fd``, until stdin closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes or kills the workers
+    requests = sys.stdin.buffer
+    with os.fdopen(reply_fd, "wb") as replies:
+        try:
+            _limit_memory(memory_limit_mb)
+        except (ValueError, OSError) as exc:
+            replies.write(_encode_frame({"startup_error": f"RENDER_MEMORY_LIMIT_MB={memory_limit_mb}: {exc}"}))
+            return 1
+        replies.write(_encode_frame({"ready": os.getpid()}))
+        replies.flush()
+        while (frame := _read_frame_blocking(requests)) is not None:
+            try:
+                reply = _handle(frame[0])
+            except InvalidDocumentError as exc:
+                reply = {"invalid": exc.reason}, b""
+            except MemoryError:
+                reply = {"memory": True}, b""
+            except Exception as exc:
+                reply = {"error": f"{type(exc).__name__}: {exc}"}, b""
+            replies.write(_encode_frame(*reply))
+            replies.flush()
+    return 0
+
+
+# The parent side
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "it stopped answering"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            return f"killed by signal {-returncode}"
+        return f"killed by signal {-returncode} ({name})"
+    return f"exited with status {returncode}"
+
+
+def _child_path() -> str:
+    """The parent's import path, so a worker imports exactly the pagescribe, pypdfium2 and Pillow the parent does
+    (in Lambda the code and its dependencies live in /var/task and layers, not in the interpreter's site-packages)."""
+    entries = [os.path.abspath(entry) for entry in sys.path if entry]
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
+def _child_stdout() -> int:
+    """Where a worker's stray output goes: the parent's stderr (logged in Lambda), never the parent's stdout (which
+    may carry a transcript, as in ``pagescribe transcribe --out -``)."""
+    try:
+        os.fstat(2)
+    except OSError:
+        return subprocess.DEVNULL
+    return 2
+
+
+class _Worker:
+    """One worker process and its pipes. Only the thread holding it reads or writes; ``kill`` may come from any."""
+
+    def __init__(self, memory_limit_mb: int) -> None:
+        reply_read, reply_write = os.pipe()
+        try:
+            env = {**os.environ, "PYTHONPATH": _child_path()}
+            self.process = subprocess.Popen(  # noqa: S603 (our own interpreter and module; no shell, no user input)
+                [sys.executable, "-P", "-m", "pagescribe.rendering", str(reply_write), str(memory_limit_mb)],
+                stdin=subprocess.PIPE,
+                stdout=_child_stdout(),
+                pass_fds=(reply_write,),
+                env=env,
+                bufsize=0,
+            )
+        except BaseException:
+            os.close(reply_read)
+            raise
+        finally:
+            os.close(reply_write)
+        self.pid = self.process.pid
+        self._replies = reply_read
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(reply_read, selectors.EVENT_READ)
+        self._buffer = bytearray()
+        self._kill_lock = threading.Lock()
+        self._closed = False
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def send(self, request: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(_encode_frame(request))  # a request is a few hundred bytes: it never blocks
+        except (BrokenPipeError, ValueError) as exc:
+            raise _WorkerGone from exc
+
+    def _read(self, size: int, deadline: float) -> bytes:
+        while len(self._buffer) < size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._selector.select(remaining):
+                raise _WorkerTimedOut
+            chunk = os.read(self._replies, max(size - len(self._buffer), 1 << 16))
+            if not chunk:
+                raise _WorkerGone
+            self._buffer += chunk
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def receive(self, deadline: float) -> tuple[dict[str, Any], bytes]:
+        meta_size, blob_size = _FRAME_HEADER.unpack(self._read(_FRAME_HEADER.size, deadline))
+        if meta_size > _MAX_META_BYTES or blob_size > _MAX_BLOB_BYTES:
+            raise _WorkerGone  # not a frame this protocol writes: treat the worker as broken
+        meta: dict[str, Any] = json.loads(self._read(meta_size, deadline))
+        return meta, self._read(blob_size, deadline) if blob_size else b""
+
+    def kill(self) -> int | None:
+        """Kill the process (if it still runs) and reap it; its exit status, as Popen reports it."""
+        with self._kill_lock:
+            if self.process.poll() is None:
+                self.process.kill()
+            try:
+                return self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # unkillable (stuck in the kernel): nothing more we can do
+                return None
+
+    def close(self) -> int | None:
+        """Kill and reap the process and close the parent's ends of its pipes. Only for the thread holding it."""
+        returncode = self.kill()
+        if not self._closed:
+            self._closed = True
+            self._selector.close()
+            os.close(self._replies)
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        return returncode
+
+
+def _close_all(workers: set[_Worker]) -> None:
+    """At interpreter exit, or when a pool is collected without close(): no process outlives its pool."""
+    for worker in list(workers):
+        worker.close()
+    workers.clear()
+
+
+class RenderPool:
+    """A few long-lived render workers shared by every page of an invocation (and by later warm invocations).
+
+    ``render`` and ``text_layer`` may be awaited concurrently from many tasks: a page waits (without blocking the event
+    loop) for a free worker. Workers start on first use, not at import. A worker that dies, runs out of memory or
+    overruns ``timeout_seconds`` is killed and replaced, and that page fails with an InvalidDocumentError naming the
+    limit; any other page is unaffected.
+    """
+
+    def __init__(
+        self,
+        workers: int = DEFAULT_RENDER_WORKERS,
+        memory_limit_mb: int = DEFAULT_RENDER_MEMORY_LIMIT_MB,
+        timeout_seconds: float = DEFAULT_RENDER_TIMEOUT_SECONDS,
+        *,
+        startup_timeout_seconds: float = _STARTUP_TIMEOUT_SECONDS,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"RENDER_WORKERS must be at least 1, not {workers}")
+        if memory_limit_mb < MIN_RENDER_MEMORY_LIMIT_MB:
+            raise ValueError(
+                f"RENDER_MEMORY_LIMIT_MB must be at least {MIN_RENDER_MEMORY_LIMIT_MB}, not {memory_limit_mb}"
+            )
+        if not timeout_seconds > 0:
+            raise ValueError(f"RENDER_TIMEOUT_SECONDS must be positive, not {timeout_seconds}")
+        self.workers = workers
+        self.memory_limit_mb = memory_limit_mb
+        self.timeout_seconds = timeout_seconds
+        self._startup_timeout = startup_timeout_seconds
+        self._changed = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        self._starting = 0
+        self._closed = False
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._finalizer = weakref.finalize(self, _close_all, self._all)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The process ids of the running workers (for logs, metrics and tests)."""
+        with self._changed:
+            return tuple(sorted(worker.pid for worker in self._all))
+
+    async def render(
+        self,
+        path: Path,
+        kind: DocumentKind,
+        page_number: int,
+        *,
+        dpi: int,
+        max_long_edge: int,
+        image_format: Literal["jpeg", "png"],
+        max_image_pixels: int,
+        jpeg_quality: int = 85,
+    ) -> RenderedPage:
+        """documents.render_page in a worker; InvalidDocumentError for a page that can never render."""
+        request = {
+            "op": "render",
+            "path": os.fspath(path),
+            "kind": DocumentKind(kind).value,
+            "page_number": page_number,
+            "dpi": dpi,
+            "max_long_edge": max_long_edge,
+            "image_format": image_format,
+            "jpeg_quality": jpeg_quality,
+            "max_image_pixels": max_image_pixels,
+        }
+        result, data = await self._request(request, f"page {page_number} could not be rendered")
+        return RenderedPage(data, str(result["media_type"]), int(result["width"]), int(result["height"]))
+
+    async def text_layer(self, path: Path, page_number: int) -> str:
+        """documents.extract_text_layer in a worker (loading a page parses its content, so it can be a bomb too)."""
+        request = {"op": "text", "path": os.fspath(path), "page_number": page_number}
+        result, _ = await self._request(request, f"the text of page {page_number} could not be read")
+        return str(result["text"])
+
+    def close(self) -> None:
+        """Stop every worker and reap it. Idempotent; a request in flight fails with RenderWorkerError."""
+        with self._changed:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._idle = self._idle, []
+            busy = self._all - set(idle)
+            self._all.clear()
+            self._changed.notify_all()
+        for worker in idle:
+            worker.close()
+        for worker in busy:  # their threads close the pipes when they see the worker gone
+            worker.kill()
+        self._finalizer.detach()
+
+    # Internals
+
+    def _slot(self) -> asyncio.Semaphore:
+        """At most ``workers`` requests of this loop are in threads at once; the rest wait on the loop, not in threads
+        of the default executor (which the rest of the function needs). A pool outlives an event loop when a caller
+        runs ``asyncio.run`` per invocation, so the semaphore belongs to the loop that is running now."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = asyncio.Semaphore(self.workers), loop
+        return self._slots
+
+    async def _request(self, request: dict[str, Any], failure: str) -> tuple[dict[str, Any], bytes]:
+        async with self._slot():
+            return await asyncio.to_thread(self._exchange, request, failure)
+
+    def _exchange(self, request: dict[str, Any], failure: str) -> tuple[dict[str, Any], bytes]:
+        request = {**request, "path": os.path.abspath(request["path"])}  # the worker's working directory may differ
+        worker = self._checkout()
+        try:
+            worker.send(request)
+            reply, blob = worker.receive(time.monotonic() + self.timeout_seconds)
+        except _WorkerTimedOut:
+            self._discard(worker)
+            raise InvalidDocumentError(
+                f"{failure}: it took longer than RENDER_TIMEOUT_SECONDS={self.timeout_seconds:g}"
+            ) from None
+        except _WorkerGone:
+            returncode = self._discard(worker)
+            if self._closed:
+                raise RenderWorkerError("the render pool was closed while the page was rendering") from None
+            raise InvalidDocumentError(
+                f"{failure} within RENDER_MEMORY_LIMIT_MB={self.memory_limit_mb} "
+                f"(the renderer ran out of memory or crashed: {_describe_exit(returncode)})"
+            ) from None
+        except BaseException:
+            self._discard(worker)
+            raise
+        if "memory" in reply:  # a worker that hit MemoryError is not trusted again
+            self._discard(worker)
+            raise InvalidDocumentError(
+                f"{failure} within RENDER_MEMORY_LIMIT_MB={self.memory_limit_mb} (the renderer ran out of memory)"
+            )
+        self._checkin(worker)
+        if "invalid" in reply:
+            raise InvalidDocumentError(str(reply["invalid"]))
+        if "error" in reply:
+            raise RenderWorkerError(f"{failure}: the renderer failed unexpectedly: {reply['error']}")
+        result: dict[str, Any] = reply["ok"]
+        return result, blob
+
+    def _checkout(self) -> _Worker:
+        with self._changed:
+            while True:
+                if self._closed:
+                    raise RenderWorkerError("the render pool is closed")
+                while self._idle:
+                    worker = self._idle.pop()
+                    if worker.alive():
+                        return worker
+                    self._all.discard(worker)  # died while idle (killed from outside): replace it quietly
+                    worker.close()
+                if len(self._all) + self._starting < self.workers:
+                    self._starting += 1
+                    break
+                self._changed.wait()
+        try:
+            worker = self._start()
+        finally:
+            with self._changed:
+                self._starting -= 1
+                self._changed.notify()
+        with self._changed:
+            if not self._closed:
+                self._all.add(worker)
+                return worker
+        worker.close()
+        raise RenderWorkerError("the render pool is closed")
+
+    def _start(self) -> _Worker:
+        try:
+            worker = _Worker(self.memory_limit_mb)
+        except OSError as exc:
+            raise RenderWorkerError(f"a render worker could not be started: {exc}") from exc
+        try:
+            hello, _ = worker.receive(time.monotonic() + self._startup_timeout)
+        except _WorkerTimedOut:
+            worker.close()
+            raise RenderWorkerError(
+                f"a render worker did not start within {self._startup_timeout:g} s; see its stderr"
+            ) from None
+        except _WorkerGone:
+            returncode = worker.close()
+            raise RenderWorkerError(
+                f"a render worker stopped before it was ready ({_describe_exit(returncode)}); see its stderr"
+            ) from None
+        if "ready" not in hello:
+            worker.close()
+            raise RenderWorkerError(f"a render worker could not start: {hello.get('startup_error', hello)}")
+        return worker
+
+    def _checkin(self, worker: _Worker) -> None:
+        with self._changed:
+            if not self._closed:
+                self._idle.append(worker)
+                self._changed.notify()
+                return
+        worker.close()
+
+    def _discard(self, worker: _Worker) -> int | None:
+        with self._changed:
+            self._all.discard(worker)
+            self._changed.notify()
+        return worker.close()
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2])))
