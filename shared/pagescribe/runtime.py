@@ -14,22 +14,26 @@ import threading
 from collections.abc import Coroutine
 from functools import cached_property
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType
 
 from pagescribe.aws import DocumentStore, JobQueue, read_secret, read_secure_parameter, s3_client, sqs_client
-from pagescribe.callbacks import CallbackNotifier
-from pagescribe.ingestion import Ingestor
-from pagescribe.providers.base import TranscriptionProvider
-from pagescribe.providers.openai_compat import OpenAICompatibleProvider
-from pagescribe.service import DocumentService
 from pagescribe.settings import ConfigurationError, Settings, database_url_from_secret, get_settings
-from pagescribe.storage import Storage, create_database_engine
-from pagescribe.sweeping import Sweeper
-from pagescribe.transcription import SourceCache, Transcriber
-from pagescribe.transcripts import TranscriptWriter
+
+# Each function builds only the parts it uses, so each part's module is imported where it is built: the sweeper
+# does not load the API's service or the renderer. A function imports the modules it always needs at cold start
+# through its own handler module.
+if TYPE_CHECKING:
+    from pagescribe.callbacks import CallbackNotifier
+    from pagescribe.ingestion import Ingestor
+    from pagescribe.providers.base import TranscriptionProvider
+    from pagescribe.rendering import RenderPool
+    from pagescribe.service import DocumentService
+    from pagescribe.storage import Storage
+    from pagescribe.sweeping import Sweeper
+    from pagescribe.transcription import SourceCache, Transcriber
+    from pagescribe.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ class Runtime:
 
     @cached_property
     def storage(self) -> Storage:
+        from pagescribe.storage import Storage, create_database_engine
+
         return Storage(create_database_engine(self.database_url))
 
     @cached_property
@@ -89,6 +95,8 @@ class Runtime:
             from pagescribe.providers.offline import RapidOcrProvider  # an optional extra
 
             return RapidOcrProvider()
+        from pagescribe.providers.openai_compat import OpenAICompatibleProvider
+
         if settings.provider_api_key is not None:
             key: str | None = settings.provider_api_key.get_secret_value()
         elif settings.provider_api_key_parameter:
@@ -104,6 +112,10 @@ class Runtime:
 
     @cached_property
     def notifier(self) -> CallbackNotifier:
+        import httpx
+
+        from pagescribe.callbacks import CallbackNotifier
+
         settings = self.settings
         if settings.callback_secret is not None:
             secret: bytes | None = settings.callback_secret.get_secret_value().encode()
@@ -115,28 +127,53 @@ class Runtime:
 
     @cached_property
     def sources(self) -> SourceCache:
+        from pagescribe.transcription import SourceCache
+
         return SourceCache(self.store)
 
     @cached_property
     def transcripts(self) -> TranscriptWriter:
+        from pagescribe.transcripts import TranscriptWriter
+
         return TranscriptWriter(self.settings, self.storage, self.store, self.notifier)
 
     @cached_property
     def ingestor(self) -> Ingestor:
+        from pagescribe.ingestion import Ingestor
+
         return Ingestor(self.settings, self.storage, self.store, self.queue)
 
     @cached_property
+    def renderer(self) -> RenderPool:
+        from pagescribe.rendering import RenderPool
+
+        settings = self.settings
+        return RenderPool(
+            workers=settings.render_worker_count(),
+            memory_limit_mb=settings.render_memory_limit_mb,
+            timeout_seconds=settings.render_timeout_seconds,
+        )
+
+    @cached_property
     def transcriber(self) -> Transcriber:
-        return Transcriber(self.settings, self.storage, self.queue, self.provider, self.sources, self.transcripts)
+        from pagescribe.transcription import Transcriber
+
+        return Transcriber(
+            self.settings, self.storage, self.queue, self.provider, self.sources, self.renderer, self.transcripts
+        )
 
     @cached_property
     def documents(self) -> DocumentService:
+        from pagescribe.service import DocumentService
+
         settings = self.settings
         signed = settings.callback_secret is not None or settings.callback_secret_parameter is not None
         return DocumentService(settings, self.storage, self.store, self.queue, callbacks_signed=signed)
 
     @cached_property
     def sweeper(self) -> Sweeper:
+        from pagescribe.sweeping import Sweeper
+
         return Sweeper(self.settings, self.storage, self.queue, self.transcripts, self.notifier)
 
     @cached_property
@@ -144,7 +181,8 @@ class Runtime:
         return WarmLoopBatchProcessor(self)
 
     def close(self) -> None:
-        """Release what this environment holds: provider connections, database pool, scratch files."""
+        """Release what this environment holds: provider connections, database pool, render processes,
+        scratch files."""
         built = self.__dict__
         if "provider" in built and not self.loop.is_running():
             self.run(self.provider.aclose())
@@ -154,6 +192,8 @@ class Runtime:
             self.storage.engine.dispose()
         if "sources" in built:
             self.sources.close()
+        if "renderer" in built:
+            self.renderer.close()
         if not self.loop.is_running():
             self.loop.close()
 

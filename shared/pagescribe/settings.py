@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 from sqlalchemy import URL
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+HANDLER_MEMORY_MB = 256  # the transcribe handler's own process: runtime, clients, a batch's images
 
 DEFAULT_PROMPT = (
     "Transcribe this document page faithfully into Markdown. Keep the reading order, headings, lists, "
@@ -28,6 +36,24 @@ class Settings(BaseSettings):
     """Every setting pagescribe reads, with its environment variable name (upper case)."""
 
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The default sources, less a .env file and a secrets directory when none is configured (never, as
+        deployed): those would read nothing, yet each still walks every field, which costs cold start time."""
+        sources = [init_settings, env_settings]
+        if not isinstance(dotenv_settings, DotEnvSettingsSource) or dotenv_settings.env_file is not None:
+            sources.append(dotenv_settings)
+        if not isinstance(file_secret_settings, SecretsSettingsSource) or file_secret_settings.secrets_dir is not None:
+            sources.append(file_secret_settings)
+        return tuple(sources)
 
     database_url: str | None = Field(
         default=None, description="PostgreSQL URL (postgresql://user:pass@host:port/db); psycopg 3 is used."
@@ -109,6 +135,23 @@ class Settings(BaseSettings):
     render_dpi: int = Field(default=150, ge=36, le=600)
     render_max_long_edge: int = Field(default=1568, ge=256, le=10_000)
     render_format: Literal["jpeg", "png"] = "jpeg"
+    render_workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="Render processes per execution environment. Default: as many as the function's memory "
+        "holds at RENDER_MEMORY_LIMIT_MB each (at least one), at most the CPUs.",
+    )
+    render_memory_limit_mb: int = Field(
+        default=768,
+        ge=128,
+        description="Address-space limit of each render process: a page that needs more (a decompression "
+        "bomb) fails with this limit named, and the function lives on.",
+    )
+    render_timeout_seconds: float = Field(default=60.0, gt=0, le=900, description="Longest render of one page.")
+    aws_lambda_function_memory_size: int | None = Field(
+        default=None, description="Set by Lambda: the function's memory (MB), which the render processes share."
+    )
 
     @field_validator("database_url")
     @classmethod
@@ -153,6 +196,30 @@ class Settings(BaseSettings):
                 f"FUNCTION_TIMEOUT_SECONDS={self.function_timeout_seconds:g} less "
                 f"RESULT_RESERVE_SECONDS={self.result_reserve_seconds:g} (= {ceiling:g}); "
                 "raise the function timeout or lower the provider timeout"
+            )
+
+    def render_worker_count(self) -> int:
+        """RENDER_WORKERS, or the default: what the function's memory holds beside the handler's own process."""
+        if self.render_workers is not None:
+            return self.render_workers
+        cpus = os.cpu_count() or 1
+        if self.aws_lambda_function_memory_size is None:
+            return min(cpus, 4)
+        fits = (self.aws_lambda_function_memory_size - HANDLER_MEMORY_MB) // self.render_memory_limit_mb
+        return max(1, min(cpus, fits))
+
+    def check_render_memory(self) -> None:
+        """For the transcribe function: its render processes at their limit must fit the function's memory,
+        or a bomb would take the whole environment down instead of failing its page."""
+        memory = self.aws_lambda_function_memory_size
+        if memory is None:
+            return
+        needed = self.render_worker_count() * self.render_memory_limit_mb + HANDLER_MEMORY_MB
+        if needed > memory:
+            raise ConfigurationError(
+                f"RENDER_WORKERS={self.render_worker_count()} x RENDER_MEMORY_LIMIT_MB={self.render_memory_limit_mb}"
+                f" + {HANDLER_MEMORY_MB} MB for the handler = {needed} MB does not fit the function's "
+                f"{memory} MB (AWS_LAMBDA_FUNCTION_MEMORY_SIZE); lower them or give the function more memory"
             )
 
     @property

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
-from pagescribe.documents import DocumentKind, InvalidDocumentError, extract_text_layer, render_page
+from pagescribe.documents import DocumentKind, InvalidDocumentError
 from pagescribe.observability import count, milliseconds
 from pagescribe.providers.base import (
     PageImage,
@@ -27,6 +27,7 @@ from pagescribe.providers.base import (
     TranscriptionProvider,
     TranscriptionRequest,
 )
+from pagescribe.rendering import RenderPool
 from pagescribe.settings import Settings
 from pagescribe.storage import NO_OUTCOME, ClaimedJob, DocumentProgress, DocumentRecord, PageOutcome, Storage
 from pagescribe.transcripts import TranscriptWriter
@@ -177,6 +178,7 @@ class Transcriber:
         queue: JobQueue,
         provider: TranscriptionProvider,
         sources: SourceCache,
+        renderer: RenderPool,
         transcripts: TranscriptWriter,
     ) -> None:
         self._settings = settings
@@ -184,6 +186,7 @@ class Transcriber:
         self._queue = queue
         self._provider = provider
         self._sources = sources
+        self._renderer = renderer
         self._transcripts = transcripts
 
     def call_budget(self, remaining_seconds: float) -> float:
@@ -235,13 +238,12 @@ class Transcriber:
             if ctx.document.kind is None:
                 raise InvalidDocumentError("the document has no detected type")
             if settings.text_layer == "auto" and ctx.document.kind == DocumentKind.PDF:
-                embedded = await asyncio.to_thread(extract_text_layer, source, ctx.job.page_number)
+                embedded = await self._renderer.text_layer(source, ctx.job.page_number)
                 if usable_text_layer(embedded):
                     return await self._complete(
                         ctx, PageOutcome(embedded, "text-layer", 0, 0, 0.0, TEXT_LAYER, TEXT_LAYER, None, 0)
                     )
-            rendered = await asyncio.to_thread(
-                render_page,
+            rendered = await self._renderer.render(
                 source,
                 DocumentKind(ctx.document.kind),
                 ctx.job.page_number,

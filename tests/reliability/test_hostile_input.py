@@ -10,7 +10,6 @@ import json
 import resource
 import struct
 import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from sqlalchemy import text
 from functions.upload import app as upload_app
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.aws_events import LambdaContext, sqs_event
+from tests.support.hostile import CATALOG, bilevel_png, decompression_bomb, one_page_pdf, pdf_of, png_chunk
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -36,28 +36,6 @@ LONG_EDGE = 1568  # RENDER_MAX_LONG_EDGE's default
 
 
 # Building hostile files cheaply
-
-
-def pdf_of(*objects: bytes) -> bytes:
-    """A syntactically valid PDF from numbered objects (1 is the catalog), with a correct xref table."""
-    out = io.BytesIO()
-    out.write(b"%PDF-1.7\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n%s\nendobj\n" % (number, body))
-    xref = out.tell()
-    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    out.write(b"".join(b"%010d 00000 n \n" % offset for offset in offsets))
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
-    return out.getvalue()
-
-
-CATALOG = b"<< /Type /Catalog /Pages 2 0 R >>"
-
-
-def one_page_pdf(page: bytes) -> bytes:
-    return pdf_of(CATALOG, b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>", page)
 
 
 def page_tree_bomb(count: int) -> bytes:
@@ -80,24 +58,11 @@ def blank_pdf(pages: int) -> bytes:
     return buffer.getvalue()
 
 
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-
-def bilevel_png(width: int, height: int) -> bytes:
-    """A white 1-bit PNG of any size, streamed row by row: 20,000 x 20,000 is 50 KB, never 400 MB in memory."""
-    compressor = zlib.compressobj(9)
-    row = b"\x00" + b"\xff" * ((width + 7) // 8)  # filter byte "none", then the packed pixels
-    idat = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b"")
-
-
 def png_with_corrupt_pixels() -> bytes:
     """A valid PNG header (64 x 48, RGB) whose compressed pixel data is garbage."""
     header = struct.pack(">IIBBBBB", 64, 48, 8, 2, 0, 0, 0)
     garbage = bytes((i * 73 + 11) % 256 for i in range(400))
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", garbage) + _png_chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", garbage) + png_chunk(b"IEND", b"")
 
 
 def jpeg_with_corrupt_body(*, truncate: bool) -> bytes:
@@ -396,6 +361,34 @@ def test_the_transcribe_function_checks_the_pixel_limit_again_before_decoding(
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert "20000 x 20000 pixels" in page["error"] and "MAX_IMAGE_PIXELS=60000000" in page["error"]
     assert fake_provider.calls == 0
+    assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
+
+
+def test_a_decompression_bomb_page_fails_with_the_memory_limit_named_and_the_batch_goes_on(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, monkeypatch: pytest.MonkeyPatch, corpus: Path
+) -> None:
+    # Given a 66 KB PDF whose one page inflates to 2.5 GB of content (fine at upload: its headers are valid), and
+    # a normal document, in one batch, with the render processes limited to 512 MB each
+    monkeypatch.setenv("RENDER_MEMORY_LIMIT_MB", "512")
+    get_settings.cache_clear()
+    shutdown_runtime()
+    [bomb] = pipeline.upload("uploads/content-bomb.pdf", decompression_bomb(stream_mib=64, references=40))["documents"]
+    [fine] = pipeline.upload("uploads/fine.pdf", (corpus / "pdflatex-4-pages.pdf").read_bytes())["documents"]
+    assert (bomb["status"], fine["status"]) == ("PROCESSING", "PROCESSING")
+    messages = pipeline.receive_all()
+    assert len(messages) == 5
+    # When the transcribe function handles the batch in its own execution environment
+    response = invoke_in_own_process(pipeline, "transcribe", sqs_event(messages, pipeline.queue_arn))
+    # Then the function lived and reported nothing for redelivery: the bomb's page FAILED once, naming the limit
+    assert response["batchItemFailures"] == []
+    [page] = _pages(storage, bomb["document_id"])
+    assert (page["status"], page["attempts"]) == ("FAILED", 1)
+    assert "could not be rendered within RENDER_MEMORY_LIMIT_MB=512" in page["error"], page["error"]
+    assert _document(storage, bomb["document_id"])["status"] == "FAILED"
+    # And the other document's pages were transcribed, the bomb never reaching the model
+    assert [p["status"] for p in _pages(storage, fine["document_id"])] == ["COMPLETED"] * 4
+    assert fake_provider.calls == 4
+    # And no process of the environment came near the bomb's size (the render process stopped at its limit)
     assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
 
 

@@ -4,14 +4,12 @@ with a reason naming the limit, while the calling process stays small."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,8 @@ from pagescribe.documents import (
     render_page,
 )
 from pagescribe.rendering import RenderPool, RenderWorkerError
+
+from tests.support.hostile import bilevel_png, decompression_bomb, page_with_contents
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 FIRST_PAGE = CORPUS / "minimal-document.pdf"
@@ -49,60 +49,12 @@ PAGES = corpus_pages()
 # Hostile PDFs, built in a fraction of a second
 
 
-def pdf_of(*objects: bytes) -> bytes:
-    """A syntactically valid PDF from numbered objects (1 is the catalog), with a correct xref table."""
-    out = io.BytesIO()
-    out.write(b"%PDF-1.7\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n%s\nendobj\n" % (number, body))
-    xref = out.tell()
-    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    out.write(b"".join(b"%010d 00000 n \n" % offset for offset in offsets))
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
-    return out.getvalue()
-
-
-def page_with_contents(contents: bytes, *streams: bytes) -> bytes:
-    return pdf_of(
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %s >>" % contents,
-        *streams,
-    )
-
-
-def decompression_bomb(stream_mib: int, references: int) -> bytes:
-    """One page whose content is a Flate stream of ``stream_mib`` MiB of spaces, listed ``references`` times in the
-    page's /Contents array. pdfium inflates every entry and joins them into one buffer, so 64 MiB x 40 (a 66 KB
-    file) takes about 2.7 GB of memory to load the page in-process."""
-    compressor = zlib.compressobj(9)
-    chunk = b" " * (1 << 20)
-    data = b"".join(compressor.compress(chunk) for _ in range(stream_mib)) + compressor.flush()
-    stream = b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(data), data)
-    return page_with_contents(b"[" + b"4 0 R " * references + b"]", stream)
-
-
 def slow_page(fills: int) -> bytes:
     """A page that fills the whole page ``fills`` times: a few KB of content, little memory, about 1.5 ms of
     rasterising per fill at 150 DPI (20,000 fills is half a minute)."""
     content = b"0 0 612 792 re f\n" * fills
     stream = b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content)
     return page_with_contents(b"4 0 R", stream)
-
-
-def bilevel_png(width: int, height: int) -> bytes:
-    """A white 1-bit PNG, streamed row by row: small on disk, ``width * height`` bytes once Pillow decodes it."""
-    compressor = zlib.compressobj(9)
-    row = b"\x00" + b"\xff" * ((width + 7) // 8)
-    idat = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
-
-    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([1, 0, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
 # Processes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pagescribe.settings import ConfigurationError, Settings, get_settings
 from pydantic import SecretStr
@@ -63,3 +65,32 @@ def test_a_missing_required_value_is_named() -> None:
 def test_the_api_key_never_shows_in_a_repr() -> None:
     settings = Settings(provider_api_key=SecretStr("sk-or-secret-value"))
     assert "sk-or-secret-value" not in repr(settings) and "sk-or-secret-value" not in str(settings.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("memory_mb", "workers"),
+    [(1024, 1), (1769, 1), (2048, 2), (10240, 2)],  # 2 = this machine's CPUs (nproc), the cap
+)
+def test_by_default_the_render_processes_are_what_the_function_memory_holds(memory_mb: int, workers: int) -> None:
+    # Given a Lambda function's memory (AWS_LAMBDA_FUNCTION_MEMORY_SIZE) and the default 768 MB per render process
+    settings = Settings(aws_lambda_function_memory_size=memory_mb)
+    # Then as many render processes as fit beside the handler, at least one and at most the CPUs
+    assert settings.render_worker_count() == min(workers, os.cpu_count() or 1)
+    settings.check_render_memory()
+
+
+def test_render_processes_that_do_not_fit_the_function_memory_fail_naming_the_values() -> None:
+    # Given two render processes of 768 MB asked for in a 1024 MB function
+    settings = Settings(aws_lambda_function_memory_size=1024, render_workers=2)
+    # When the transcribe function checks its configuration at cold start
+    with pytest.raises(ConfigurationError) as raised:
+        settings.check_render_memory()
+    # Then the message names every value that goes into the sum
+    message = str(raised.value)
+    assert "RENDER_WORKERS=2" in message and "RENDER_MEMORY_LIMIT_MB=768" in message
+    assert "1024 MB (AWS_LAMBDA_FUNCTION_MEMORY_SIZE)" in message
+
+
+def test_outside_lambda_the_render_processes_follow_the_cpus() -> None:
+    assert Settings().render_worker_count() == min(os.cpu_count() or 1, 4)
+    Settings().check_render_memory()
