@@ -137,24 +137,24 @@ def environment(**values: str) -> Iterator[None]:
 
 
 @contextmanager
-def timed_function(module: Any, name: str) -> Iterator[list[float]]:
-    """Time every call of ``module.name`` (a module global looked up at call time) for a block; yields the
-    durations (seconds), filled as calls finish. The original is put back afterwards."""
-    original = getattr(module, name)
+def timed_async_method(target: object, name: str) -> Iterator[list[float]]:
+    """Time every await of ``target.name`` (an async method, wrapped on the instance) for a block; yields the
+    durations (seconds), filled as calls finish."""
+    original = getattr(target, name)
     durations: list[float] = []
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    async def timed(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return original(*args, **kwargs)
+            return await original(*args, **kwargs)
         finally:
             durations.append(time.perf_counter() - started)
 
-    setattr(module, name, timed)
+    setattr(target, name, timed)
     try:
         yield durations
     finally:
-        setattr(module, name, original)
+        delattr(target, name)
 
 
 class ApiCalls:

@@ -7,10 +7,9 @@ import time
 import uuid
 from pathlib import Path
 
-from pagescribe import transcription
 from pagescribe.storage import NewDocument, PageOutcome, Storage
 
-from bench.common import Result, StorageTimer, fresh_database, median, percentile, spread_ms, timed_function
+from bench.common import Result, StorageTimer, fresh_database, median, percentile, spread_ms, timed_async_method
 from bench.pdfs import build_pdf
 from bench.stack import local_pipeline
 from tests.fakes.chat_server import FakeChatServer
@@ -50,7 +49,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
         local_pipeline(
             url, PROVIDER_BASE_URL=fake.base_url, PAGE_CONCURRENCY=str(PAGE_CONCURRENCY), PROVIDER_TIMEOUT_SECONDS="60"
         ) as pipeline,
-        timed_function(transcription, "render_page") as renders,
+        timed_async_method(pipeline.stack.runtime.renderer, "render") as renders,
     ):
         db = StorageTimer()
         db.attach(pipeline.stack.runtime.storage)
@@ -106,8 +105,12 @@ def run(*, quick: bool, scratch: Path) -> Result:
             ("**per-page overhead**: invocation start -> result committed, less model", f"**{spread_ms(overhead)}**"),
             ("  part: invocation start -> claim committed", spread_ms(claim_wait)),
             ("  part: claim committed -> result committed, less the model call", spread_ms(claimed_overhead)),
-            ("render_page per page, in the batch (includes the wait for the pdfium lock)", spread_ms(renders)),
-            ("sum of render_page over the document", f"{sum(renders):.2f} s"),
+            (
+                "render per page in the batch (RenderPool.render: the wait for a free render process, the render "
+                f"in it, the image back; {pipeline.stack.runtime.renderer.workers} process(es))",
+                spread_ms(renders),
+            ),
+            ("sum of the renders over the document", f"{sum(renders):.2f} s"),
             (
                 "database time in Storage calls (all functions), per page",
                 f"{db_seconds / PAGES * 1000:.1f} ms in {db_calls / PAGES:.1f} calls",

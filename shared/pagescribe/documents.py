@@ -200,9 +200,11 @@ def _pdf_scale(size_pt: tuple[float, float], dpi: int, max_long_edge: int) -> fl
 def _render_pdf_page(pdf: pdfium.PdfDocument, page_number: int, dpi: int, max_long_edge: int) -> Image.Image:
     try:
         page = pdf[page_number - 1]
-        bitmap = page.render(scale=_pdf_scale(page.get_size(), dpi, max_long_edge))
+        # rev_byteorder: pdfium writes RGB rather than its native BGR, so Pillow takes the pixels as they are
+        bitmap = page.render(scale=_pdf_scale(page.get_size(), dpi, max_long_edge), rev_byteorder=True)
         try:
-            image: Image.Image = bitmap.to_pil().convert("RGB")  # a copy: the bitmap's buffer is freed on close
+            view = bitmap.to_pil()  # shares the bitmap's buffer, which is freed on close: copy it out
+            image: Image.Image = view.copy() if view.mode == "RGB" else view.convert("RGB")
             return image
         finally:
             bitmap.close()
