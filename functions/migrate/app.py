@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx  # noqa: F401 - every invocation answers CloudFormation with it: loaded at cold start
+import psycopg  # noqa: F401 - the driver of the migration's engine: loaded at cold start
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.data_classes import CloudFormationCustomResourceEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext

@@ -9,6 +9,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pagescribe.runtime import get_runtime
 from pagescribe.settings import get_settings
+from pagescribe.sweeping import SweepReport
 
 get_settings()  # validate the configuration at cold start
 logger = Logger()
@@ -16,4 +17,5 @@ logger = Logger()
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    return asdict(get_runtime().sweeper.sweep())
+    report: SweepReport = get_runtime().sweeper.sweep()
+    return asdict(report)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
-import httpx
 from aws_lambda_powertools.utilities import parameters
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -143,6 +142,8 @@ class JobQueue:
 
 def respond_to_cloudformation(response_url: str, body: dict[str, Any]) -> None:
     """Answer a CloudFormation custom resource request: a PUT of the JSON result to its presigned URL."""
+    import httpx  # only the migrate function answers CloudFormation (and loads httpx at its cold start)
+
     payload = json.dumps(body).encode("utf-8")
     response = httpx.put(response_url, content=payload, headers={"Content-Type": ""}, timeout=30)
     response.raise_for_status()

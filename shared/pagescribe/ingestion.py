@@ -39,22 +39,6 @@ class IngestResult:
     error: str | None = None
 
 
-def parse_page_selection(spec: str, *, max_pages: int) -> tuple[int, ...]:
-    """Pages named like "1-3,7" (1-based, inclusive ranges), sorted and without repeats."""
-    pages: set[int] = set()
-    for part in spec.replace(" ", "").split(","):
-        first, dash, last = part.partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
-            raise ValueError(f"invalid page selection {spec!r}: use page numbers and ranges like '1-3,7'")
-        start, end = int(first), int(last) if dash else int(first)
-        if start < 1 or end < start:
-            raise ValueError(f"invalid page range {part!r} in {spec!r}: pages start at 1 and ranges go upwards")
-        if end - start + 1 + len(pages) > max_pages:
-            raise ValueError(f"the selection {spec!r} names more than MAX_PAGES={max_pages} pages")
-        pages.update(range(start, end + 1))
-    return tuple(sorted(pages))
-
-
 def _megabytes(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MiB"
 

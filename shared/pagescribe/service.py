@@ -10,7 +10,6 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
-from pagescribe.ingestion import parse_page_selection
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
 from pagescribe.storage import DocumentRecord, DocumentStatus, PendingDocument, Storage
@@ -58,6 +57,22 @@ class TranscriptAnswer:
     status: DocumentStatus
     body: str | None
     error: str | None = None
+
+
+def parse_page_selection(spec: str, *, max_pages: int) -> tuple[int, ...]:
+    """Pages named like "1-3,7" (1-based, inclusive ranges), sorted and without repeats."""
+    pages: set[int] = set()
+    for part in spec.replace(" ", "").split(","):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"invalid page selection {spec!r}: use page numbers and ranges like '1-3,7'")
+        start, end = int(first), int(last) if dash else int(first)
+        if start < 1 or end < start:
+            raise ValueError(f"invalid page range {part!r} in {spec!r}: pages start at 1 and ranges go upwards")
+        if end - start + 1 + len(pages) > max_pages:
+            raise ValueError(f"the selection {spec!r} names more than MAX_PAGES={max_pages} pages")
+        pages.update(range(start, end + 1))
+    return tuple(sorted(pages))
 
 
 def safe_filename(filename: str) -> str:
