@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import resource
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +38,11 @@ def _page_storage_alone(storage: Storage, batches: int = 8) -> float:
     return median(durations)
 
 
+def _cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run(*, quick: bool, scratch: Path) -> Result:
     started = time.perf_counter()
     pdf = build_pdf(PAGES, scratch)
@@ -53,12 +59,15 @@ def run(*, quick: bool, scratch: Path) -> Result:
     ):
         db = StorageTimer()
         db.attach(pipeline.stack.runtime.storage)
+        children_before = _cpu_seconds(resource.RUSAGE_CHILDREN)
+        self_before = _cpu_seconds(resource.RUSAGE_SELF)
         t0_wall, t0 = time.time(), time.perf_counter()
         pipeline.put("uploads/bench-50-pages.pdf", pdf)
         upload = pipeline.deliver_upload()
         document_id = pipeline.document_id(upload)
         pipeline.run_until_finished(document_id, timeout=120)
         wall = time.perf_counter() - t0
+        own_cpu = _cpu_seconds(resource.RUSAGE_SELF) - self_before
         rows = pipeline.check_all_completed(document_id, PAGES)
         calls, connections = fake.calls, fake.connections_opened
         transcribes = [i for i in pipeline.invocations if i.function == "transcribe"]
@@ -67,6 +76,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
         db_seconds, db_calls, db_described = db.total_seconds, db.total_calls, db.describe()
         alone = _page_storage_alone(pipeline.stack.runtime.storage)
 
+    render_cpu = _cpu_seconds(resource.RUSAGE_CHILDREN) - children_before  # the render processes, reaped on exit
     invocation_of = {job: inv for inv in transcribes for job in inv.job_ids}
     model = [r["latency_ms"] / 1000 for r in rows]
     # Per page: from the start of the invocation that carried it to its fenced result's commit, less the model call.
@@ -122,6 +132,11 @@ def run(*, quick: bool, scratch: Path) -> Result:
                 f"{in_pipeline * 1000:.1f} ms / {alone * 1000:.1f} ms",
             ),
             ("provider calls / connections opened", f"{calls} / {connections}"),
+            (
+                "CPU during the run: this process (handlers, moto, fake provider) / render processes (with their "
+                "start) / both, of the wall time's two cores",
+                f"{own_cpu:.2f} s / {render_cpu:.2f} s / {(own_cpu + render_cpu) / (2 * wall):.0%}",
+            ),
         ],
         notes=[
             "Measured: one local execution environment, batches delivered one after another (LambdaService). "
