@@ -275,13 +275,17 @@ Wall time was 1.40× the ideal.
 {_row(pipeline, "claim_jobs + get_documents")} (in the pipeline / alone); renders
 {_row(pipeline, "render per page")} per page in the batch (median / p95, including the wait for a free
 process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95). **Not met.** What remains
-is CPU: the last page of a batch starts its model call only when its own render is done, and ten pages to
-rasterise and encode (20–25 ms each alone) share this machine's two cores with the handlers, the in-process moto
-server, the fake provider parsing ten ~0.5 MB request bodies per batch, and PostgreSQL (CPU during the run:
-{_row(pipeline, "CPU during the run")}, this process / render processes / share of two cores). Deployed,
-the model call of a page is seconds, not 1.0 s, and the event source runs several environments at once, so
-the render time is a smaller share; here, making it smaller would mean rendering fewer pixels, which the image
-size section below argues against.
+is the render phase at the start of every batch: the last page starts its model call only when its own render
+is done, and the batch's ten renders (20–25 ms each alone) share this machine's two cores with the handlers, the
+in-process moto server, the fake provider parsing ten ~0.5 MB request bodies, and PostgreSQL. Over the whole
+run the cores are mostly idle ({_row(pipeline, "CPU during the run")}: this process / render processes /
+share of two cores over the wall time), because the rest of each batch waits for the model. Not done, and the
+next step if this figure matters: render ahead — while a batch's model calls are in flight, the idle render
+processes render the document's following pages into the environment's `/tmp`, so a later batch of the same
+document on the same environment finds its images ready. Deployed, a page's model call takes seconds rather
+than 1.0 s and the event source spreads a document's batches over several environments, so the render phase
+is a smaller share and such a cache would hit less often; rendering fewer pixels would also shorten it, but the
+image size section below argues against that.
 """
         )
     cold = by_key.get("coldstart")
