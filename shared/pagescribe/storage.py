@@ -508,6 +508,23 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedJob]:
     return [ClaimedJob(str(r.id), str(r.document_id), r.page_number, r.attempts, str(r.lease_token)) for r in rows]
 
 
+def _fenced_write(job: ClaimedJob, outcome: PageOutcome) -> dict[str, Any]:
+    """The parameters of a fenced result write: the lease that must still hold, and what the model answered."""
+    return {
+        "job_id": job.job_id,
+        "lease_token": job.lease_token,
+        "result_text": outcome.text,
+        "finish_reason": outcome.finish_reason,
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "cost": outcome.cost,
+        "model": outcome.model,
+        "provider": outcome.provider,
+        "provider_request_id": outcome.provider_request_id,
+        "latency_ms": outcome.latency_ms,
+    }
+
+
 def _document(row: Any) -> DocumentRecord:
     return DocumentRecord(
         document_id=str(row.id),
@@ -736,43 +753,11 @@ class Storage:
 
     def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
         """Store a page's transcription if this worker still holds the lease; None when the lease was lost."""
-        row = self._row(
-            COMPLETE_JOB,
-            {
-                "job_id": job.job_id,
-                "lease_token": job.lease_token,
-                "result_text": outcome.text,
-                "finish_reason": outcome.finish_reason,
-                "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": outcome.completion_tokens,
-                "cost": outcome.cost,
-                "model": outcome.model,
-                "provider": outcome.provider,
-                "provider_request_id": outcome.provider_request_id,
-                "latency_ms": outcome.latency_ms,
-            },
-        )
-        return _progress(row)
+        return _progress(self._row(COMPLETE_JOB, _fenced_write(job, outcome)))
 
     def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
         """Mark a page FAILED with its reason (keeping any partial text) if this worker holds the lease."""
-        row = self._row(
-            FAIL_JOB,
-            {
-                "job_id": job.job_id,
-                "lease_token": job.lease_token,
-                "error": error,
-                "result_text": outcome.text,
-                "finish_reason": outcome.finish_reason,
-                "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": outcome.completion_tokens,
-                "cost": outcome.cost,
-                "model": outcome.model,
-                "provider": outcome.provider,
-                "provider_request_id": outcome.provider_request_id,
-            },
-        )
-        return _progress(row)
+        return _progress(self._row(FAIL_JOB, {**_fenced_write(job, outcome), "error": error}))
 
     def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
         """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""
