@@ -269,23 +269,26 @@ Wall time was 1.40× the ideal.
   function's memory holds at `RENDER_MEMORY_LIMIT_MB` each, at most the CPUs; they also bound a bomb page's
   memory (the hostile-input suite's decompression bomb fails its page, naming the limit);
 - pdfium renders RGB directly (no BGR→RGB conversion: about 2.4 ms per page) and the local service deletes with
-  `DeleteMessageBatch`.
+  `DeleteMessageBatch`;
+- a PDF page is JPEG-encoded straight from pdfium's bitmap (commit 6a9d26a) instead of from a copy of it: copying
+  the pixels into a fresh 5 MB buffer (page faults on a new allocation every page) cost as much as the render,
+  15.1 ms → 9.6 ms per page in-process, with byte-identical images.
 
-**Now:** wall / ideal **{pipeline.ratio:.2f}** (target ≤ 1.25); Storage per page
-{_row(pipeline, "claim_jobs + get_documents")} (in the pipeline / alone); renders
+**Now:** wall / ideal **{pipeline.ratio:.2f}** (target ≤ 1.25: {"met" if pipeline.met else "**not met**"});
+Storage per page {_row(pipeline, "claim_jobs + get_documents")} (in the pipeline / alone); renders
 {_row(pipeline, "render per page")} per page in the batch (median / p95, including the wait for a free
-process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95). **Not met.** What remains
-is the render phase at the start of every batch: the last page starts its model call only when its own render
-is done, and the batch's ten renders (20–25 ms each alone) share this machine's two cores with the handlers, the
-in-process moto server, the fake provider parsing ten ~0.5 MB request bodies, and PostgreSQL. Over the whole
-run the cores are mostly idle ({_row(pipeline, "CPU during the run")}: this process / render processes /
-share of two cores over the wall time), because the rest of each batch waits for the model. Not done, and the
-next step if this figure matters: render ahead — while a batch's model calls are in flight, the idle render
-processes render the document's following pages into the environment's `/tmp`, so a later batch of the same
-document on the same environment finds its images ready. Deployed, a page's model call takes seconds rather
-than 1.0 s and the event source spreads a document's batches over several environments, so the render phase
-is a smaller share and such a cache would hit less often; rendering fewer pixels would also shorten it, but the
-image size section below argues against that.
+process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95). What remains is mostly the
+render phase at the start of every batch: the last page starts its model call only when its own render is done,
+and the batch's ten renders share this machine's two cores with the handlers, the in-process moto server and the
+fake provider parsing ten ~0.5 MB request bodies — during those ~85 ms the cores are busy, while over the whole
+run they are mostly idle ({_row(pipeline, "CPU during the run")}: this process / render processes / share of two
+cores over the wall time), because the rest of each batch waits for the model. More render processes than cores
+did not help (3 and 4 processes: 1.20–1.22, same run conditions). Not done: rendering ahead — while a batch's
+model calls are in flight, the idle render processes could render the document's following pages, so that a
+later batch on the same environment finds its images ready. Deployed, a page's model call takes seconds rather
+than 1.0 s and the event source spreads a document's batches over several environments, so the render phase is a
+smaller share and such a cache would seldom hit; rendering fewer pixels would also shorten it, but the image size
+section below argues against that.
 """
         )
     cold = by_key.get("coldstart")
