@@ -241,8 +241,8 @@ def _invoke(cold: ColdStart, env: dict[str, str], event: dict[str, Any]) -> Any:
     return result["response"]
 
 
-def run(*, quick: bool) -> Result:
-    runs = 3 if quick else 5
+def run() -> Result:
+    runs = 5  # the same with --quick: a median of 3 swung with the load of a shared machine (CI saw 1.15, 1.48)
     started = time.perf_counter()
     for function in FUNCTIONS:  # warm the page cache and bytecode caches, not counted
         _child("handler", f"functions.{function}.app")
@@ -295,7 +295,7 @@ def table_header() -> tuple[str, str]:
 
 
 if __name__ == "__main__":  # a quick look: python -m bench.coldstart
-    outcome = run(quick=True)
+    outcome = run()
     print(outcome.line())
     for label, value in outcome.rows:
         print(label, value)

@@ -283,7 +283,11 @@ and the batch's ten renders share this machine's two cores with the handlers, th
 fake provider parsing ten ~0.5 MB request bodies — during those ~85 ms the cores are busy, while over the whole
 run they are mostly idle ({_row(pipeline, "CPU during the run")}: this process / render processes / share of two
 cores over the wall time), because the rest of each batch waits for the model. More render processes than cores
-did not help (3 and 4 processes: 1.20–1.22, same run conditions). Not done: rendering ahead — while a batch's
+did not help (3 and 4 processes: 1.20–1.22, same run conditions). **The figure depends on CPU speed**, because
+the render phase is CPU work measured against a fixed 1.0 s model call. The code before commit 6a9d26a measured
+1.37 in the full run on commit f3fa6fa, on a machine that rendered 44 pages/s; on a machine about 2.5× faster
+(about 110 pages/s) that code measured 1.21–1.23, the code after it 1.18–1.19, and 1.27 with one of the two
+cores taken by a busy loop. Not done: rendering ahead — while a batch's
 model calls are in flight, the idle render processes could render the document's following pages, so that a
 later batch on the same environment finds its images ready. Deployed, a page's model call takes seconds rather
 than 1.0 s and the event source spreads a document's batches over several environments, so the render phase is a

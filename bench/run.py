@@ -29,7 +29,7 @@ def benchmarks(quick: bool, scratch: Path) -> list[tuple[str, Callable[[], Resul
         ("connections", lambda: connections.run(quick=quick, scratch=scratch)),
         ("pipeline", lambda: pipeline.run(quick=quick, scratch=scratch)),
         ("fanout", lambda: fanout.run(quick=quick, scratch=scratch)),
-        ("coldstart", lambda: coldstart.run(quick=quick)),
+        ("coldstart", coldstart.run),
         ("rendering", lambda: rendering.run(quick=quick)),
     ]
 
