@@ -21,10 +21,10 @@ from pagescribe.storage import Storage, create_database_engine
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer
+from tests.support import CORPUS
 from tests.support.aws_events import REGION
 from tests.support.pipeline import Pipeline
 
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 ADMIN_URL = os.environ.get("PAGESCRIBE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

@@ -24,13 +24,13 @@ from sqlalchemy import text
 
 from functions.upload import app as upload_app
 from tests.fakes.chat_server import FakeChatServer
+from tests.support import CORPUS
 from tests.support.aws_events import LambdaContext, sqs_event
 from tests.support.hostile import CATALOG, bilevel_png, decompression_bomb, one_page_pdf, pdf_of, png_chunk
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 MEMORY_BOUND_KB = 1536 * 1024  # 1.5 GiB of peak RSS for a whole handler process
 LONG_EDGE = 1568  # RENDER_MAX_LONG_EDGE's default
 

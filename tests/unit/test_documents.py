@@ -25,7 +25,8 @@ from pagescribe.documents import (
 )
 from PIL import Image, ImageDraw, ImageStat, TiffImagePlugin
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+from tests.support import CORPUS
+
 FOUR_PAGES = CORPUS / "pdflatex-4-pages.pdf"
 LIMITS = {"max_pages": 500, "max_image_pixels": 60_000_000}
 

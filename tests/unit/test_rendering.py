@@ -25,9 +25,9 @@ from pagescribe.documents import (
 )
 from pagescribe.rendering import RenderPool, RenderWorkerError
 
+from tests.support import CORPUS
 from tests.support.hostile import bilevel_png, decompression_bomb, page_with_contents
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 FIRST_PAGE = CORPUS / "minimal-document.pdf"
 PASSWORD = CORPUS / "libreoffice-writer-password.pdf"
 GENEROUS_TIMEOUT = 120.0  # long enough never to fire where a test is not about timeouts
