@@ -1,0 +1,567 @@
+"""olmOCR-bench rules (allenai/olmocr, ``olmocr/bench/``, Apache-2.0) read and checked against a page's text.
+
+A benchmark directory holds JSONL files, one test a line, and the PDFs under ``pdfs/``. Each test names a ``pdf``
+(relative to ``pdfs/``), a 1-based ``page``, an ``id`` and a ``type``; the other keys are the type's fields. This is a
+reimplementation of the semantics of ``olmocr/bench/tests.py`` and ``olmocr/bench/table_parsing.py`` (read at commit
+f7cfe4c2), standard library only.
+
+Normalisation (theirs: ``normalize_text``, tests.py lines 47-80), applied to the page and to every text a rule names:
+``<br>`` becomes a space; ``<b>``/``<i>`` tags and paired ``**``/``__``/``*``/``_`` emphasis on one line are removed
+(keeping the text: so ``snake_case_name`` loses its underscores, on both sides alike); whitespace runs become one
+space; NFC; typographic quotes, dashes and the minus sign become ASCII ``'`` ``"`` ``-``, the micro sign becomes mu.
+
+Rules:
+
+* ``present`` / ``absent`` (``TextPresenceTest``, lines 128-182): fields ``text``, ``max_diffs`` (default 0),
+  ``case_sensitive`` (default true; false lowercases both sides), ``first_n`` / ``last_n`` (only the first / last N
+  characters of the normalised page are searched; 0 or null means no limit). The text is found when some substring
+  of the searched page is within ``max_diffs`` edits (Levenshtein) of it; ``present`` passes when found, ``absent``
+  when not.
+* ``order`` (``TextOrderTest``, lines 185-226): fields ``before``, ``after``, ``max_diffs``; always case-sensitive.
+  Passes when both are found (within ``max_diffs`` edits) and some occurrence of ``before`` starts before some
+  occurrence of ``after``. Loading refuses ``max_diffs`` above half the length of either text, as olmocr does.
+* ``table`` (``TableTest``, lines 341-480): fields ``cell`` and optionally ``up``, ``down``, ``left``, ``right``,
+  ``top_heading``, ``left_heading`` (empty or null: not checked), ``max_diffs``, ``ignore_markdown_tables``.
+  Tables are markdown pipe tables (2+ consecutive lines containing ``|``; rows made only of ``- : |`` dropped; the
+  first row and the first column are headings) and HTML ``<table>`` elements (``th`` cells and cells in ``thead``
+  are headings; ``rowspan``/``colspan`` occupy the grid; ``<br>`` is a newline; ``rowspan="0"`` runs to the last
+  row). Texts match when rapidfuzz's ``ratio`` (1 - indel distance / total length) is at least
+  ``max(0.5, 1 - max_diffs / len(expected))``, computed exactly in integers: with ``max_diffs`` 0 only equal texts
+  match. Passes when, in some table, some cell matches ``cell`` and every relation named is met: ``up`` etc. by one of
+  the nearest cells in that direction (several when spans differ), ``top_heading`` / ``left_heading`` by one of the
+  heading cells met walking up / left from the cell, or when there are none, by one of the cells where the walk
+  ends (``TableData._walk_heading_relations``, table_parsing.py lines 36-67).
+* Other types (``math``, ``baseline``, ``format``, ``footnote``...) are reported unsupported, not scored.
+
+Deviations from olmocr:
+
+* Fuzzy ``present``/``absent`` use "a substring within ``max_diffs`` edits" where olmocr uses rapidfuzz
+  ``partial_ratio >= 1 - max_diffs / len(text)`` (tests.py lines 167-182): a window of the text's length sharing all
+  but ``max_diffs`` characters, in order, with it. Equal at ``max_diffs`` 0 (an exact substring); with more, a match
+  within k edits passes theirs too, but theirs also accepts, e.g., a transposition for one diff where an edit distance
+  counts two: ``present`` is harder here, ``absent`` easier. Except that olmocr compares floats at the threshold, where
+  rounding fails some windows that exactly meet it (in a trial, 1 text in 8 exactly k substitutions away); here
+  every comparison is exact.
+* rapidfuzz's ``partial_ratio`` aligns the shorter string inside the longer: a page (or a ``first_n``/``last_n``
+  window) shorter than the text passes ``present`` when it is a piece of the text. Here the text must be in the page.
+* With both ``first_n`` and ``last_n``, the two windows are searched separately; olmocr concatenates them, so a match
+  could straddle the join (and the windows overlap on short pages).
+* ``order`` occurrences: fuzzysearch keeps one best match per group of overlapping matches (tests.py line 214); here
+  each run of adjacent start positions within ``max_diffs`` counts once, at its best (then leftmost) start. The two
+  can differ only where matches of ``before`` and ``after`` overlap.
+* HTML comments (our page markers ``<!-- page 3 of 7 ... -->``) are removed from the page before any rule, and the
+  normalised page is stripped, so markers neither count towards ``first_n``/``last_n`` nor lend their digits.
+  ``<br>`` is matched as ``<br\\s*/?>`` in any case (olmocr: ``<br/?>``).
+* HTML tables: parsed with ``html.parser``. A new ``td``/``th``/``tr`` closes the open cell/row (HTML's implied end
+  tags; BeautifulSoup's html.parser nests them instead); a nested table is a table of its own whose text also counts in
+  the enclosing cell, and its rows are not rows of the enclosing table (olmocr's ``find_all("tr")`` makes them so);
+  ``rowspan`` is capped at the rows left in the table (olmocr adds rows) and ``colspan`` at 1000 (HTML's limits).
+* Loading: every ``*.jsonl`` under the directory is read, recursively except under ``pdfs/`` (olmocr's benchmark:
+  the top level only); a test id used twice in any of the files is an error (olmocr: within one file). Unknown types
+  are loaded and reported unsupported (olmocr refuses them). olmocr's benchmark also adds a ``baseline`` test per PDF;
+  that is not done here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from pagescribe.scoring import substring_distances
+
+SUPPORTED_TYPES = frozenset({"present", "absent", "order", "table"})
+
+_TEXT_FIELDS = {"present": ("text",), "absent": ("text",), "order": ("before", "after"), "table": ("cell",)}
+_RELATIONS = ("up", "down", "left", "right", "top_heading", "left_heading")
+_MAX_COLSPAN = 1000
+
+_HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_NORMALISATION = (
+    (re.compile(r"<br\s*/?>", re.IGNORECASE), " "),
+    (re.compile(r"\*\*(.*?)\*\*"), r"\1"),
+    (re.compile(r"__(.*?)__"), r"\1"),
+    (re.compile(r"</?[bi]>"), ""),
+    (re.compile(r"(\*\*|__)(.*?)\1"), r"\2"),
+    (re.compile(r"([*_])(.*?)\1"), r"\2"),
+    (re.compile(r"\s+"), " "),
+)
+_TO_ASCII = str.maketrans(
+    {
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201a": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u201e": '"',
+        "\uff3f": "_",
+        "\u2013": "-",
+        "\u2014": "-",
+        "\u2011": "-",
+        "\u2012": "-",
+        "\u2212": "-",
+        "\u00b5": "\u03bc",
+    }
+)
+
+Cell = tuple[int, int]  # (row, column) of a cell's top-left slot
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    """One olmOCR-bench test; ``fields`` holds the type's own keys. Validated on creation (ValueError)."""
+
+    id: str
+    pdf: str
+    page: int
+    type: str
+    fields: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        for name in ("id", "pdf", "type"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name!r} must be a non-empty string, not {value!r}")
+        if not _is_int(self.page) or self.page < 1:
+            raise ValueError(f"'page' must be an integer >= 1, not {self.page!r}")
+        if self.type in SUPPORTED_TYPES:
+            _validate_fields(self.type, self.fields)
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """A test checked on a page; ``passed`` is None when the rule type is not supported (not scored)."""
+
+    test_id: str
+    type: str
+    passed: bool | None
+    explanation: str
+
+
+def load_tests(bench_dir: Path) -> list[BenchTest]:
+    """Every test in every ``*.jsonl`` file under ``bench_dir`` (recursively, not under ``pdfs/``), files in path
+    order, blank lines skipped. Raises ValueError naming the file and line of a line that is not a valid test, or of a
+    test id seen before, and NotADirectoryError when ``bench_dir`` is not a directory."""
+    if not bench_dir.is_dir():
+        raise NotADirectoryError(f"olmOCR-bench directory not found: {bench_dir}")
+    tests: list[BenchTest] = []
+    first_seen: dict[str, str] = {}
+    for path in sorted(bench_dir.rglob("*.jsonl")):
+        if path.is_relative_to(bench_dir / "pdfs"):
+            continue
+        for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                test = _parse_test(json.loads(line.decode("utf-8")))
+            except ValueError as error:  # bad UTF-8 and bad JSON are ValueErrors too
+                raise ValueError(f"{where}: {error}") from error
+            if test.id in first_seen:
+                raise ValueError(f"{where}: duplicate test id {test.id!r}, first at {first_seen[test.id]}")
+            first_seen[test.id] = where
+            tests.append(test)
+    return tests
+
+
+def check(test: BenchTest, page_text: str) -> RuleResult:
+    """Check one test against the text produced for its page; an unsupported type gives ``passed`` None."""
+    if test.type not in SUPPORTED_TYPES:
+        supported = ", ".join(sorted(SUPPORTED_TYPES))
+        return RuleResult(test.id, test.type, None, f"unsupported rule type {test.type!r} (supported: {supported})")
+    page = _HTML_COMMENT.sub(" ", page_text)
+    if test.type == "table":
+        passed, explanation = _check_table(test.fields, page)
+    elif test.type == "order":
+        passed, explanation = _check_order(test.fields, _normalise(page).strip())
+    else:
+        passed, explanation = _check_presence(test.type == "present", test.fields, _normalise(page).strip())
+    return RuleResult(test.id, test.type, passed, explanation)
+
+
+def pass_rates(results: Iterable[RuleResult]) -> dict[str, tuple[int, int]]:
+    """Per rule type (sorted): (passed, scored); an unsupported type is listed with (0, 0)."""
+    counts: dict[str, tuple[int, int]] = {}
+    for result in results:
+        passed, scored = counts.get(result.type, (0, 0))
+        if result.passed is not None:
+            passed, scored = passed + result.passed, scored + 1
+        counts[result.type] = (passed, scored)
+    return dict(sorted(counts.items()))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_test(data: object) -> BenchTest:
+    if not isinstance(data, dict):
+        raise ValueError(f"a test must be a JSON object, not {type(data).__name__}")
+    fields = dict(data)
+    missing = [name for name in ("id", "pdf", "page", "type") if name not in fields]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    return BenchTest(
+        id=fields.pop("id"), pdf=fields.pop("pdf"), page=fields.pop("page"), type=fields.pop("type"), fields=fields
+    )
+
+
+def _validate_fields(rule: str, fields: dict[str, Any]) -> None:
+    max_diffs = fields.get("max_diffs", 0)
+    if not _is_int(max_diffs) or max_diffs < 0:
+        raise ValueError(f"'max_diffs' must be an integer >= 0, not {max_diffs!r}")
+    for name in _TEXT_FIELDS[rule]:
+        value = fields.get(name)
+        if not isinstance(value, str):
+            raise ValueError(f"a {rule} test needs a string {name!r}, not {value!r}")
+        if rule != "table" and not _normalise(value).strip():
+            raise ValueError(f"{name!r} is blank")
+    if rule in ("present", "absent"):
+        if not isinstance(fields.get("case_sensitive", True), bool):
+            raise ValueError(f"'case_sensitive' must be true or false, not {fields['case_sensitive']!r}")
+        for name in ("first_n", "last_n"):
+            value = fields.get(name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name!r} must be an integer >= 0 or null, not {value!r}")
+    elif rule == "order":
+        shortest = min(len(_normalise(fields["before"])), len(_normalise(fields["after"])))
+        if max_diffs > shortest // 2:
+            raise ValueError(f"'max_diffs' {max_diffs} is more than half the length of 'before' or 'after'")
+    else:
+        for name in _RELATIONS:
+            value = fields.get(name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name!r} must be a string or null, not {value!r}")
+        if not isinstance(fields.get("ignore_markdown_tables", False), bool):
+            raise ValueError(
+                f"'ignore_markdown_tables' must be true or false, not {fields['ignore_markdown_tables']!r}"
+            )
+
+
+def _normalise(text: str) -> str:
+    for pattern, replacement in _NORMALISATION:
+        text = pattern.sub(replacement, text)
+    return unicodedata.normalize("NFC", text).translate(_TO_ASCII)
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+# --- present, absent, order ---------------------------------------------------------------------------------------
+
+
+def _closest(text: str, windows: list[str]) -> int:
+    """The least edit distance between ``text`` and a substring of one of the windows."""
+    return min(min(substring_distances(text, window), default=len(text)) for window in windows)
+
+
+def _check_presence(present: bool, fields: dict[str, Any], page: str) -> tuple[bool, str]:
+    text, max_diffs = _normalise(fields["text"]), fields.get("max_diffs", 0)
+    if not fields.get("case_sensitive", True):
+        text, page = text.lower(), page.lower()
+    first_n, last_n = fields.get("first_n"), fields.get("last_n")
+    limits = [(page[:first_n], f"the first {first_n} characters")] if first_n else []
+    if last_n:
+        limits.append((page[-last_n:], f"the last {last_n} characters"))
+    distance = _closest(text, [window for window, _ in limits] or [page])
+    if (distance <= max_diffs) == present:
+        return True, ""
+    scope = " in " + " and ".join(where for _, where in limits) if limits else ""
+    if present:
+        return False, f"{_quote(text)} not found{scope} within {max_diffs} edit(s); the closest is {distance} away"
+    return False, f"{_quote(text)} found{scope} {distance} edit(s) away (max_diffs {max_diffs})"
+
+
+def _occurrences(text: str, page: str, max_diffs: int) -> list[int]:
+    """Start positions of ``text`` in ``page`` within ``max_diffs`` edits, one per run of adjacent starts (its best)."""
+    distances = substring_distances(text[::-1], page[::-1])[::-1]  # by start position: best match starting there
+    starts: list[int] = []
+    best: int | None = None
+    for start, distance in enumerate([*distances, max_diffs + 1]):  # the sentinel closes the last run
+        if distance <= max_diffs:
+            if best is None or distance < distances[best]:
+                best = start
+        elif best is not None:
+            starts.append(best)
+            best = None
+    return starts
+
+
+def _check_order(fields: dict[str, Any], page: str) -> tuple[bool, str]:
+    before, after, max_diffs = _normalise(fields["before"]), _normalise(fields["after"]), fields.get("max_diffs", 0)
+    before_starts = _occurrences(before, page, max_diffs)
+    after_starts = _occurrences(after, page, max_diffs)
+    for name, text, starts in (("before", before, before_starts), ("after", after, after_starts)):
+        if not starts:
+            return False, f"{name!r} text {_quote(text)} not found within {max_diffs} edit(s)"
+    if before_starts[0] < after_starts[-1]:
+        return True, ""
+    return False, f"{_quote(before)} does not appear before {_quote(after)}"
+
+
+# --- table ------------------------------------------------------------------------------------------------------------
+
+
+class _Spec(NamedTuple):
+    text: str
+    rowspan: int
+    colspan: int
+    heading: bool
+
+
+@dataclass(frozen=True)
+class _Table:
+    text: dict[Cell, str]
+    headings: set[Cell]
+    neighbours: dict[str, dict[Cell, set[Cell]]]  # "up", "down", "left", "right": the nearest other cells
+
+
+def _build_table(rows: list[list[_Spec]]) -> _Table | None:
+    """Lay the cells out on a grid (each takes the first free slot of its row) and find their neighbours."""
+    owner: dict[Cell, Cell] = {}
+    extent: dict[Cell, Cell] = {}  # each cell's bottom-right slot
+    text: dict[Cell, str] = {}
+    headings: set[Cell] = set()
+    for row, specs in enumerate(rows):
+        column = 0
+        for spec in specs:
+            while (row, column) in owner:
+                column += 1
+            cell = (row, column)
+            text[cell] = spec.text
+            if spec.heading:
+                headings.add(cell)
+            extent[cell] = (row + spec.rowspan - 1, column + spec.colspan - 1)
+            for slot_row in range(row, row + spec.rowspan):
+                for slot_column in range(column, column + spec.colspan):
+                    owner[slot_row, slot_column] = cell
+            column += spec.colspan
+    if not text:
+        return None
+    height = max(row for row, _ in owner) + 1
+    width = max(column for _, column in owner) + 1
+    neighbours: dict[str, dict[Cell, set[Cell]]] = {name: {} for name in ("up", "down", "left", "right")}
+    for cell, (last_row, last_column) in extent.items():
+        first_row, first_column = cell
+        rows_spanned, columns_spanned = range(first_row, last_row + 1), range(first_column, last_column + 1)
+        lines = {  # per row or column the cell spans, the slots outwards from it in each direction
+            "up": [[(r, c) for r in range(first_row - 1, -1, -1)] for c in columns_spanned],
+            "down": [[(r, c) for r in range(last_row + 1, height)] for c in columns_spanned],
+            "left": [[(r, c) for c in range(first_column - 1, -1, -1)] for r in rows_spanned],
+            "right": [[(r, c) for c in range(last_column + 1, width)] for r in rows_spanned],
+        }
+        for name, slot_lines in lines.items():
+            nearest = (next((owner[s] for s in slots if owner.get(s, cell) != cell), None) for slots in slot_lines)
+            neighbours[name][cell] = {other for other in nearest if other is not None}
+    return _Table(text, headings, neighbours)
+
+
+def _heading_walk(table: _Table, start: Cell, direction: str) -> set[Cell]:
+    """The heading cells met walking from ``start`` in ``direction`` (up or left), or else the cells where it ends."""
+    relation = table.neighbours[direction]
+    seen, to_visit = {start}, [start]
+    headings: set[Cell] = set()
+    ends: set[Cell] = set()
+    while to_visit:
+        cell = to_visit.pop()
+        if cell != start:
+            if cell in table.headings:
+                headings.add(cell)
+            if not relation[cell]:
+                ends.add(cell)
+        for other in relation[cell] - seen:
+            seen.add(other)
+            to_visit.append(other)
+    return headings or ends
+
+
+def _related(table: _Table, cell: Cell, relation: str) -> set[Cell]:
+    if relation == "top_heading":
+        return _heading_walk(table, cell, "up")
+    if relation == "left_heading":
+        return _heading_walk(table, cell, "left")
+    return table.neighbours[relation][cell]
+
+
+def _markdown_tables(page: str) -> list[_Table]:
+    tables: list[_Table] = []
+    block: list[str] = []
+    for line in [*page.strip().split("\n"), ""]:  # the blank sentinel closes a table at the end
+        if "|" in line:
+            block.append(line)
+            continue
+        if len(block) >= 2:
+            rows = []
+            for row_line in block:
+                body = row_line.strip()
+                if set(body) <= set("-:| \t"):  # the delimiter row, or a row of nothing
+                    continue
+                cells = [cell.strip() for cell in body.split("|")]
+                if cells[0] == "":  # the leading pipe
+                    cells.pop(0)
+                if cells and cells[-1] == "":  # the trailing pipe
+                    cells.pop()
+                rows.append(cells)
+            specs = [[_Spec(text, 1, 1, r == 0 or c == 0) for c, text in enumerate(row)] for r, row in enumerate(rows)]
+            if table := _build_table(specs):
+                tables.append(table)
+        block = []
+    return tables
+
+
+@dataclass
+class _OpenCell:
+    parts: list[str]
+    rowspan: str | None
+    colspan: str | None
+    heading: bool
+
+
+@dataclass
+class _OpenTable:
+    rows: list[list[_OpenCell]] = field(default_factory=list)
+    in_head: bool = False
+    in_row: bool = False
+    cell: _OpenCell | None = None
+
+
+def _span(value: str | None, limit: int, zero: int) -> int:
+    """An HTML rowspan/colspan: 1 unless a positive integer (0 means ``zero``), at most ``limit``."""
+    try:
+        span = int(value) if value is not None else 1
+    except ValueError:
+        return 1
+    return max(1, min(zero if span == 0 else span, limit))
+
+
+class _HtmlTables(HTMLParser):
+    """Collects the ``<table>`` elements of a page as ``_Table``s."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: list[_Table] = []
+        self._open: list[_OpenTable] = []  # nested tables, innermost last
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._open.append(_OpenTable())
+        elif tag == "br":
+            self.handle_data("\n")
+        elif self._open:
+            table = self._open[-1]
+            if tag == "thead":
+                table.in_head = True
+            elif tag in ("tbody", "tfoot"):
+                table.in_head = False
+            elif tag == "tr":
+                table.rows.append([])
+                table.in_row, table.cell = True, None
+            elif tag in ("td", "th"):
+                if not table.in_row:
+                    table.rows.append([])
+                    table.in_row = True
+                values = dict(attrs)
+                table.cell = _OpenCell([], values.get("rowspan"), values.get("colspan"), tag == "th" or table.in_head)
+                table.rows[-1].append(table.cell)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self._open:
+            return
+        table = self._open[-1]
+        if tag == "table":
+            self._finish()
+        elif tag == "thead":
+            table.in_head = False
+        elif tag == "tr":
+            table.in_row, table.cell = False, None
+        elif tag in ("td", "th"):
+            table.cell = None
+
+    def handle_data(self, data: str) -> None:
+        for table in self._open:  # a nested table's text is also its enclosing cell's text
+            if table.cell is not None:
+                table.cell.parts.append(data)
+
+    def close(self) -> None:
+        super().close()
+        while self._open:
+            self._finish()
+
+    def _finish(self) -> None:
+        rows = self._open.pop().rows
+        specs = [
+            [
+                _Spec(
+                    "".join(cell.parts).strip(),
+                    _span(cell.rowspan, limit=len(rows) - index, zero=len(rows) - index),
+                    _span(cell.colspan, limit=_MAX_COLSPAN, zero=1),
+                    cell.heading,
+                )
+                for cell in row
+            ]
+            for index, row in enumerate(rows)
+        ]
+        if table := _build_table(specs):
+            self.tables.append(table)
+
+
+def _html_tables(page: str) -> list[_Table]:
+    parser = _HtmlTables()
+    parser.feed(page)
+    parser.close()
+    return parser.tables
+
+
+def _lcs_length(a: str, b: str) -> int:
+    """Longest common subsequence, bit-parallel (Allison-Dix / Hyyrö): zero bits of ``v`` mark matched characters."""
+    if not a or not b:
+        return 0
+    masks: dict[str, int] = {}
+    for index, char in enumerate(a):
+        masks[char] = masks.get(char, 0) | 1 << index
+    full = (1 << len(a)) - 1
+    v = full
+    for char in b:
+        u = v & masks.get(char, 0)
+        v = ((v + u) | (v - u)) & full
+    return len(a) - v.bit_count()
+
+
+def _similar(expected: str, actual: str, max_diffs: int) -> bool:
+    """rapidfuzz ``ratio`` (1 - indel / total length) >= max(0.5, 1 - max_diffs / len(expected)), in integers."""
+    total = len(expected) + len(actual)
+    indel = total - 2 * _lcs_length(expected, actual)
+    return 2 * indel <= total and indel * max(len(expected), 1) <= max_diffs * total
+
+
+def _check_table(fields: dict[str, Any], page: str) -> tuple[bool, str]:
+    cell_text, max_diffs = _normalise(fields["cell"]), fields.get("max_diffs", 0)
+    relations = {name: expected for name in _RELATIONS if (expected := _normalise(fields.get(name) or ""))}
+    tables = ([] if fields.get("ignore_markdown_tables", False) else _markdown_tables(page)) + _html_tables(page)
+    if not tables:
+        return False, "no table found on the page"
+    failures: list[str] = []
+    for number, table in enumerate(tables, start=1):
+        for cell, text in table.text.items():
+            if not _similar(cell_text, _normalise(text), max_diffs):
+                continue
+            unmet = [
+                f"{name} is not {_quote(expected)}"
+                for name, expected in relations.items()
+                if not any(
+                    _similar(expected, _normalise(table.text[other]), max_diffs)
+                    for other in _related(table, cell, name)
+                )
+            ]
+            if not unmet:
+                return True, ""
+            failures.append(f"table {number} row {cell[0] + 1} column {cell[1] + 1}: {', '.join(unmet)}")
+    if not failures:
+        return False, f"no cell matches {_quote(cell_text)} in {len(tables)} table(s)"
+    return False, f"cells match {_quote(cell_text)} but not their neighbours: {'; '.join(failures[:3])}"
