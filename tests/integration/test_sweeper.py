@@ -7,18 +7,17 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pagescribe.local import SCHEDULED_EVENT
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import PageOutcome, Storage
-from sqlalchemy import text
 
 from tests.conftest import both_servers
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok
 from tests.support.aws_events import sqs_event
+from tests.support.database import page_rows
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -28,14 +27,6 @@ pytestmark = pytest.mark.integration
 def database_url(request: pytest.FixtureRequest) -> str:
     """Every test here runs on the system PostgreSQL and on the embedded server of the local commands."""
     return both_servers(request)
-
-
-def _pages(storage: Storage, document_id: str) -> list[dict[str, Any]]:
-    with storage.engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT * FROM jobs WHERE document_id = :id ORDER BY page_number"), {"id": document_id}
-        ).mappings()
-        return [dict(r) for r in rows]
 
 
 def _reconfigure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
@@ -65,7 +56,7 @@ def test_a_worker_killed_mid_call_is_recovered_and_the_page_completed(
     assert fake_provider.calls == 1, "the worker never reached the model"
     worker.send_signal(signal.SIGKILL)
     worker.wait()
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "PROCESSING"
     # And the lease runs out, and the sweeper runs
     time.sleep(max(0.0, (page["lease_expires_at"].timestamp() - time.time())) + 0.5)
@@ -74,7 +65,7 @@ def test_a_worker_killed_mid_call_is_recovered_and_the_page_completed(
     # Then the page went back to the queue and was sent again, and the next delivery completes it
     assert report["leases_requeued"] == 1 and report["jobs_sent"] == 1
     pipeline.run_until_idle()
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["attempts"] == 2
     _, js = pipeline.transcript(doc["document_id"])
     assert js["status"] == "COMPLETED"
@@ -95,9 +86,9 @@ def test_jobs_whose_send_failed_are_sent_by_the_sweeper(
     report = pipeline.sweep()
     # Then every job is sent once and stamped, and the pipeline completes the document
     assert report["jobs_sent"] == 4
-    assert all(p["enqueued_at"] is not None for p in _pages(storage, doc["document_id"]))
+    assert all(p["enqueued_at"] is not None for p in page_rows(storage, doc["document_id"]))
     pipeline.run_until_idle()
-    assert [p["status"] for p in _pages(storage, doc["document_id"])] == ["COMPLETED"] * 4
+    assert [p["status"] for p in page_rows(storage, doc["document_id"])] == ["COMPLETED"] * 4
     assert fake_provider.calls == 4
 
 
@@ -123,12 +114,12 @@ def test_a_lease_expired_on_the_last_attempt_fails_the_page_and_finishes_the_doc
 ) -> None:
     _reconfigure(monkeypatch, MAX_ATTEMPTS="1")
     [doc] = pipeline.upload("uploads/last.png", corpus / "smile.png")["documents"]
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     job = storage.claim_job(str(page["id"]), lease_seconds=0.2, max_attempts=1)
     assert job is not None
     time.sleep(0.5)
     report = pipeline.sweep()
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert report["leases_failed"] == 1 and page["status"] == "FAILED"
     assert "attempts exhausted (1 of 1)" in page["error"]
     _, js = pipeline.transcript(doc["document_id"])
@@ -141,7 +132,7 @@ def test_a_document_whose_finisher_died_is_finished(
     # Given a document whose every page completed, but whose finishing invocation died before writing
     _reconfigure(monkeypatch, FINISH_GRACE_SECONDS="0")
     [doc] = pipeline.upload("uploads/orphan.png", corpus / "smile.png")["documents"]
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     job = storage.claim_job(str(page["id"]), lease_seconds=60, max_attempts=3)
     assert job is not None
     outcome = PageOutcome("hello", "stop", 1, 1, 0.0, "m", "fake", "gen-9")

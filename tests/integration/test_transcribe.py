@@ -15,17 +15,10 @@ from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok, Status, Truncated, expected_text
 from tests.support.aws_events import LambdaContext, sqs_event, sqs_record_for_body
+from tests.support.database import page_rows
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
-
-
-def _pages(storage: Storage, document_id: str) -> list[dict[str, Any]]:
-    with storage.engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT * FROM jobs WHERE document_id = :id ORDER BY page_number"), {"id": document_id}
-        ).mappings()
-        return [dict(r) for r in rows]
 
 
 def _expected_texts(path: Path, kind: DocumentKind, pages: int) -> list[str]:
@@ -54,7 +47,7 @@ def test_a_multi_page_pdf_goes_end_to_end(
     # When the queue is drained through the transcribe function
     pipeline.run_until_idle()
     # Then every page is COMPLETED with what the model said for that very page, in order
-    pages = _pages(storage, doc["document_id"])
+    pages = page_rows(storage, doc["document_id"])
     expected = _expected_texts(source, DocumentKind.PDF, 4)
     assert [p["status"] for p in pages] == ["COMPLETED"] * 4
     assert [p["result_text"] for p in pages] == expected
@@ -90,8 +83,8 @@ def test_three_concurrent_deliveries_of_each_message_make_one_model_call_per_pag
     assert all(r["batchItemFailures"] == [] for r in responses)
     # Then each page was transcribed by exactly one model call and completed once
     assert fake_provider.calls == 4
-    assert [p["status"] for p in _pages(storage, doc["document_id"])] == ["COMPLETED"] * 4
-    assert all(p["attempts"] == 1 for p in _pages(storage, doc["document_id"]))
+    assert [p["status"] for p in page_rows(storage, doc["document_id"])] == ["COMPLETED"] * 4
+    assert all(p["attempts"] == 1 for p in page_rows(storage, doc["document_id"]))
     # And late duplicates, after completion, are acknowledged without a call
     late = pipeline.invoke_transcribe(
         {"Records": [sqs_record_for_body(m["Body"], pipeline.queue_arn) for m in messages]}
@@ -130,7 +123,7 @@ def test_a_hanging_provider_is_cut_off_at_the_budget_and_the_page_goes_back(
     assert context.get_remaining_time_in_millis() > 1000
     assert response["batchItemFailures"] == []
     # And the page is back in the queue: QUEUED, one attempt used, the reason recorded, a message sent
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "QUEUED" and page["attempts"] == 1
     assert "budget" in page["error"] and page["enqueued_at"] is not None
     [again] = pipeline.receive_all()
@@ -145,7 +138,7 @@ def test_a_page_that_cannot_get_a_useful_budget_is_not_claimed(
     # With 6 s left, less the 5 s reserve, only 1 s would remain for the call (minimum 2 s)
     response = pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=6)
     assert response["batchItemFailures"] == [{"itemIdentifier": message["MessageId"]}]
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("QUEUED", 0)
     assert fake_provider.calls == 0
 
@@ -156,7 +149,7 @@ def test_rate_limits_are_retried_within_the_budget(
     [doc] = pipeline.upload("uploads/429.png", corpus / "smile.png")["documents"]
     fake_provider.script(Status(429, "slow down", retry_after="1"), Status(503, "overloaded"), Ok())
     pipeline.run_until_idle()
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["attempts"] == 1
     assert fake_provider.calls == 3
 
@@ -167,7 +160,7 @@ def test_a_client_error_fails_the_page_with_the_providers_message(
     [doc] = pipeline.upload("uploads/400.png", corpus / "smile.png")["documents"]
     fake_provider.script(Status(400, "image too small for this model"))
     pipeline.run_until_idle()
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "FAILED" and "image too small for this model" in page["error"]
     assert fake_provider.calls == 1
     markdown, js = pipeline.transcript(doc["document_id"])
@@ -180,7 +173,7 @@ def test_a_truncated_answer_is_a_failed_page_that_keeps_its_text(
     [doc] = pipeline.upload("uploads/long.png", corpus / "smile.png")["documents"]
     fake_provider.script(Truncated("the first half of the pa"))
     pipeline.run_until_idle()
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "FAILED" and "truncated" in page["error"]
     assert page["result_text"] == "the first half of the pa" and page["finish_reason"] == "length"
 
@@ -199,7 +192,7 @@ def test_server_errors_past_max_attempts_fail_the_page(
     # When the queue is drained (each failed attempt re-sends the page)
     pipeline.run_until_idle()
     # Then the page ends FAILED after three attempts, saying so, and the document is finished
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "FAILED" and page["attempts"] == 3
     assert "attempts exhausted (3 of 3)" in page["error"] and "bad gateway" in page["error"]
     _, js = pipeline.transcript(doc["document_id"])

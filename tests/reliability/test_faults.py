@@ -47,6 +47,7 @@ from tests.fakes.chat_server import (
     expected_text,
 )
 from tests.support.aws_events import LambdaContext, sqs_event, sqs_record_for_body
+from tests.support.database import page_rows
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -89,14 +90,6 @@ class Run:
     @property
     def batch_item_failures(self) -> list[dict[str, str]]:
         return [f for r in self.responses for f in r["batchItemFailures"]]
-
-
-def _pages(storage: Storage, document_id: str) -> list[dict[str, Any]]:
-    with storage.engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT * FROM jobs WHERE document_id = :id ORDER BY page_number"), {"id": document_id}
-        ).mappings()
-        return [dict(r) for r in rows]
 
 
 def _unfinished(storage: Storage) -> int:
@@ -238,13 +231,13 @@ def test_a_fault_that_never_clears_fails_the_page_after_max_attempts(
     # When the first delivery is handled
     invoke(faults, [original], run)
     # Then the page is back in the queue: QUEUED, one attempt used, the reason recorded, a new message sent
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("QUEUED", 1)
     assert reason in page["error"] and page["enqueued_at"] is not None
     # When the queue is drained through the transcribe function
     rest = drain(faults, storage)
     # Then the page is FAILED after MAX_ATTEMPTS attempts, saying so and why, each attempt on a new message
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", MAX_ATTEMPTS)
     assert page["error"].startswith(f"attempts exhausted ({MAX_ATTEMPTS} of {MAX_ATTEMPTS}): ")
     assert reason in page["error"]
@@ -312,7 +305,7 @@ def test_every_shape_of_a_retryable_answer_requeues_the_page_with_its_reason(
     assert_within_deadlines(run)
     assert response["batchItemFailures"] == []
     # And the page is QUEUED again with the reason, and exactly one new message carries it
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"], page["result_text"]) == ("QUEUED", 1, None)
     assert reason in page["error"]
     [again] = faults.receive_all()
@@ -353,7 +346,7 @@ def test_a_client_error_fails_the_page_at_once_with_the_providers_message(
     # When the queue is drained
     run = drain(faults, storage)
     # Then the page FAILED on its first attempt with the provider's own words, after a single call
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert reason in page["error"] and "attempts exhausted" not in page["error"]
     assert fake_provider.calls == 1
@@ -379,7 +372,7 @@ def test_an_unreachable_provider_fails_the_page_after_max_attempts(
     # When the queue is drained
     run = drain(faults, storage)
     # Then the page is FAILED after MAX_ATTEMPTS attempts, saying the provider could not be reached
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", MAX_ATTEMPTS)
     assert page["error"].startswith(
         f"attempts exhausted ({MAX_ATTEMPTS} of {MAX_ATTEMPTS}): could not reach the provider"
@@ -401,7 +394,7 @@ def test_a_truncated_answer_fails_the_page_and_keeps_the_partial_text(
     # When the queue is drained
     run = drain(faults, storage)
     # Then the page is FAILED (never a silent success), keeping what the model did say
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"], page["finish_reason"]) == ("FAILED", 1, "length")
     assert page["result_text"] == partial and "truncated" in page["error"] and "MAX_OUTPUT_TOKENS" in page["error"]
     assert fake_provider.calls == 1
@@ -442,7 +435,7 @@ def test_a_transient_fault_that_clears_completes_the_page(
     # When the queue is drained
     run = drain(faults, storage)
     # Then the page is COMPLETED with the model's answer for that page, after the expected number of attempts
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"], page["error"]) == ("COMPLETED", attempts, None)
     [request] = fake_provider.requests[-1:]
     assert page["result_text"] == expected_text(_image_of(request))
@@ -494,7 +487,7 @@ def test_requeues_back_off_exponentially_and_honour_a_longer_retry_after(
     assert 15 <= delay_of_requeue() <= 20
     assert attributes() == {"ApproximateNumberOfMessages": 0, "ApproximateNumberOfMessagesDelayed": 1}
     # When the second attempt fails (the delayed message arrives; here a copy of its body, delivered now)
-    body = json.dumps({"job_id": str(_pages(storage, doc["document_id"])[0]["id"])})
+    body = json.dumps({"job_id": str(page_rows(storage, doc["document_id"])[0]["id"])})
     invoke_event({"Records": [sqs_record_for_body(body, faults.queue_arn)]}, run)
     # Then the wait doubles
     assert 35 <= delay_of_requeue() <= 40
@@ -506,7 +499,7 @@ def test_requeues_back_off_exponentially_and_honour_a_longer_retry_after(
     invoke_event({"Records": [sqs_record_for_body(body, faults.queue_arn)]}, run)
     # Then the page waits as long as the provider asked, without the invocation sitting out the wait
     assert 115 <= delay_of_requeue() <= 120
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("QUEUED", 3) and "HTTP 429: quota" in page["error"]
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
@@ -532,7 +525,7 @@ def test_a_retry_after_beyond_sqs_limits_is_capped_at_the_longest_delay(
             {"id": doc["document_id"]},
         ).scalar_one()
     assert 890 <= float(delay) <= 900
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "QUEUED" and "come back in an hour" in page["error"]
 
 
@@ -546,7 +539,7 @@ def test_concurrent_pages_each_end_in_their_own_documented_state(
     # When the queue is drained
     run = drain(faults, storage)
     # Then two pages are COMPLETED (one after its hang was retried), one refused, one truncated
-    pages = _pages(storage, doc["document_id"])
+    pages = page_rows(storage, doc["document_id"])
     assert sorted((p["status"], p["attempts"]) for p in pages) == [
         ("COMPLETED", 1),
         ("COMPLETED", 2),
@@ -576,7 +569,7 @@ def test_a_provider_down_for_a_whole_batch_fails_every_page_in_time(
     # When the queue is drained (each batch carries all four pages, transcribed concurrently)
     run = drain(faults, storage)
     # Then every page is FAILED after MAX_ATTEMPTS, each invocation having returned before its deadline
-    pages = _pages(storage, doc["document_id"])
+    pages = page_rows(storage, doc["document_id"])
     assert [(p["status"], p["attempts"]) for p in pages] == [("FAILED", MAX_ATTEMPTS)] * 4
     assert all("no answer from the provider within" in p["error"] for p in pages)
     assert fake_provider.calls == 4 * MAX_ATTEMPTS  # a hang takes the whole budget: one HTTP request per attempt
@@ -611,7 +604,7 @@ def test_text_the_database_cannot_hold_never_wedges_a_page(
     # When the queue is drained
     run = drain(faults, storage)
     # Then the page reached a final state (not stuck PROCESSING behind a failed write), with no NUL stored
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == status
     assert "\x00" not in (page["result_text"] or "") + (page["error"] or "")
     if stored is not None:

@@ -26,6 +26,7 @@ from functions.upload import app as upload_app
 from tests.fakes.chat_server import FakeChatServer
 from tests.support import CORPUS
 from tests.support.aws_events import LambdaContext, sqs_event
+from tests.support.database import page_rows
 from tests.support.hostile import CATALOG, bilevel_png, decompression_bomb, one_page_pdf, pdf_of, png_chunk
 from tests.support.pipeline import Pipeline
 
@@ -114,14 +115,6 @@ def _cut(keep: float | int) -> Callable[[], bytes]:
 
 def _corpus(name: str) -> Callable[[], bytes]:
     return lambda: (CORPUS / name).read_bytes()
-
-
-def _pages(storage: Storage, document_id: str) -> list[dict[str, Any]]:
-    with storage.engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT * FROM jobs WHERE document_id = :id ORDER BY page_number"), {"id": document_id}
-        ).mappings()
-        return [dict(r) for r in rows]
 
 
 def _document(storage: Storage, document_id: str) -> dict[str, Any]:
@@ -255,7 +248,7 @@ def test_a_hopeless_upload_fails_the_document_with_a_clear_reason(
     row = _document(storage, doc["document_id"])
     assert (row["status"], row["error"], row["page_count"]) == ("FAILED", doc["error"], 0)
     # And there is no job, no message, no model call: nothing that could loop
-    assert _pages(storage, doc["document_id"]) == []
+    assert page_rows(storage, doc["document_id"]) == []
     assert pipeline.receive_all() == []
     assert fake_provider.calls == 0
 
@@ -331,7 +324,7 @@ def test_a_huge_page_renders_bounded_to_the_long_edge_cap(
     response = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
     # Then the page is COMPLETED from an image no larger than the long-edge cap, in bounded memory
     assert response["batchItemFailures"] == []
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["result_text"]
     [request] = fake_provider.requests
     url = request["messages"][0]["content"][1]["image_url"]["url"]
@@ -357,7 +350,7 @@ def test_the_transcribe_function_checks_the_pixel_limit_again_before_decoding(
     response = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
     # Then the page FAILED from the image's header, naming the limit, without decoding it or calling the model
     assert response["batchItemFailures"] == []
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert "20000 x 20000 pixels" in page["error"] and "MAX_IMAGE_PIXELS=60000000" in page["error"]
     assert fake_provider.calls == 0
@@ -381,12 +374,12 @@ def test_a_decompression_bomb_page_fails_with_the_memory_limit_named_and_the_bat
     response = invoke_in_own_process(pipeline, "transcribe", sqs_event(messages, pipeline.queue_arn))
     # Then the function lived and reported nothing for redelivery: the bomb's page FAILED once, naming the limit
     assert response["batchItemFailures"] == []
-    [page] = _pages(storage, bomb["document_id"])
+    [page] = page_rows(storage, bomb["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert "could not be rendered within RENDER_MEMORY_LIMIT_MB=512" in page["error"], page["error"]
     assert _document(storage, bomb["document_id"])["status"] == "FAILED"
     # And the other document's pages were transcribed, the bomb never reaching the model
-    assert [p["status"] for p in _pages(storage, fine["document_id"])] == ["COMPLETED"] * 4
+    assert [p["status"] for p in page_rows(storage, fine["document_id"])] == ["COMPLETED"] * 4
     assert fake_provider.calls == 4
     # And no process of the environment came near the bomb's size (the render process stopped at its limit)
     assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
@@ -451,7 +444,7 @@ def test_a_page_that_cannot_be_rendered_fails_with_a_reason_and_does_not_loop(
     drain(pipeline)
     # Then each broken page is FAILED on its first attempt, saying it could not be rendered and why;
     # the others are COMPLETED; the model was only asked about pages that rendered
-    pages = _pages(storage, doc["document_id"])
+    pages = page_rows(storage, doc["document_id"])
     for page, reason in zip(pages, page_reasons, strict=True):
         if reason is None:
             assert page["status"] == "COMPLETED" and page["result_text"]
@@ -475,7 +468,7 @@ def test_an_object_deleted_before_the_upload_function_runs_fails_the_document(
     [doc] = upload_app.handler(event, LambdaContext(60))["documents"]
     # Then it returns normally with a FAILED document that says the object is missing, and queues nothing
     assert doc["status"] == "FAILED" and doc["error"].endswith("/uploads/gone.pdf no longer exists")
-    assert _pages(storage, doc["document_id"]) == [] and pipeline.receive_all() == []
+    assert page_rows(storage, doc["document_id"]) == [] and pipeline.receive_all() == []
 
 
 def test_a_source_deleted_before_transcription_fails_its_pages_without_looping(
@@ -487,7 +480,7 @@ def test_a_source_deleted_before_transcription_fails_its_pages_without_looping(
     # When the queue is drained
     drain(pipeline)
     # Then every page is FAILED once, saying the source is gone, and no model call was made
-    pages = _pages(storage, doc["document_id"])
+    pages = page_rows(storage, doc["document_id"])
     assert [(p["status"], p["attempts"]) for p in pages] == [("FAILED", 1)] * 4
     assert all(p["error"].startswith("the source document is gone") for p in pages)
     assert fake_provider.calls == 0
@@ -502,7 +495,7 @@ def test_a_source_overwritten_with_junk_fails_its_pages_without_looping(
     # When the queue is drained
     drain(pipeline)
     # Then every page is FAILED once because it could not be rendered
-    pages = _pages(storage, doc["document_id"])
+    pages = page_rows(storage, doc["document_id"])
     assert [(p["status"], p["attempts"]) for p in pages] == [("FAILED", 1)] * 4
     assert all(p["error"].startswith("the page could not be rendered: the PDF could not be read") for p in pages)
     assert fake_provider.calls == 0
@@ -535,7 +528,7 @@ def test_keys_with_spaces_unicode_and_plus_go_end_to_end(
     # When the queue is drained
     drain(pipeline)
     # Then the page was read from that very object and transcribed, and the transcript written
-    [page] = _pages(storage, doc["document_id"])
+    [page] = page_rows(storage, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["result_text"]
     _, js = pipeline.transcript(doc["document_id"])
     assert js["status"] == "COMPLETED"
