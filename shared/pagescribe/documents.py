@@ -5,6 +5,7 @@ pdfium is not thread-safe, and pages render in worker threads, so every pypdfium
 
 from __future__ import annotations
 
+import ctypes
 import io
 import math
 import os
@@ -12,14 +13,17 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 from PIL import Image, ImageOps, TiffImagePlugin
+
+from pagescribe.checks import remove_non_characters
+from pagescribe.orientation import detect_orientation, upright
 
 _PDFIUM_LOCK = threading.Lock()
 _PILLOW_GUARD_LOCK = threading.Lock()
@@ -64,10 +68,18 @@ class DocumentInfo:
 
 @dataclass(frozen=True)
 class RenderedPage:
+    """A page image and what the renderer saw of the page: how much of it is inked, whether a PDF page draws something
+    that should show, its own text, and how it was turned to read upright."""
+
     data: bytes
     media_type: str
     width: int
     height: int
+    ink: float = 0.0  # share of dark pixels (luminance below 128): the page has something on it
+    marked: float = 0.0  # share of pixels that are not white (luminance below 245): zero for a blank render
+    draws: bool = False  # PDF: it has visible text or painted paths (examined only when the render is blank)
+    text_layer: str = ""  # PDF: the text on the visible page (its crop box), non-characters removed
+    rotation: int = 0  # degrees the image was turned clockwise to read upright
 
 
 def detect_kind(head: bytes) -> DocumentKind:
@@ -198,8 +210,10 @@ def _pdf_scale(size_pt: tuple[float, float], dpi: int, max_long_edge: int) -> fl
 
 
 @contextmanager
-def _pdf_page_image(pdf: pdfium.PdfDocument, page_number: int, dpi: int, max_long_edge: int) -> Iterator[Image.Image]:
-    """The page rendered in RGB, as an image sharing pdfium's bitmap: valid only inside the block, which saves
+def _pdf_page_image(
+    pdf: pdfium.PdfDocument, page_number: int, dpi: int, max_long_edge: int
+) -> Iterator[tuple[pdfium.PdfPage, Image.Image]]:
+    """The page, and its render in RGB as an image sharing pdfium's bitmap: valid only inside the block, which saves
     copying the pixels out (a fresh 5 MB buffer per page costs about as much as the render itself)."""
     try:
         page = pdf[page_number - 1]
@@ -209,7 +223,7 @@ def _pdf_page_image(pdf: pdfium.PdfDocument, page_number: int, dpi: int, max_lon
         raise InvalidDocumentError(f"page {page_number} could not be rendered: {exc}") from exc
     try:
         view = bitmap.to_pil()
-        yield view if view.mode == "RGB" else view.convert("RGB")
+        yield page, view if view.mode == "RGB" else view.convert("RGB")
     finally:
         bitmap.close()
 
@@ -242,13 +256,88 @@ def _fit_image(source: Image.Image, max_long_edge: int) -> Image.Image:
     return image.convert("RGB")
 
 
-def _encode(image: Image.Image, image_format: Literal["jpeg", "png"], jpeg_quality: int) -> RenderedPage:
+@dataclass(frozen=True)
+class PageSeen:
+    """What a page's render shows, besides its pixels (see :class:`RenderedPage`)."""
+
+    ink: float
+    marked: float
+    rotation: int = 0
+    draws: bool = False
+    text_layer: str = ""
+
+
+def _look(image: Image.Image, *, orient: bool) -> tuple[Image.Image, PageSeen]:
+    """The page upright (when ``orient`` and its text reads clearly turned) and how much of it is inked."""
+    grey = image.convert("L")
+    histogram = grey.histogram()
+    pixels = max(1, image.width * image.height)
+    seen = PageSeen(ink=sum(histogram[:128]) / pixels, marked=sum(histogram[:245]) / pixels)
+    if orient and seen.ink > 0:
+        angle = detect_orientation(grey).angle
+        if angle:
+            return upright(image, angle), replace(seen, rotation=angle)
+    return image, seen
+
+
+def _encode(
+    image: Image.Image, image_format: Literal["jpeg", "png"], jpeg_quality: int, seen: PageSeen
+) -> RenderedPage:
     buffer = io.BytesIO()
     if image_format == "jpeg":
         image.save(buffer, format="JPEG", quality=jpeg_quality)
     else:
         image.save(buffer, format="PNG", compress_level=3)
-    return RenderedPage(buffer.getvalue(), f"image/{image_format}", image.width, image.height)
+    return RenderedPage(
+        buffer.getvalue(),
+        f"image/{image_format}",
+        image.width,
+        image.height,
+        ink=seen.ink,
+        marked=seen.marked,
+        draws=seen.draws,
+        text_layer=seen.text_layer,
+        rotation=seen.rotation,
+    )
+
+
+_WHITE = (255, 255, 255)
+
+
+def _painted(getter: Any, obj: Any) -> bool:
+    """The fill or stroke colour ``getter`` reads from a page object is set, not white and not transparent."""
+    r, g, b, a = (ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint())
+    if not getter(obj, r, g, b, a):
+        return False
+    return a.value > 0 and (r.value, g.value, b.value) != _WHITE
+
+
+def _draws_visibly(page: pdfium.PdfPage) -> bool:
+    """The page has a text object that is not invisible (render mode 3) or white, or a path that fills or strokes in
+    a colour: a render of it should not be blank. Images do not count: a white scan renders blank too."""
+    for obj in page.get_objects(max_depth=4):
+        raw = obj.raw
+        if obj.type == pdfium_c.FPDF_PAGEOBJ_TEXT:
+            if pdfium_c.FPDFTextObj_GetTextRenderMode(raw) != pdfium_c.FPDF_TEXTRENDERMODE_INVISIBLE and _painted(
+                pdfium_c.FPDFPageObj_GetFillColor, raw
+            ):
+                return True
+        elif obj.type == pdfium_c.FPDF_PAGEOBJ_PATH:
+            fill_mode, stroke = ctypes.c_int(), ctypes.c_int()
+            if not pdfium_c.FPDFPath_GetDrawMode(raw, fill_mode, stroke):
+                continue
+            if (fill_mode.value and _painted(pdfium_c.FPDFPageObj_GetFillColor, raw)) or (
+                stroke.value and _painted(pdfium_c.FPDFPageObj_GetStrokeColor, raw)
+            ):
+                return True
+    return False
+
+
+def _visible_text(page: pdfium.PdfPage) -> str:
+    """The text on the visible part of the page (not outside its crop box: printers' marks, proofing notes), with
+    pdfium's hyphenation marks and other non-characters removed."""
+    text = page.get_textpage().get_text_bounded()
+    return remove_non_characters(str(text).replace("\r\n", "\n")).strip()
 
 
 def render_page(
@@ -261,32 +350,43 @@ def render_page(
     image_format: Literal["jpeg", "png"] = "jpeg",
     jpeg_quality: int = 85,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    orient: bool = True,
+    blank_below: float = 0.0,
 ) -> RenderedPage:
-    """Render one page (1-based) at ``dpi``, never larger than ``max_long_edge`` pixels on its long edge.
+    """Render one page (1-based) at ``dpi``, never larger than ``max_long_edge`` pixels on its long edge, turned
+    upright when ``orient`` and its text clearly reads turned.
 
-    An image page is checked against ``max_image_pixels`` from its header again before it is decoded.
+    An image page is checked against ``max_image_pixels`` from its header again before it is decoded. A PDF page
+    comes with its visible text layer; when less than ``blank_below`` of its render is marked, with whether it draws
+    something that should have shown.
     """
     if kind is DocumentKind.PDF:
         with _open_pdf(path) as pdf:
             _check_page_number(page_number, len(pdf))
-            with _pdf_page_image(pdf, page_number, dpi, max_long_edge) as image:
-                return _encode(image, image_format, jpeg_quality)
+            with _pdf_page_image(pdf, page_number, dpi, max_long_edge) as (page, rendered):
+                image, seen = _look(rendered, orient=orient)
+                seen = replace(
+                    seen,
+                    text_layer=_visible_text(page),
+                    draws=seen.marked < blank_below and _draws_visibly(page),
+                )
+                return _encode(image, image_format, jpeg_quality, seen)
     with _open_image(path, kind) as source:
         _check_page_number(page_number, _frame_count(source))
         source.seek(page_number - 1)
         _check_pixels(source, max_image_pixels)
-        image = _fit_image(source, max_long_edge)
-    return _encode(image, image_format, jpeg_quality)
+        image, seen = _look(_fit_image(source, max_long_edge), orient=orient)
+    return _encode(image, image_format, jpeg_quality, seen)
 
 
 def extract_text_layer(path: Path, page_number: int) -> str:
-    """The embedded text of a PDF page (born-digital documents), stripped; empty where there is none."""
+    """The embedded text of a PDF page (born-digital documents) that lies on the visible page, non-characters
+    removed, stripped; empty where there is none."""
     if detect_kind(_read_head(path)) is not DocumentKind.PDF:
         raise InvalidDocumentError("only a PDF has a text layer")
     with _open_pdf(path) as pdf:
         _check_page_number(page_number, len(pdf))
         try:
-            text = pdf[page_number - 1].get_textpage().get_text_range()
+            return _visible_text(pdf[page_number - 1])
         except pdfium.PdfiumError as exc:
             raise InvalidDocumentError(f"the text of page {page_number} could not be read: {exc}") from exc
-    return str(text).replace("\r\n", "\n").strip()

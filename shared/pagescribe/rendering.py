@@ -48,6 +48,7 @@ _STARTUP_TIMEOUT_SECONDS = 30.0
 _FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
 _MAX_META_BYTES = 16 << 20
 _MAX_BLOB_BYTES = 1 << 30
+_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation")  # what RenderedPage says of the page besides pixels
 
 
 class RenderWorkerError(RuntimeError):
@@ -109,8 +110,11 @@ def _handle(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
             image_format=request["image_format"],
             jpeg_quality=request["jpeg_quality"],
             max_image_pixels=request["max_image_pixels"],
+            orient=request["orient"],
+            blank_below=request["blank_below"],
         )
-        return {"ok": {"media_type": page.media_type, "width": page.width, "height": page.height}}, page.data
+        seen = {field: getattr(page, field) for field in _SEEN_FIELDS}
+        return {"ok": {"media_type": page.media_type, "width": page.width, "height": page.height, **seen}}, page.data
     if request["op"] == "text":
         return {"ok": {"text": extract_text_layer(path, request["page_number"])}}, b""
     raise ValueError(f"unknown request {request['op']!r}")
@@ -316,6 +320,8 @@ class RenderPool:
         image_format: Literal["jpeg", "png"],
         max_image_pixels: int,
         jpeg_quality: int = 85,
+        orient: bool = True,
+        blank_below: float = 0.0,
     ) -> RenderedPage:
         """documents.render_page in a worker; InvalidDocumentError for a page that can never render."""
         request = {
@@ -328,9 +334,17 @@ class RenderPool:
             "image_format": image_format,
             "jpeg_quality": jpeg_quality,
             "max_image_pixels": max_image_pixels,
+            "orient": orient,
+            "blank_below": blank_below,
         }
         result, data = await self._request(request, f"page {page_number} could not be rendered")
-        return RenderedPage(data, str(result["media_type"]), int(result["width"]), int(result["height"]))
+        return RenderedPage(
+            data,
+            str(result["media_type"]),
+            int(result["width"]),
+            int(result["height"]),
+            **{field: result[field] for field in _SEEN_FIELDS},
+        )
 
     async def text_layer(self, path: Path, page_number: int) -> str:
         """documents.extract_text_layer in a worker (loading a page parses its content, so it can be a bomb too)."""

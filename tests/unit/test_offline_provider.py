@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from pagescribe.checks import BLANK_PAGE
 from pagescribe.documents import DocumentKind, extract_text_layer, render_page
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
-from pagescribe.providers.offline import BLANK_PAGE, RapidOcrProvider, TextBox, boxes_to_text
+from pagescribe.providers.offline import RapidOcrProvider, TextBox, boxes_to_text
 from pagescribe.settings import ConfigurationError
 from PIL import Image
 

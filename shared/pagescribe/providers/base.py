@@ -44,6 +44,7 @@ class Transcription:
     request_id: str | None  # the response "id", else the x-request-id header
     latency_seconds: float  # the whole call, retries and backoff included
     http_attempts: int
+    confidence: float | None = None  # an OCR engine's mean recognition confidence (0..1); a vision model has none
 
     @property
     def truncated(self) -> bool:

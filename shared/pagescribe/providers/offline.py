@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+from pagescribe.checks import BLANK_PAGE
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.settings import ConfigurationError
 
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BLANK_PAGE = "(blank page)"
 PARAGRAPH_GAP = 1.5  # a gap between two lines taller than this many median line heights starts a paragraph
 # The detection and recognition models in the rapidocr wheel (3.10.0 ships them), its default models.
 _MODEL_FILES = {"Det": "PP-OCRv6_det_small.onnx", "Rec": "PP-OCRv6_rec_small.onnx"}
@@ -58,6 +58,7 @@ class TextBox:
     left: float
     top: float
     bottom: float
+    score: float = 1.0  # the engine's recognition confidence
 
 
 @dataclass
@@ -98,6 +99,13 @@ def boxes_to_text(boxes: Iterable[TextBox]) -> str:
             parts.append("")
         parts.append(line.text())
     return "\n".join(parts)
+
+
+def mean_confidence(boxes: Iterable[TextBox]) -> float | None:
+    """The recognition confidence of the page: the boxes' scores weighted by their characters; None without text."""
+    weighted = [(box.score, len(box.text)) for box in boxes]
+    characters = sum(size for _, size in weighted)
+    return sum(score * size for score, size in weighted) / characters if characters else None
 
 
 class RapidOcrProvider:
@@ -144,13 +152,13 @@ class RapidOcrProvider:
         started = loop.time()
         try:
             async with asyncio.timeout(budget_seconds):
-                text = await loop.run_in_executor(self._executor, self._recognise, request.image.data)
+                boxes = await loop.run_in_executor(self._executor, self._recognise, request.image.data)
         except TimeoutError:
             raise ProviderError(
                 f"offline OCR did not finish within the {budget_seconds:g} s budget", retryable=True
             ) from None
         return Transcription(
-            text=text,
+            text=boxes_to_text(boxes),
             finish_reason="stop",
             model=self._model,
             prompt_tokens=None,
@@ -159,6 +167,7 @@ class RapidOcrProvider:
             request_id=None,
             latency_seconds=loop.time() - started,
             http_attempts=1,
+            confidence=mean_confidence(boxes),
         )
 
     async def aclose(self) -> None:
@@ -166,7 +175,7 @@ class RapidOcrProvider:
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         self._idle = queue.SimpleQueue()
 
-    def _recognise(self, data: bytes) -> str:
+    def _recognise(self, data: bytes) -> list[TextBox]:
         """Runs in a worker thread: decode, OCR with an engine no other thread is using, lay out."""
         try:
             with Image.open(io.BytesIO(data)) as encoded:
@@ -183,7 +192,7 @@ class RapidOcrProvider:
             raise ProviderError(f"offline OCR failed: {type(exc).__name__}: {exc}", retryable=False) from exc
         finally:
             self._idle.put(engine)
-        return boxes_to_text(_text_boxes(result))
+        return _text_boxes(result)
 
     def _build_engine(self) -> RapidOCR:
         try:
@@ -229,9 +238,10 @@ def _text_boxes(result: object) -> list[TextBox]:
 
     if not isinstance(result, RapidOCROutput) or result.boxes is None or result.txts is None:
         return []
+    scores = result.scores if result.scores is not None else (1.0,) * len(result.txts)
     boxes: list[TextBox] = []
-    for points, text in zip(result.boxes, result.txts, strict=True):
+    for points, text, score in zip(result.boxes, result.txts, scores, strict=True):
         if text.strip():
-            ys = points[:, 1]
-            boxes.append(TextBox(text.strip(), float(points[:, 0].min()), float(ys.min()), float(ys.max())))
+            xs, ys = points[:, 0], points[:, 1]
+            boxes.append(TextBox(text.strip(), float(xs.min()), float(ys.min()), float(ys.max()), float(score)))
     return boxes
