@@ -40,12 +40,20 @@ class CreateDocumentRequest(BaseModel):
     )
     pages: str | None = Field(default=None, max_length=1000, description='Pages to transcribe, e.g. "1-3,7".')
     model: str | None = Field(default=None, min_length=1, max_length=200)
+    escalation_model: str | None = Field(
+        default=None,
+        max_length=200,
+        description="A stronger model asked once more for a page whose answer carries a hard flag. Absent: the "
+        'stack\'s ESCALATION_MODEL; "": no escalation.',
+    )
     prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
     callback_url: HttpUrl | None = Field(
         default=None, description="POSTed a signed JSON summary when the document finishes."
     )
 
-    @field_validator("model", "prompt")  # stored as given (the filename is cleaned, pages are parsed)
+    @field_validator(
+        "model", "escalation_model", "prompt"
+    )  # stored as given (the filename is cleaned, pages are parsed)
     @classmethod
     def _no_nul(cls, value: str | None) -> str | None:
         if value is not None and "\x00" in value:  # PostgreSQL text cannot hold NUL
@@ -69,6 +77,31 @@ class PageError(BaseModel):
     error: str
 
 
+class Flag(BaseModel):
+    flag: Literal[
+        "repetition",
+        "refusal",
+        "empty",
+        "blank_render",
+        "truncated",
+        "text_layer_mismatch",
+        "low_confidence",
+        "rotated",
+    ] = Field(
+        description="Hard (the answer was not accepted as it is): repetition, refusal, empty, blank_render, "
+        "truncated. Soft: text_layer_mismatch, low_confidence, rotated."
+    )
+    value: float = Field(description="What the check measured.")
+    threshold: float = Field(description="The threshold it was measured against.")
+
+
+class PageFlags(BaseModel):
+    page: int
+    status: str
+    escalated: bool = Field(description="The page was asked once more, on the escalation model.")
+    flags: list[Flag]
+
+
 class DocumentSource(BaseModel):
     bucket: str
     key: str
@@ -81,14 +114,18 @@ class DocumentStatusResponse(BaseModel):
     filename: str
     source: DocumentSource
     model: str
+    escalation_model: str | None
     page_count: int
     pages: dict[str, int]
     progress: float
     error: str | None
     page_errors: list[PageError]
+    flagged_pages: int = Field(description="Pages whose answer raised at least one flag.")
+    page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
+    model_calls: int = Field(description="Model calls that answered, kept or not: each is paid for.")
     prompt_tokens: int
     completion_tokens: int
-    cost: float
+    cost: float = Field(description="USD, the sum over every model call of the document, kept or not.")
     created_at: datetime
     finished_at: datetime | None
     transcript_key: str | None
@@ -178,6 +215,7 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             content_type=request.content_type,
             pages=request.pages,
             model=request.model,
+            escalation_model=request.escalation_model,
             prompt=request.prompt,
             callback_url=str(request.callback_url) if request.callback_url else None,
         )

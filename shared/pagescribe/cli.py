@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.documents import InvalidDocumentError, detect_kind
 from pagescribe.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
 from pagescribe.local import LambdaContext, LambdaService, LocalAws, LocalResources, api_gateway_event
@@ -76,6 +77,7 @@ def local_stack(*, data_dir: Path, host: str, aws_port: int, sweep_every: float)
     _reload_settings()
     settings = get_settings()
     settings.check_model_call_budget()
+    settings.check_escalation()
     upgrade_database(settings.sqlalchemy_url)
     aws = LocalAws(host=host, port=aws_port)
     resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))
@@ -117,6 +119,7 @@ class Tracked:
     total: int = 0
     error: str | None = None
     shown: str = ""
+    page_flags: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -134,18 +137,15 @@ class Tracked:
         ).rstrip()
 
 
-def _upload(stack: LocalStack, path: Path, args: argparse.Namespace) -> Tracked:
+def _upload(stack: LocalStack, path: Path, options: NewUpload) -> Tracked:
+    """Create the document through the API's service and PUT the file to its presigned URL, as a client would."""
     data = path.read_bytes()
     try:
         content_type = detect_kind(data[:1024]).media_type
     except InvalidDocumentError:
         content_type = "application/pdf"  # the upload function will record what is really wrong
     try:
-        created = stack.runtime.documents.create(
-            NewUpload(
-                filename=path.name, content_type=content_type, pages=args.pages, model=args.model, prompt=args.prompt
-            )
-        )
+        created = stack.runtime.documents.create(replace(options, filename=path.name, content_type=content_type))
     except RequestError as exc:
         raise CommandError(f"{path}: {exc}") from exc
     response = httpx.put(created.upload_url, content=data, headers={"Content-Type": created.content_type})
@@ -162,6 +162,7 @@ def _refresh(stack: LocalStack, tracked: Tracked) -> None:
     tracked.done = described["pages"]["COMPLETED"] + described["pages"]["FAILED"]
     tracked.failed = described["pages"]["FAILED"]
     tracked.error = described["error"]
+    tracked.page_flags = described["page_flags"]
 
 
 class Progress:
@@ -227,20 +228,16 @@ def _transcribe(args: argparse.Namespace) -> int:
             f"database: {stack.database}",
             file=sys.stderr,
         )
-        tracked = [_upload(stack, path, args) for path in paths]
-        progress = Progress(sys.stderr)
-        # stdout is the markdown's (--out -): whatever the handlers print while they run (Powertools flushes
-        # metrics there every 100 values, even when disabled) goes to stderr.
-        with contextlib.redirect_stdout(sys.stderr):
-            while True:
-                handled = stack.lambdas.step()
-                for doc in tracked:
-                    _refresh(stack, doc)
-                progress.show(tracked)
-                if all(doc.finished for doc in tracked):
-                    break
-                if not handled:
-                    time.sleep(0.2)
+        options = NewUpload(
+            filename="",
+            content_type="",
+            pages=args.pages,
+            model=args.model,
+            escalation_model=args.escalation_model,
+            prompt=args.prompt,
+        )
+        tracked = [_upload(stack, path, options) for path in paths]
+        _run_until_finished(stack, tracked)
         failures = 0
         for doc in tracked:
             written = _write_outputs(stack, doc, args.out, args.json)
@@ -251,7 +248,36 @@ def _transcribe(args: argparse.Namespace) -> int:
                 reason = doc.error or "see the page markers"
                 kept = " (the pages that succeeded are written, failed pages are marked)" if written else ""
                 print(f"{doc.path.name}: {doc.status}: {reason}{kept}", file=sys.stderr)
+        for line in flagged_page_lines(tracked):
+            print(line, file=sys.stderr)
         return 1 if failures else 0
+
+
+def _run_until_finished(stack: LocalStack, tracked: list[Tracked]) -> None:
+    """Play the Lambda service until every document is finished, showing progress on stderr."""
+    progress = Progress(sys.stderr)
+    # stdout is the markdown's (--out -): whatever the handlers print while they run
+    # (Powertools flushes metrics there every 100 values, even when disabled) goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        while True:
+            handled = stack.lambdas.step()
+            for doc in tracked:
+                _refresh(stack, doc)
+            progress.show(tracked)
+            if all(doc.finished for doc in tracked):
+                return
+            if not handled:
+                time.sleep(0.2)
+
+
+def flagged_page_lines(documents: list[Tracked]) -> list[str]:
+    """One line per flagged page: ``report.pdf page 2: FAILED: repetition=57 (threshold 8)``."""
+    return [
+        f"{doc.path.name} page {page['page']}: {page['status']}{' (escalated)' if page['escalated'] else ''}: "
+        + describe_flags([PageFlag.from_dict(flag) for flag in page["flags"]])
+        for doc in documents
+        for page in doc.page_flags
+    ]
 
 
 # --- serve ------------------------------------------------------------------------------------------------
@@ -358,10 +384,17 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--out", default=".", help="directory for <name>.md (and .json); '-' prints markdown")
     transcribe.add_argument("--pages", help='pages to transcribe, e.g. "1-3,7"')
     transcribe.add_argument("--model", help="model to ask (default: MODEL)")
+    transcribe.add_argument(
+        "--escalation-model",
+        help="stronger model asked once more for a page whose answer is hard-flagged (default: ESCALATION_MODEL)",
+    )
     transcribe.add_argument("--prompt", help="instruction sent with each page (default: PROMPT)")
     transcribe.add_argument("--json", action="store_true", help="also write <name>.json")
     transcribe.add_argument(
-        "--text-layer", choices=["auto", "off"], help="auto: take a PDF page's own text where it has one"
+        "--text-layer",
+        choices=["auto", "fallback", "off"],
+        help="auto: take a PDF page's own text where it has one; fallback (default): only for a page that renders "
+        "blank; off: never",
     )
     transcribe.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     transcribe.set_defaults(run=_transcribe)

@@ -75,6 +75,7 @@ class Ingestor:
             size_bytes=obj.size,
             model=pending.model if pending else self._settings.model,
             prompt=pending.prompt if pending else None,
+            escalation_model=pending.escalation_model if pending else self._settings.escalation_model,
         )
         existing = self._storage.find_document(new)
         if existing is not None:
@@ -84,6 +85,7 @@ class Ingestor:
         requested = pending.requested_pages if pending else None
         kind: str | None = None
         pages: list[int] = []
+        page_count: int | None = None
         error = self._precheck(obj)
         if error is None:
             try:
@@ -96,7 +98,12 @@ class Ingestor:
                 error = str(exc)
 
         created = self._storage.create_document(
-            new, kind=kind, pages=pages, error=error, pending_id=pending.document_id if pending else None
+            new,
+            kind=kind,
+            pages=pages,
+            source_page_count=page_count,
+            error=error,
+            pending_id=pending.document_id if pending else None,
         )
         if created.duplicate:
             return IngestResult(obj.bucket, obj.key, created.document_id, "DUPLICATE")

@@ -34,6 +34,7 @@ class NewUpload:
     model: str | None = None
     prompt: str | None = None
     callback_url: str | None = None
+    escalation_model: str | None = None  # None: the stack's ESCALATION_MODEL; "": no escalation
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class DocumentService:
                 "so that callbacks can be signed",
                 field="callback_url",
             )
+        escalation_model = self._escalation_model(upload)
         bucket = self._settings.require("bucket_name")
         document_id = str(uuid.uuid4())
         key = f"{self._settings.upload_prefix}{document_id}/{safe_filename(upload.filename)}"
@@ -136,6 +138,7 @@ class DocumentService:
                 object_key=key,
                 filename=safe_filename(upload.filename),
                 model=upload.model or self._settings.model,
+                escalation_model=escalation_model,
                 prompt=upload.prompt,
                 requested_pages=requested,
                 callback_url=upload.callback_url,
@@ -146,6 +149,17 @@ class DocumentService:
         return CreatedUpload(
             document_id, key, url, upload.content_type, datetime.now(UTC) + timedelta(seconds=expires_in)
         )
+
+    def _escalation_model(self, upload: NewUpload) -> str | None:
+        """The model a hard-flagged page of this document goes to: the request's, else the stack's; None for none."""
+        model = self._settings.escalation_model if upload.escalation_model is None else upload.escalation_model
+        if model and self._settings.uses_offline_provider:
+            raise RequestError(
+                f"escalation_model {model!r} needs a vision model provider; this stack transcribes with the offline "
+                "OCR engine, which has no stronger model to ask",
+                field="escalation_model",
+            )
+        return model or None
 
     def _document(self, document_id: str) -> DocumentRecord | None:
         canonical = parse_document_id(document_id)

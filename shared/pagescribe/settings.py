@@ -71,8 +71,33 @@ class Settings(BaseSettings):
         default=True, description="Ask the provider to report cost (OpenRouter's usage.include)."
     )
     model: str = "google/gemini-2.5-flash"
+    escalation_model: str | None = Field(
+        default=None,
+        description="A stronger model asked once more for a page whose answer carries a hard flag; empty: off.",
+    )
     prompt: str = DEFAULT_PROMPT
     max_output_tokens: int = Field(default=8192, gt=0)
+
+    flag_repetition_threshold: int = Field(
+        default=8,
+        ge=2,
+        description="repetition: a unit repeated this often (back to back, or as most lines) is a loop.",
+    )
+    flag_refusal_threshold: float = Field(
+        default=0.5, gt=0, le=1, description="refusal: this share of the answer's words in refusal sentences."
+    )
+    flag_ink_threshold: float = Field(
+        default=0.002, gt=0, le=1, description="empty: a page with this share of dark pixels has something on it."
+    )
+    flag_blank_render_threshold: float = Field(
+        default=0.00001, ge=0, le=1, description="blank_render: a render with less than this share of marked pixels."
+    )
+    flag_text_layer_recall_threshold: float = Field(
+        default=0.5, ge=0, le=1, description="text_layer_mismatch: word recall against the text layer below this."
+    )
+    flag_low_confidence_threshold: float = Field(
+        default=0.8, ge=0, le=1, description="low_confidence: the offline engine's mean confidence below this."
+    )
 
     provider_timeout_seconds: float = Field(default=180.0, gt=0)
     function_timeout_seconds: float = Field(default=300.0, gt=0)
@@ -114,9 +139,13 @@ class Settings(BaseSettings):
         "instance metadata service or the VPC on a caller's behalf).",
     )
 
-    text_layer: Literal["off", "auto"] = Field(
-        default="off",
-        description="auto: a PDF page with a usable embedded text layer is taken as it is, without a model call.",
+    text_layer: Literal["off", "fallback", "auto"] = Field(
+        default="fallback",
+        description="What a PDF page's own text layer may stand in for. fallback: a page whose render is blank; auto: "
+        "every page with a usable one (no model call); off: nothing (it is still checked against).",
+    )
+    detect_orientation: bool = Field(
+        default=True, description="Turn a page whose text reads sideways or upside down upright before sending it."
     )
     render_dpi: int = Field(default=150, ge=36, le=600)
     render_max_long_edge: int = Field(default=1568, ge=256, le=10_000)
@@ -154,6 +183,7 @@ class Settings(BaseSettings):
     @field_validator(
         "database_secret_arn",
         "database_host",
+        "escalation_model",
         "provider_api_key_parameter",
         "callback_secret_parameter",
         mode="before",
@@ -201,6 +231,14 @@ class Settings(BaseSettings):
                 f"FUNCTION_TIMEOUT_SECONDS={self.function_timeout_seconds:g} less "
                 f"RESULT_RESERVE_SECONDS={self.result_reserve_seconds:g} (= {ceiling:g}); "
                 "raise the function timeout or lower the provider timeout"
+            )
+
+    def check_escalation(self) -> None:
+        """For a function that calls the model: escalation needs a model to escalate to, which OCR is not."""
+        if self.escalation_model and self.uses_offline_provider:
+            raise ConfigurationError(
+                f"ESCALATION_MODEL={self.escalation_model!r} needs a vision model provider (PROVIDER_API_KEY or "
+                "PROVIDER_BASE_URL); the offline OCR engine has no stronger model to ask"
             )
 
     def render_worker_count(self) -> int:

@@ -1,4 +1,4 @@
-"""What a document looks like from outside: status, progress, per-page errors, tokens and cost."""
+"""What a document looks like from outside: status, progress, per-page errors and flags, tokens and cost."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pagescribe.storage import DocumentRecord, JobStatus, Storage
 
 def describe_document(storage: Storage, document: DocumentRecord) -> dict[str, Any]:
     summary = storage.page_summary(document.document_id)
+    spend = storage.spend(document.document_id)
+    issues = storage.page_issues(document.document_id)
     by_status = {status.value: 0 for status in JobStatus}
     for row in summary:
         by_status[row.status.value] = row.pages
@@ -19,17 +21,26 @@ def describe_document(storage: Storage, document: DocumentRecord) -> dict[str, A
         "filename": document.filename or document.object_key.rsplit("/", 1)[-1],
         "source": {"bucket": document.bucket, "key": document.object_key, "kind": document.kind},
         "model": document.model,
+        "escalation_model": document.escalation_model,
         "page_count": document.page_count,
         "pages": by_status,
         "progress": round(done / document.page_count, 4) if document.page_count else 0.0,
         "error": document.error,
         "page_errors": [
-            {"page": e.page_number, "status": e.status.value, "attempts": e.attempts, "error": e.error}
-            for e in storage.page_errors(document.document_id)
+            {"page": i.page_number, "status": i.status.value, "attempts": i.attempts, "error": i.error}
+            for i in issues
+            if i.error is not None
         ],
-        "prompt_tokens": sum(r.prompt_tokens for r in summary),
-        "completion_tokens": sum(r.completion_tokens for r in summary),
-        "cost": round(sum(r.cost for r in summary), 8),
+        "flagged_pages": sum(row.flagged for row in summary),
+        "page_flags": [
+            {"page": i.page_number, "status": i.status.value, "escalated": i.escalated, "flags": i.flags}
+            for i in issues
+            if i.flags
+        ],
+        "model_calls": spend.calls,
+        "prompt_tokens": spend.prompt_tokens,
+        "completion_tokens": spend.completion_tokens,
+        "cost": round(spend.cost, 8),
         "created_at": document.created_at.isoformat(),
         "finished_at": document.finished_at.isoformat() if document.finished_at else None,
         "transcript_key": document.transcript_key,

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import QueuePool
 
@@ -44,19 +45,20 @@ class DocumentStatus(StrEnum):
 # --- statements -------------------------------------------------------------------------------------------
 
 INSERT_DOCUMENT = """
-    INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count,
-                           status, error, model, prompt, finished_at)
+    INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count,
+                           status, error, model, escalation_model, prompt, finished_at)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, %(etag)s, %(version_id)s, %(size_bytes)s, %(kind)s, %(page_count)s,
-            %(status)s, %(error)s, %(model)s, %(prompt)s, CASE WHEN %(status)s = 'FAILED' THEN now() END)
+            %(source_page_count)s, %(status)s, %(error)s, %(model)s, %(escalation_model)s, %(prompt)s,
+            CASE WHEN %(status)s = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
     RETURNING id
     """
 
 INSERT_PENDING_DOCUMENT = """
-    INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, prompt,
-                           filename, requested_pages, callback_url)
-    VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(prompt)s,
-            %(filename)s, %(requested_pages)s, %(callback_url)s)
+    INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
+                           prompt, filename, requested_pages, callback_url)
+    VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
+            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -64,7 +66,7 @@ INSERT_PENDING_DOCUMENT = """
 ACTIVATE_DOCUMENT = """
     UPDATE documents
     SET etag = %(etag)s, version_id = %(version_id)s, size_bytes = %(size_bytes)s, kind = %(kind)s,
-        page_count = %(page_count)s,
+        page_count = %(page_count)s, source_page_count = %(source_page_count)s,
         status = %(status)s, error = %(error)s, finished_at = CASE WHEN %(status)s = 'FAILED' THEN now() END,
         updated_at = now()
     WHERE id = %(id)s AND status = 'AWAITING_UPLOAD'
@@ -94,7 +96,7 @@ _TAKE_LEASE = """
         lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
         started_at = now(), updated_at = now()
     WHERE id IN (SELECT id FROM candidate)
-    RETURNING id, document_id, page_number, attempts, lease_token
+    RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags
 """
 
 # The claim: one statement, one round trip, for every job of an SQS batch at once. The rows are locked with
@@ -128,40 +130,106 @@ CLAIM_NEXT_QUEUED_JOBS = (
     + _TAKE_LEASE
 )
 
+# A model call that answered is recorded whether or not its result may be written: it was paid for. Its outcome is the
+# one asked for when the fenced write it travels with succeeds, LEASE_LOST when the write found the lease gone. A page
+# answered without a call (its own text layer) records nothing.
+_RECORD_ATTEMPT = """
+    recorded AS (
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
+                              completion_tokens, cost, latency_ms, provider_request_id, flags)
+        SELECT %(job_id)s, %(document_id)s, %(claim)s,
+               CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
+               %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
+               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s
+        WHERE %(called)s
+    )"""
+
+_ANSWER_COLUMNS = (
+    "result_text",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost",
+    "model",
+    "provider",
+    "provider_request_id",
+    "latency_ms",
+)
+
+# The end of a page, written by the holder of the current lease only. A write that carries an answer replaces the
+# page's answer and flags; one that does not (a failure before or without an answer) keeps the answer the page has
+# (the one it escalated from) and adds its flags to that answer's.
+_WRITE_RESULT = (
+    "\n        "
+    + ",\n        ".join(
+        f"{column} = CASE WHEN %(answered)s THEN %({column})s ELSE {column} END" for column in _ANSWER_COLUMNS
+    )
+    + """,
+        flags = CASE WHEN %(answered)s THEN %(flags)s ELSE flags || %(flags)s END,
+        escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END,
+        lease_expires_at = NULL, completed_at = now(), updated_at = now()
+    WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s"""
+)
+
 # Fenced completion: only the holder of the current lease may write; the document's counter moves in the
 # same statement, so exactly one completion sees the last page land.
-COMPLETE_JOB = """
-    WITH done AS (
+COMPLETE_JOB = (
+    """
+    WITH written AS (
         UPDATE jobs
-        SET status = 'COMPLETED', result_text = %(result_text)s, finish_reason = %(finish_reason)s,
-            prompt_tokens = %(prompt_tokens)s, completion_tokens = %(completion_tokens)s, cost = %(cost)s,
-            model = %(model)s, provider = %(provider)s, provider_request_id = %(provider_request_id)s,
-            latency_ms = %(latency_ms)s, error = NULL, lease_expires_at = NULL,
-            completed_at = now(), updated_at = now()
-        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+        SET status = 'COMPLETED', error = NULL,"""
+    + _WRITE_RESULT
+    + """
         RETURNING document_id
-    )
+    ),"""
+    + _RECORD_ATTEMPT
+    + """
     UPDATE documents
     SET pages_completed = pages_completed + 1, updated_at = now()
-    WHERE id IN (SELECT document_id FROM done)
+    WHERE id IN (SELECT document_id FROM written)
     RETURNING id, page_count, pages_completed, pages_failed
     """
+)
 
-FAIL_JOB = """
-    WITH failed AS (
+# A failed page keeps the text of its last answer (a truncated or hard-flagged one, or the answer before an
+# escalation that did not answer).
+FAIL_JOB = (
+    """
+    WITH written AS (
         UPDATE jobs
-        SET status = 'FAILED', error = %(error)s, result_text = %(result_text)s, finish_reason = %(finish_reason)s,
-            prompt_tokens = %(prompt_tokens)s, completion_tokens = %(completion_tokens)s, cost = %(cost)s,
-            model = %(model)s, provider = %(provider)s, provider_request_id = %(provider_request_id)s,
-            lease_expires_at = NULL, completed_at = now(), updated_at = now()
-        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+        SET status = 'FAILED', error = %(error)s,"""
+    + _WRITE_RESULT
+    + """
         RETURNING document_id
-    )
+    ),"""
+    + _RECORD_ATTEMPT
+    + """
     UPDATE documents
     SET pages_failed = pages_failed + 1, updated_at = now()
-    WHERE id IN (SELECT document_id FROM failed)
+    WHERE id IN (SELECT document_id FROM written)
     RETURNING id, page_count, pages_completed, pages_failed
     """
+)
+
+# The one escalation of a page: its hard-flagged answer is kept on the page (the text to fail with if the escalation
+# does not do better) and the page, still under the same lease, goes to the escalation model. A page escalates once:
+# a later claim finds it PENDING and asks the escalation model directly; DONE never escalates again.
+ESCALATE_JOB = (
+    """
+    WITH written AS (
+        UPDATE jobs
+        SET escalation = 'PENDING', flags = %(flags)s, updated_at = now(),
+            """
+    + ",\n            ".join(f"{column} = %({column})s" for column in _ANSWER_COLUMNS)
+    + """
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s AND escalation IS NULL
+        RETURNING document_id
+    ),"""
+    + _RECORD_ATTEMPT
+    + """
+    SELECT document_id FROM written
+    """
+)
 
 REQUEUE_JOB = """
     UPDATE jobs
@@ -172,32 +240,41 @@ REQUEUE_JOB = """
     """
 
 GET_DOCUMENTS = """
-    SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, status, error,
-           model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
+    SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
+           model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
 
 PAGE_SUMMARY = """
-    SELECT status, count(*) AS pages, coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
-           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost
+    SELECT status, count(*) AS pages, count(*) FILTER (WHERE flags <> '[]'::jsonb) AS flagged
     FROM jobs WHERE document_id = %(document_id)s
     GROUP BY status
     """
 
-PAGE_ERRORS = """
-    SELECT page_number, status, attempts, error FROM jobs
-    WHERE document_id = %(document_id)s AND error IS NOT NULL
+# What a document has cost: every call that answered, kept or not.
+DOCUMENT_SPEND = """
+    SELECT count(*) AS calls, coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost
+    FROM attempts WHERE document_id = %(document_id)s
+    """
+
+# Pages with something to say: an error (a failure, or the reason of a retry) or flags.
+PAGE_ISSUES = """
+    SELECT page_number, status, attempts, error, flags, escalation IS NOT NULL AS escalated FROM jobs
+    WHERE document_id = %(document_id)s AND (error IS NOT NULL OR flags <> '[]'::jsonb)
     ORDER BY page_number
     LIMIT %(limit)s
     """
 
 # Only FAILED pages go back, with a fresh set of attempts; the document is unfinished again.
-RETRY_FAILED_PAGES = """
+RETRY_FAILED_PAGES = (
+    """
     WITH retried AS (
         UPDATE jobs
-        SET status = 'QUEUED', attempts = 0, error = NULL, result_text = NULL, finish_reason = NULL,
-            lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
+        SET status = 'QUEUED', attempts = 0, error = NULL,"""
+    + ",".join(f" {column} = NULL" for column in _ANSWER_COLUMNS)
+    + """, flags = '[]'::jsonb, lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
             completed_at = NULL, updated_at = now()
         WHERE document_id = %(document_id)s AND status = 'FAILED'
         RETURNING id, page_number
@@ -211,12 +288,21 @@ RETRY_FAILED_PAGES = """
     )
     SELECT id, page_number FROM retried ORDER BY page_number
     """
+)
 
 LOAD_PAGES = """
     SELECT page_number, status, attempts, result_text, finish_reason, error, prompt_tokens,
-           completion_tokens, cost, model, provider, provider_request_id
+           completion_tokens, cost, model, provider, provider_request_id, flags, escalation
     FROM jobs WHERE document_id = %(document_id)s
     ORDER BY page_number
+    """
+
+LOAD_ATTEMPTS = """
+    SELECT j.page_number, a.claim, a.outcome, a.model, a.provider, a.finish_reason, a.prompt_tokens,
+           a.completion_tokens, a.cost, a.latency_ms, a.provider_request_id, a.flags
+    FROM attempts a JOIN jobs j ON j.id = a.job_id
+    WHERE a.document_id = %(document_id)s
+    ORDER BY j.page_number, a.id
     """
 
 # Only a document whose pages are all terminal, and only once.
@@ -349,6 +435,7 @@ class NewDocument:
     size_bytes: int
     model: str
     prompt: str | None = None
+    escalation_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -365,6 +452,12 @@ class ClaimedJob:
     page_number: int
     attempts: int
     lease_token: str
+    escalation: str | None = None  # PENDING: the page escalated and waits for the escalation model's answer
+    flags: tuple[dict[str, Any], ...] = ()  # the page's flags so far (those of the answer it escalated from)
+
+    @property
+    def escalation_pending(self) -> bool:
+        return self.escalation == "PENDING"
 
 
 @dataclass(frozen=True)
@@ -391,6 +484,8 @@ class DocumentRecord:
     callback_url: str | None = None
     callback_status: str | None = None
     callback_error: str | None = None
+    escalation_model: str | None = None
+    source_page_count: int | None = None  # pages in the file; page_count counts the pages asked for
 
 
 @dataclass(frozen=True)
@@ -405,23 +500,36 @@ class PendingDocument:
     prompt: str | None
     requested_pages: tuple[int, ...] | None
     callback_url: str | None
+    escalation_model: str | None = None
 
 
 @dataclass(frozen=True)
 class PageSummary:
     status: JobStatus
     pages: int
+    flagged: int
+
+
+@dataclass(frozen=True)
+class Spend:
+    """Every model call of a document that answered, kept or not."""
+
+    calls: int
     prompt_tokens: int
     completion_tokens: int
     cost: float
 
 
 @dataclass(frozen=True)
-class PageError:
+class PageIssue:
+    """A page with an error (its failure, or the reason of its last retry) or flags."""
+
     page_number: int
     status: JobStatus
     attempts: int
-    error: str
+    error: str | None
+    flags: list[dict[str, Any]]
+    escalated: bool
 
 
 @dataclass(frozen=True)
@@ -445,6 +553,26 @@ class PageRecord:
     model: str | None
     provider: str | None
     provider_request_id: str | None
+    flags: list[dict[str, Any]] = field(default_factory=list)
+    escalation: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One model call that answered, as the transcript lists it."""
+
+    page_number: int
+    claim: int
+    outcome: str  # KEPT, ESCALATED, REJECTED or LEASE_LOST
+    model: str | None
+    provider: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cost: float | None
+    latency_ms: int | None
+    provider_request_id: str | None
+    flags: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -459,9 +587,16 @@ class DocumentProgress:
         return self.pages_completed + self.pages_failed >= self.page_count
 
 
+class AttemptOutcome(StrEnum):
+    KEPT = "KEPT"  # the page's answer
+    ESCALATED = "ESCALATED"  # hard-flagged: the page went on to the escalation model
+    REJECTED = "REJECTED"  # the answer the page failed with (truncated, or hard-flagged with no escalation left)
+
+
 @dataclass(frozen=True)
 class PageOutcome:
-    """What a finished model call wrote about a page (success, or failure with whatever text came back)."""
+    """What a page's answer was (success, or failure with whatever text came back) and the flags it raised.
+    ``called``: a model call produced it (and is recorded with its cost); a text-layer answer was not paid for."""
 
     text: str | None
     finish_reason: str | None
@@ -472,9 +607,12 @@ class PageOutcome:
     provider: str | None
     provider_request_id: str | None
     latency_ms: int | None = None
+    flags: tuple[dict[str, Any], ...] = ()  # the answer's own flags
+    called: bool = True
+    page_flags: tuple[dict[str, Any], ...] | None = None  # the page's, when more than the answer's (an escalation)
 
 
-NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None)
+NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None, called=False)
 
 
 # --- engine -----------------------------------------------------------------------------------------------
@@ -505,14 +643,25 @@ def _progress(row: Any | None) -> DocumentProgress | None:
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedJob]:
-    return [ClaimedJob(str(r.id), str(r.document_id), r.page_number, r.attempts, str(r.lease_token)) for r in rows]
+    return [
+        ClaimedJob(
+            str(r.id), str(r.document_id), r.page_number, r.attempts, str(r.lease_token), r.escalation, tuple(r.flags)
+        )
+        for r in rows
+    ]
 
 
-def _fenced_write(job: ClaimedJob, outcome: PageOutcome) -> dict[str, Any]:
-    """The parameters of a fenced result write: the lease that must still hold, and what the model answered."""
+def _fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome) -> dict[str, Any]:
+    """The parameters of a fenced result write: the lease that must still hold, what the model answered, and how its
+    call is recorded."""
     return {
         "job_id": job.job_id,
+        "document_id": job.document_id,
         "lease_token": job.lease_token,
+        "claim": job.attempts,
+        "answered": outcome.text is not None,
+        "called": outcome.called,
+        "outcome": recorded_as.value,
         "result_text": outcome.text,
         "finish_reason": outcome.finish_reason,
         "prompt_tokens": outcome.prompt_tokens,
@@ -522,6 +671,8 @@ def _fenced_write(job: ClaimedJob, outcome: PageOutcome) -> dict[str, Any]:
         "provider": outcome.provider,
         "provider_request_id": outcome.provider_request_id,
         "latency_ms": outcome.latency_ms,
+        "flags": Jsonb(list(outcome.page_flags if outcome.page_flags is not None else outcome.flags)),
+        "attempt_flags": Jsonb(list(outcome.flags)),
     }
 
 
@@ -538,6 +689,8 @@ def _document(row: Any) -> DocumentRecord:
         status=DocumentStatus(row.status),
         error=row.error,
         model=row.model,
+        escalation_model=row.escalation_model,
+        source_page_count=row.source_page_count,
         prompt=row.prompt,
         pages_completed=row.pages_completed,
         pages_failed=row.pages_failed,
@@ -611,12 +764,14 @@ class Storage:
         *,
         kind: str | None,
         pages: Sequence[int],
+        source_page_count: int | None = None,
         error: str | None = None,
         pending_id: str | None = None,
     ) -> CreatedDocument:
         """Record a document and one QUEUED job per page in one transaction; with ``error``, a FAILED
         document and no jobs. The same object (bucket, key, etag, version) is recorded once. With
-        ``pending_id``, the document the API created for this upload is the one recorded."""
+        ``pending_id``, the document the API created for this upload is the one recorded. ``source_page_count``
+        is the file's own page count (``pages`` may be a selection of them)."""
         document_id = pending_id or str(uuid.uuid4())
         params: dict[str, Any] = {
             "id": document_id,
@@ -625,6 +780,7 @@ class Storage:
             "size_bytes": new.size_bytes,
             "kind": kind,
             "page_count": 0 if error else len(pages),
+            "source_page_count": source_page_count,
             "status": DocumentStatus.FAILED.value if error else DocumentStatus.PROCESSING.value,
             "error": error,
         }
@@ -633,7 +789,7 @@ class Storage:
         else:
             statement = INSERT_DOCUMENT
             insert_params = {**params, "bucket": new.bucket, "object_key": new.object_key}
-            insert_params |= {"model": new.model, "prompt": new.prompt}
+            insert_params |= {"model": new.model, "escalation_model": new.escalation_model, "prompt": new.prompt}
 
         def record(connection: psycopg.Connection[Any]) -> CreatedDocument:
             with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
@@ -670,6 +826,7 @@ class Storage:
                 "bucket": pending.bucket,
                 "object_key": pending.object_key,
                 "model": pending.model,
+                "escalation_model": pending.escalation_model,
                 "prompt": pending.prompt,
                 "filename": pending.filename,
                 "requested_pages": list(pending.requested_pages) if pending.requested_pages else None,
@@ -679,13 +836,16 @@ class Storage:
 
     def page_summary(self, document_id: str) -> list[PageSummary]:
         rows = self._rows(PAGE_SUMMARY, {"document_id": document_id})
-        return [
-            PageSummary(JobStatus(r.status), r.pages, r.prompt_tokens, r.completion_tokens, float(r.cost)) for r in rows
-        ]
+        return [PageSummary(JobStatus(r.status), r.pages, r.flagged) for r in rows]
 
-    def page_errors(self, document_id: str, *, limit: int = 1000) -> list[PageError]:
-        rows = self._rows(PAGE_ERRORS, {"document_id": document_id, "limit": limit})
-        return [PageError(r.page_number, JobStatus(r.status), r.attempts, r.error) for r in rows]
+    def spend(self, document_id: str) -> Spend:
+        row = self._row(DOCUMENT_SPEND, {"document_id": document_id})
+        assert row is not None, "an aggregate always returns a row"
+        return Spend(row.calls, row.prompt_tokens, row.completion_tokens, float(row.cost))
+
+    def page_issues(self, document_id: str, *, limit: int = 1000) -> list[PageIssue]:
+        rows = self._rows(PAGE_ISSUES, {"document_id": document_id, "limit": limit})
+        return [PageIssue(r.page_number, JobStatus(r.status), r.attempts, r.error, r.flags, r.escalated) for r in rows]
 
     def retry_failed_pages(self, document_id: str) -> list[tuple[str, int]]:
         """Requeue the FAILED pages of a document: (job id, page) of each, to be sent after this commit."""
@@ -752,12 +912,20 @@ class Storage:
         return sorted(_claimed(rows), key=lambda job: job.page_number)
 
     def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
-        """Store a page's transcription if this worker still holds the lease; None when the lease was lost."""
-        return _progress(self._row(COMPLETE_JOB, _fenced_write(job, outcome)))
+        """Store a page's transcription if this worker still holds the lease; None when the lease was lost. The call
+        that produced it is recorded either way."""
+        return _progress(self._row(COMPLETE_JOB, _fenced_write(job, outcome, AttemptOutcome.KEPT)))
 
     def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
-        """Mark a page FAILED with its reason (keeping any partial text) if this worker holds the lease."""
-        return _progress(self._row(FAIL_JOB, {**_fenced_write(job, outcome), "error": error}))
+        """Mark a page FAILED with its reason (keeping any text) if this worker holds the lease; the call that
+        produced ``outcome`` is recorded either way."""
+        params = {**_fenced_write(job, outcome, AttemptOutcome.REJECTED), "error": error}
+        return _progress(self._row(FAIL_JOB, params))
+
+    def escalate_job(self, job: ClaimedJob, outcome: PageOutcome) -> bool:
+        """Record a page's one escalation, keeping the hard-flagged answer it escalates from; False when the lease was
+        lost (or the page had escalated already). The call that produced ``outcome`` is recorded either way."""
+        return self._row(ESCALATE_JOB, _fenced_write(job, outcome, AttemptOutcome.ESCALATED)) is not None
 
     def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
         """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""
@@ -816,6 +984,29 @@ class Storage:
                 model=r.model,
                 provider=r.provider,
                 provider_request_id=r.provider_request_id,
+                flags=r.flags,
+                escalation=r.escalation,
+            )
+            for r in rows
+        ]
+
+    def load_attempts(self, document_id: str) -> list[AttemptRecord]:
+        """Every call of the document that answered, by page and in the order they were made."""
+        rows = self._rows(LOAD_ATTEMPTS, {"document_id": document_id})
+        return [
+            AttemptRecord(
+                page_number=r.page_number,
+                claim=r.claim,
+                outcome=r.outcome,
+                model=r.model,
+                provider=r.provider,
+                finish_reason=r.finish_reason,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+                cost=float(r.cost) if r.cost is not None else None,
+                latency_ms=r.latency_ms,
+                provider_request_id=r.provider_request_id,
+                flags=r.flags,
             )
             for r in rows
         ]

@@ -12,14 +12,27 @@ import tempfile
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
-from pagescribe.documents import DocumentKind, InvalidDocumentError
-from pagescribe.observability import count, milliseconds
+from pagescribe.checks import (
+    Answer,
+    Flag,
+    PageEvidence,
+    PageFlag,
+    Thresholds,
+    check_answer,
+    clean_answer,
+    describe_flags,
+    hard_flags,
+    merge_flags,
+    usable_text_layer,
+)
+from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage
+from pagescribe.observability import count, count_flags, milliseconds
 from pagescribe.providers.base import (
     PageImage,
     ProviderError,
@@ -69,10 +82,32 @@ def parse_job_id(body: str) -> str:
 TEXT_LAYER = "pdf-text-layer"
 
 
-def usable_text_layer(text: str) -> bool:
-    """Enough real text to stand for the page (a scanned page has none, or a few stray characters)."""
-    visible = [ch for ch in text if not ch.isspace()]
-    return len(visible) >= 30 and sum(ch.isprintable() for ch in visible) >= 0.95 * len(visible)
+def thresholds(settings: Settings) -> Thresholds:
+    """The checks' thresholds, as configured."""
+    return Thresholds(
+        repetition=settings.flag_repetition_threshold,
+        refusal=settings.flag_refusal_threshold,
+        ink=settings.flag_ink_threshold,
+        blank_render=settings.flag_blank_render_threshold,
+        text_layer_recall=settings.flag_text_layer_recall_threshold,
+        low_confidence=settings.flag_low_confidence_threshold,
+    )
+
+
+_WHY = {
+    Flag.TRUNCATED: "the model stopped at the output limit (finish_reason=length, MAX_OUTPUT_TOKENS)",
+    Flag.REPETITION: "the answer repeats itself in a loop",
+    Flag.REFUSAL: "the model apologised or refused instead of transcribing",
+    Flag.EMPTY: "no text from a page that has ink",
+    Flag.BLANK_RENDER: "the page rendered blank although it draws text or paths (missing fonts, or a render failure)",
+}
+
+
+def rejection(flags: list[PageFlag], *, escalated_to: str | None = None, then: str = "its text is kept") -> str:
+    """Why a page failed on its hard flags: each flag with its value and threshold, and what it means."""
+    reasons = "; ".join(f"{flag.describe()}: {_WHY[flag.flag]}" for flag in hard_flags(flags))
+    after = f", also from the escalation model {escalated_to}" if escalated_to else ""
+    return f"the answer was not accepted{after}: {reasons}; {then}"
 
 
 def retry_delay_seconds(settings: Settings, attempts: int, retry_after: float | None) -> int:
@@ -156,9 +191,9 @@ class _Context:
         }
 
 
-def _outcome(result: Transcription, provider: str) -> PageOutcome:
+def _outcome(result: Transcription, provider: str, text: str, flags: list[PageFlag]) -> PageOutcome:
     return PageOutcome(
-        text=result.text,
+        text=text,
         finish_reason=result.finish_reason,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
@@ -167,7 +202,37 @@ def _outcome(result: Transcription, provider: str) -> PageOutcome:
         provider=provider,
         provider_request_id=result.request_id,
         latency_ms=round(result.latency_seconds * 1000),
+        flags=tuple(flag.as_dict() for flag in flags),
     )
+
+
+def _text_layer_outcome(text: str, flags: list[PageFlag]) -> PageOutcome:
+    """The page's own text layer as its answer: no model call, nothing paid."""
+    return PageOutcome(
+        text,
+        "text-layer",
+        0,
+        0,
+        0.0,
+        TEXT_LAYER,
+        TEXT_LAYER,
+        None,
+        0,
+        flags=tuple(flag.as_dict() for flag in flags),
+        called=False,
+    )
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A model's answer, cleaned and checked."""
+
+    outcome: PageOutcome
+    flags: list[PageFlag]
+
+    @property
+    def hard(self) -> bool:
+        return bool(hard_flags(self.flags))
 
 
 class Transcriber:
@@ -188,6 +253,7 @@ class Transcriber:
         self._sources = sources
         self._renderer = renderer
         self._transcripts = transcripts
+        self._thresholds = thresholds(settings)
 
     def call_budget(self, remaining_seconds: float) -> float:
         return min(self._settings.provider_timeout_seconds, remaining_seconds - self._settings.result_reserve_seconds)
@@ -233,46 +299,119 @@ class Transcriber:
             return await self._retry(ctx, exc.args[0], retry_after=exc.retry_after)
 
     async def _transcribe_claimed(self, ctx: _Context, remaining_seconds: Callable[[], float]) -> PageResult:
-        settings = self._settings
-        async with self._sources.use(ctx.document) as source:  # the file stays on disk while it is read
-            if ctx.document.kind is None:
+        settings, job, document = self._settings, ctx.job, ctx.document
+        async with self._sources.use(document) as source:  # the file stays on disk while it is read
+            if document.kind is None:
                 raise InvalidDocumentError("the document has no detected type")
-            if settings.text_layer == "auto" and ctx.document.kind == DocumentKind.PDF:
-                embedded = await self._renderer.text_layer(source, ctx.job.page_number)
+            kind = DocumentKind(document.kind)
+            if settings.text_layer == "auto" and kind is DocumentKind.PDF:
+                embedded = await self._renderer.text_layer(source, job.page_number)
                 if usable_text_layer(embedded):
-                    return await self._complete(
-                        ctx, PageOutcome(embedded, "text-layer", 0, 0, 0.0, TEXT_LAYER, TEXT_LAYER, None, 0)
-                    )
+                    return await self._complete(ctx, _text_layer_outcome(embedded, []))
             rendered = await self._renderer.render(
                 source,
-                DocumentKind(ctx.document.kind),
-                ctx.job.page_number,
+                kind,
+                job.page_number,
                 dpi=settings.render_dpi,
                 max_long_edge=settings.render_max_long_edge,
                 image_format=settings.render_format,
                 max_image_pixels=settings.max_image_pixels,
+                orient=settings.detect_orientation,
+                blank_below=settings.flag_blank_render_threshold,
             )
+        if rendered.draws:
+            return await self._blank_render(ctx, rendered)
+        evidence = PageEvidence(ink=rendered.ink, text_layer=rendered.text_layer, rotation=rendered.rotation)
+        escalation_model = document.escalation_model
+        model, earlier, escalated_to = document.model, [], None
+        if job.escalation_pending and escalation_model:  # escalated by an earlier claim: straight to that model
+            model = escalated_to = escalation_model
+            earlier = [PageFlag.from_dict(flag) for flag in job.flags]
         budget = self.call_budget(remaining_seconds())
         if budget < settings.min_call_budget_seconds:
             return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
+        checked = await self._ask(ctx, rendered, evidence, model, budget, earlier)
+        if not checked.hard:
+            return await self._complete(ctx, checked.outcome)
+        if job.escalation is not None or not escalation_model:  # escalated already, or nowhere to escalate to
+            return await self._fail(ctx, rejection(checked.flags, escalated_to=escalated_to), checked.outcome)
+        return await self._escalate(ctx, rendered, evidence, checked, escalation_model, remaining_seconds)
+
+    async def _escalate(
+        self,
+        ctx: _Context,
+        rendered: RenderedPage,
+        evidence: PageEvidence,
+        checked: _Checked,
+        model: str,
+        remaining_seconds: Callable[[], float],
+    ) -> PageResult:
+        """Ask the escalation model once for a page whose answer is hard-flagged. The escalation is recorded (with the
+        flagged answer, kept as the page's text meanwhile) before the call, under the lease: a duplicate or a later
+        delivery of the page finds it escalated and never escalates it again."""
+        if not self._storage.escalate_job(ctx.job, checked.outcome):
+            return self._lease_lost(ctx)
+        why = describe_flags(hard_flags(checked.flags))
+        log.warning("page escalated to %s: %s", model, why, extra=ctx.log_extra)
+        count("PagesEscalated")
+        budget = self.call_budget(remaining_seconds())
+        if budget < self._settings.min_call_budget_seconds:
+            return await self._retry(ctx, f"escalated to {model} ({why}); only {budget:.1f} s left for its call", None)
+        try:
+            escalated = await self._ask(ctx, rendered, evidence, model, budget, checked.flags)
+        except ProviderError as exc:
+            raise ProviderError(
+                f"escalated to {model} ({why}), which failed: {exc.message}",
+                retryable=exc.retryable,
+                status_code=exc.status_code,
+                retry_after=exc.retry_after,
+            ) from exc
+        if not escalated.hard:
+            return await self._complete(ctx, escalated.outcome)
+        return await self._fail(ctx, rejection(escalated.flags, escalated_to=model), escalated.outcome)
+
+    async def _ask(
+        self,
+        ctx: _Context,
+        rendered: RenderedPage,
+        evidence: PageEvidence,
+        model: str,
+        budget: float,
+        earlier: list[PageFlag],
+    ) -> _Checked:
+        """One model call for the page, its answer cleaned and checked. ``earlier``: the flags of the answer the page
+        escalated from, whose hard ones (why it escalated) stay the page's beside this answer's own."""
         request = TranscriptionRequest(
             image=PageImage(rendered.data, rendered.media_type),
-            prompt=ctx.document.prompt or settings.prompt,
-            model=ctx.document.model,
-            max_output_tokens=settings.max_output_tokens,
+            prompt=ctx.document.prompt or self._settings.prompt,
+            model=model,
+            max_output_tokens=self._settings.max_output_tokens,
             document_id=ctx.job.document_id,
             page_number=ctx.job.page_number,
         )
         result = await self._provider.transcribe(request, budget_seconds=budget)
-        outcome = _outcome(result, self._provider.name)
-        if result.truncated:
-            return await self._fail(
-                ctx,
-                "the answer was truncated: the model stopped at the output limit (finish_reason=length, "
-                f"MAX_OUTPUT_TOKENS={settings.max_output_tokens}); the partial text is kept",
-                outcome,
-            )
-        return await self._complete(ctx, outcome)
+        milliseconds("ModelLatency", round(result.latency_seconds * 1000))
+        count("PromptTokens", result.prompt_tokens or 0)
+        count("CompletionTokens", result.completion_tokens or 0)
+        count("CostUSD", result.cost or 0.0)
+        answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
+        flags = check_answer(answer, evidence, self._thresholds, max_output_tokens=self._settings.max_output_tokens)
+        count_flags(flag.flag for flag in flags)
+        outcome = _outcome(result, self._provider.name, answer.text, flags)
+        if earlier:
+            merged = merge_flags(hard_flags(earlier), flags)
+            outcome = replace(outcome, page_flags=tuple(flag.as_dict() for flag in merged))
+        return _Checked(outcome, flags)
+
+    async def _blank_render(self, ctx: _Context, rendered: RenderedPage) -> PageResult:
+        """A page that draws text or paths but rendered blank is not sent to the model as a blank image: its own text
+        layer stands in for it where it has a usable one (flagged); otherwise it fails, with no call made."""
+        flags = [PageFlag(Flag.BLANK_RENDER, rendered.marked, self._settings.flag_blank_render_threshold)]
+        count_flags(flag.flag for flag in flags)
+        if self._settings.text_layer != "off" and usable_text_layer(rendered.text_layer):
+            return await self._complete(ctx, _text_layer_outcome(rendered.text_layer, flags))
+        reason = rejection(flags, then="the page has no usable text layer to stand in, and no model was asked")
+        return await self._fail(ctx, reason, replace(NO_OUTCOME, flags=tuple(flag.as_dict() for flag in flags)))
 
     async def _complete(self, ctx: _Context, outcome: PageOutcome) -> PageResult:
         progress = self._storage.complete_job(ctx.job, outcome)
@@ -283,15 +422,13 @@ class Transcriber:
             extra={
                 **ctx.log_extra,
                 "provider": outcome.provider,
+                "model": outcome.model,
                 "latency_ms": outcome.latency_ms,
                 "request_id": outcome.provider_request_id,
+                "flags": [flag["flag"] for flag in outcome.flags],
             },
         )
         count("PagesCompleted")
-        milliseconds("ModelLatency", outcome.latency_ms or 0)
-        count("PromptTokens", outcome.prompt_tokens or 0)
-        count("CompletionTokens", outcome.completion_tokens or 0)
-        count("CostUSD", outcome.cost or 0.0)
         await self._after_page(progress)
         return PageResult.COMPLETED
 
@@ -299,8 +436,10 @@ class Transcriber:
         progress = self._storage.fail_job(ctx.job, reason, outcome)
         if progress is None:
             return self._lease_lost(ctx)
-        log.warning("page failed: %s", reason, extra=ctx.log_extra)
+        log.warning("page failed: %s", reason, extra={**ctx.log_extra, "flags": [f["flag"] for f in outcome.flags]})
         count("PagesFailed")
+        if any(PageFlag.from_dict(flag).hard for flag in outcome.flags):
+            count("PagesRejected")
         await self._after_page(progress)
         return PageResult.FAILED
 

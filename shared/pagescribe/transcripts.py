@@ -4,54 +4,105 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from pagescribe.aws import DocumentStore
 from pagescribe.callbacks import CallbackNotifier
+from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.settings import Settings
-from pagescribe.storage import DocumentRecord, DocumentStatus, JobStatus, PageRecord, Storage
+from pagescribe.storage import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord, Storage
 
 log = logging.getLogger(__name__)
 
 
+def _comment_safe(text: str) -> str:
+    """Text that cannot end the HTML comment it is written in."""
+    return text.replace("--", "- -")
+
+
 def _page_marker(page: PageRecord, page_count: int) -> str:
+    """``<!-- page 2 of 7 (provider model) flags: rotated=90 (threshold 0) -->``; a page that failed says why."""
     if page.status is JobStatus.COMPLETED:
-        return f"<!-- page {page.page_number} of {page_count} ({page.provider} {page.model}) -->"
-    return f"<!-- page {page.page_number} of {page_count}: {page.status.value}: {page.error or 'no reason'} -->"
+        escalated = "; escalated" if page.escalation else ""
+        said = f" ({page.provider} {page.model}{escalated})"
+    else:
+        said = f": {page.status.value}: {page.error or 'no reason'}"
+    if page.flags:
+        said += " flags: " + describe_flags([PageFlag.from_dict(flag) for flag in page.flags])
+    return f"<!-- page {page.page_number} of {page_count}{_comment_safe(said)} -->"
 
 
 def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
-    """Pages in order, each opened by a marker; a page that failed says why (its partial text is kept)."""
-    parts = [f"<!-- pagescribe document {document.document_id}: {document.object_key} -->"]
+    """Pages in order, each opened by a marker that counts the file's own pages and names the page's flags; a page
+    that failed says why (its text, if any, is kept)."""
+    parts = [f"<!-- pagescribe document {document.document_id}: {_comment_safe(document.object_key)} -->"]
+    page_count = document.source_page_count or document.page_count
     for page in pages:
         body = (page.text or "").strip()
-        parts.append(_page_marker(page, document.page_count) + ("\n\n" + body if body else ""))
+        parts.append(_page_marker(page, page_count) + ("\n\n" + body if body else ""))
     return "\n\n".join(parts) + "\n"
 
 
-def render_json(document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord]) -> str:
+def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
+    return {
+        "model": attempt.model,
+        "provider": attempt.provider,
+        "outcome": attempt.outcome,
+        "finish_reason": attempt.finish_reason,
+        "prompt_tokens": attempt.prompt_tokens,
+        "completion_tokens": attempt.completion_tokens,
+        "cost": attempt.cost,
+        "latency_ms": attempt.latency_ms,
+        "provider_request_id": attempt.provider_request_id,
+        "flags": attempt.flags,
+    }
+
+
+def render_json(
+    document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord], attempts: list[AttemptRecord]
+) -> str:
+    """The document, its pages (the kept answer's text, model and flags) and, per page, every paid call: the
+    document's tokens and cost are the sums over all of them, kept or not."""
+    by_page: dict[int, list[AttemptRecord]] = {}
+    for attempt in attempts:
+        by_page.setdefault(attempt.page_number, []).append(attempt)
+
+    def total(calls: list[AttemptRecord], field: str) -> Any:
+        return sum(getattr(call, field) or 0 for call in calls)
+
     return json.dumps(
         {
             "document_id": document.document_id,
-            "source": {"bucket": document.bucket, "key": document.object_key, "kind": document.kind},
+            "source": {
+                "bucket": document.bucket,
+                "key": document.object_key,
+                "kind": document.kind,
+                "page_count": document.source_page_count,
+            },
             "status": status.value,
             "page_count": document.page_count,
-            "prompt_tokens": sum(p.prompt_tokens or 0 for p in pages),
-            "completion_tokens": sum(p.completion_tokens or 0 for p in pages),
-            "cost": round(sum(p.cost or 0.0 for p in pages), 8),
+            "flagged_pages": sum(bool(p.flags) for p in pages),
+            "model": document.model,
+            "escalation_model": document.escalation_model,
+            "prompt_tokens": total(attempts, "prompt_tokens"),
+            "completion_tokens": total(attempts, "completion_tokens"),
+            "cost": round(total(attempts, "cost"), 8),
             "pages": [
                 {
                     "page": p.page_number,
                     "status": p.status.value,
                     "text": p.text,
                     "error": p.error,
-                    "finish_reason": p.finish_reason,
-                    "attempts": p.attempts,
-                    "prompt_tokens": p.prompt_tokens,
-                    "completion_tokens": p.completion_tokens,
-                    "cost": p.cost,
+                    "flags": p.flags,
                     "model": p.model,
                     "provider": p.provider,
+                    "escalated": p.escalation is not None,
+                    "finish_reason": p.finish_reason,
                     "provider_request_id": p.provider_request_id,
+                    "prompt_tokens": total(by_page.get(p.page_number, []), "prompt_tokens"),
+                    "completion_tokens": total(by_page.get(p.page_number, []), "completion_tokens"),
+                    "cost": round(total(by_page.get(p.page_number, []), "cost"), 8),
+                    "attempts": [_attempt(a) for a in by_page.get(p.page_number, [])],
                 }
                 for p in pages
             ],
@@ -86,12 +137,13 @@ class TranscriptWriter:
         if document is None or document.finished_at is not None:
             return None
         pages = self._storage.load_pages(document_id)
+        attempts = self._storage.load_attempts(document_id)
         status, error = _final_status(pages)
         markdown_key = self.transcript_key(document_id, "md")
         self._store.put_text(
             document.bucket,
             self.transcript_key(document_id, "json"),
-            render_json(document, status, pages),
+            render_json(document, status, pages, attempts),
             content_type="application/json",
         )
         self._store.put_text(

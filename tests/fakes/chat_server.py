@@ -30,6 +30,7 @@ import struct
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
@@ -125,6 +126,8 @@ class Trickle:
 
 
 Behaviour = Ok | Status | BodyError | Hang | Reset | Malformed | Empty | Truncated | Trickle
+# Chooses the behaviour for a request from its JSON body and its decoded page image; None leaves it to the script.
+Rule = Callable[[dict[str, Any], bytes], Behaviour | None]
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ class FakeChatServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._script: deque[Behaviour] = deque()
+        self._rules: list[Rule] = []
         self._default: Behaviour = Ok()
         self._received: list[ReceivedRequest] = []
         self._connections_opened = 0
@@ -199,6 +203,12 @@ class FakeChatServer:
         with self._lock:
             self._script.extend(behaviours)
 
+    def route(self, rule: Rule) -> None:
+        """Answer each valid request for which ``rule(body, image)`` returns a behaviour with that behaviour, before
+        the script and the default: e.g. a given answer for one page image, or for one model."""
+        with self._lock:
+            self._rules.append(rule)
+
     def set_default(self, behaviour: Behaviour) -> None:
         """The behaviour for valid requests once the script is used up (initially ``Ok()``)."""
         with self._lock:
@@ -239,7 +249,13 @@ class FakeChatServer:
         with self._lock:
             self._received.append(request)
 
-    def _next_behaviour(self) -> Behaviour:
+    def _next_behaviour(self, body: dict[str, Any], image: bytes) -> Behaviour:
+        with self._lock:
+            rules = list(self._rules)
+        for rule in rules:
+            chosen = rule(body, image)
+            if chosen is not None:
+                return chosen
         with self._lock:
             return self._script.popleft() if self._script else self._default
 
@@ -341,7 +357,7 @@ class _Handler(BaseHTTPRequestHandler):
         except _InvalidRequest as exc:
             self._send_error(400, str(exc))
             return
-        self._perform(fake._next_behaviour(), body, image)
+        self._perform(fake._next_behaviour(body, image), body, image)
 
     def _perform(self, behaviour: Behaviour, body: dict[str, Any], image: bytes) -> None:
         fake = self.server.fake

@@ -119,9 +119,10 @@ def test_the_full_flow_create_upload_transcribe_status_transcript_retry(
     assert "unreadable page" in page_error["error"]
     # And the transcript is served as markdown and as JSON
     code, markdown = call("GET", f"/documents/{document_id}/transcript")
-    assert code == 200 and f"<!-- page {failed_page} of 3: FAILED: " in markdown and "unreadable page" in markdown
+    # (each marker counts the file's own pages, 4, not the 3 asked for)
+    assert code == 200 and f"<!-- page {failed_page} of 4: FAILED: " in markdown and "unreadable page" in markdown
     for page in {1, 2, 4} - {failed_page}:  # which page the provider refused depends on which rendered last
-        assert f"<!-- page {page} of 3 (" in markdown
+        assert f"<!-- page {page} of 4 (" in markdown
     code, as_json = call("GET", f"/documents/{document_id}/transcript", query={"format": "json"})
     assert code == 200 and [p["page"] for p in as_json["pages"]] == [1, 2, 4]
     # And the signed callback arrived once

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -16,31 +16,13 @@ import boto3
 import httpx
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.documents import DocumentKind, render_page
+from pagescribe.documents import DocumentKind, extract_text_layer, render_page
 
-from tests.fakes.chat_server import FakeChatServer, expected_text
+from tests.fakes.chat_server import FakeChatServer, Ok, expected_text
+from tests.support.answers import captured
+from tests.support.commands import command_environment, pagescribe
 
 pytestmark = pytest.mark.integration
-
-
-def _environment(database_url: str, provider: FakeChatServer) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PROVIDER_", "API_KEY"))}
-    env.update(
-        {
-            "DATABASE_URL": database_url,
-            "PROVIDER_BASE_URL": provider.base_url,
-            "MODEL": "test/vision-model",
-            "FUNCTION_TIMEOUT_SECONDS": "60",
-            "PROVIDER_TIMEOUT_SECONDS": "30",
-        }
-    )
-    return env
-
-
-def _pagescribe(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pagescribe.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_transcribe_writes_the_pages_in_order(
@@ -49,8 +31,8 @@ def test_transcribe_writes_the_pages_in_order(
     # Given a 4-page PDF and a provider that names the image it was sent
     source = corpus / "pdflatex-4-pages.pdf"
     # When the user runs pagescribe transcribe on it
-    result = _pagescribe(
-        "transcribe", str(source), "--out", "out", env=_environment(database_url, fake_provider), cwd=tmp_path
+    result = pagescribe(
+        "transcribe", str(source), "--out", "out", env=command_environment(database_url, fake_provider), cwd=tmp_path
     )
     # Then it exits 0, says where it wrote, and the markdown has every page in order with its own text
     assert result.returncode == 0, result.stderr
@@ -65,10 +47,10 @@ def test_transcribe_writes_the_pages_in_order(
 def test_transcribe_fails_clearly_on_a_password_protected_pdf(
     database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
 ) -> None:
-    result = _pagescribe(
+    result = pagescribe(
         "transcribe",
         str(corpus / "libreoffice-writer-password.pdf"),
-        env=_environment(database_url, fake_provider),
+        env=command_environment(database_url, fake_provider),
         cwd=tmp_path,
     )
     assert result.returncode == 1
@@ -77,7 +59,7 @@ def test_transcribe_fails_clearly_on_a_password_protected_pdf(
 
 
 def test_transcribe_names_a_missing_file(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> None:
-    result = _pagescribe("transcribe", "nope.pdf", env=_environment(database_url, fake_provider), cwd=tmp_path)
+    result = pagescribe("transcribe", "nope.pdf", env=command_environment(database_url, fake_provider), cwd=tmp_path)
     assert result.returncode == 2 and "no such file: nope.pdf" in result.stderr
 
 
@@ -85,7 +67,7 @@ def test_serve_is_used_like_the_deployed_stack(
     database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
 ) -> None:
     # Given pagescribe serve running, with an API key
-    env = {**_environment(database_url, fake_provider), "API_KEY": "local-key"}
+    env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
     server = subprocess.Popen(
         [sys.executable, "-m", "pagescribe.cli", "serve", "--port", "0"],
         env=env,
@@ -151,10 +133,43 @@ def test_markdown_on_stdout_stays_clean_on_a_long_document(
     long.close()
     source.close()
     # When it is transcribed with the markdown on stdout
-    result = _pagescribe(
-        "transcribe", "long.pdf", "--out", "-", env=_environment(database_url, fake_provider), cwd=tmp_path
+    result = pagescribe(
+        "transcribe", "long.pdf", "--out", "-", env=command_environment(database_url, fake_provider), cwd=tmp_path
     )
     # Then stdout is the markdown and nothing else
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("<!-- pagescribe document ")
     assert '"_aws"' not in result.stdout and len(re.findall(r"<!-- page \d+ of 100 ", result.stdout)) == 100
+
+
+def test_transcribe_escalates_a_looping_page_and_prints_one_line_per_flagged_page(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given a model that loops on page 2 of a 4-page PDF (a captured real loop) and transcribes the others faithfully
+    source = corpus / "pdflatex-4-pages.pdf"
+    pages = {hashlib.sha256(render_page(source, DocumentKind.PDF, n).data).hexdigest(): n for n in range(1, 5)}
+    loop = captured("repetition")[0]
+
+    def rule(body: dict[str, Any], image: bytes) -> Ok:
+        page = pages[hashlib.sha256(image).hexdigest()]
+        looping = page == 2 and body["model"] == "test/vision-model"
+        return Ok(text=loop if looping else extract_text_layer(source, page))
+
+    fake_provider.route(rule)
+    env = command_environment(database_url, fake_provider)
+    # When the user transcribes it without an escalation model, then with one
+    without = pagescribe("transcribe", str(source), "--out", "a", env=env, cwd=tmp_path)
+    escalated = pagescribe(
+        "transcribe", str(source), "--out", "b", "--escalation-model", "test/strong-model", env=env, cwd=tmp_path
+    )
+    # Then without, page 2 fails on its flag, the document is partial, and the last line names the page and its flags
+    assert without.returncode == 1
+    last = without.stderr.strip().splitlines()[-1]
+    assert last.startswith("pdflatex-4-pages.pdf page 2: FAILED: repetition=") and "(threshold 8)" in last
+    # And with it, page 2 was asked once more on the escalation model, completed, and its line still says why
+    assert escalated.returncode == 0, escalated.stderr
+    last = escalated.stderr.strip().splitlines()[-1]
+    assert last.startswith("pdflatex-4-pages.pdf page 2: COMPLETED (escalated): repetition=")
+    assert [r.body["model"] for r in fake_provider.received if r.body].count("test/strong-model") == 1
+    markdown = (tmp_path / "b" / "pdflatex-4-pages.md").read_text()
+    assert "test/strong-model; escalated) flags: repetition=" in markdown

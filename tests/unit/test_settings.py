@@ -94,3 +94,41 @@ def test_render_processes_that_do_not_fit_the_function_memory_fail_naming_the_va
 def test_outside_lambda_the_render_processes_follow_the_cpus() -> None:
     assert Settings().render_worker_count() == min(os.cpu_count() or 1, 4)
     Settings().check_render_memory()
+
+
+def test_an_escalation_model_needs_a_vision_model_provider() -> None:
+    # Given an escalation model with no provider key (the offline OCR engine transcribes)
+    settings = Settings(escalation_model="anthropic/claude-sonnet-4.5")
+    # When a function that calls the model checks its configuration at cold start
+    with pytest.raises(ConfigurationError) as raised:
+        settings.check_escalation()
+    # Then the message names the setting and why
+    assert "ESCALATION_MODEL='anthropic/claude-sonnet-4.5'" in str(raised.value) and "offline" in str(raised.value)
+    Settings(escalation_model="anthropic/claude-sonnet-4.5", provider_api_key=SecretStr("k")).check_escalation()
+
+
+def test_an_empty_escalation_model_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CloudFormation passes the empty default of the EscalationModel parameter as ""
+    monkeypatch.setenv("ESCALATION_MODEL", "")
+    get_settings.cache_clear()
+    assert get_settings().escalation_model is None
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("TEXT_LAYER", "sometimes", "text_layer"),
+        ("FLAG_REPETITION_THRESHOLD", "1", "flag_repetition_threshold"),
+        ("FLAG_REFUSAL_THRESHOLD", "1.5", "flag_refusal_threshold"),
+        ("FLAG_TEXT_LAYER_RECALL_THRESHOLD", "-0.1", "flag_text_layer_recall_threshold"),
+    ],
+)
+def test_a_bad_check_setting_is_refused_by_name(
+    variable: str, value: str, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    get_settings.cache_clear()
+    with pytest.raises(ConfigurationError, match=named):
+        get_settings()
+    get_settings.cache_clear()

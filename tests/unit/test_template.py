@@ -1201,3 +1201,39 @@ def test_dashboard_url_output_opens_this_dashboard(template: dict[str, Any]) -> 
     # Then it opens the console's dashboard page for this stack's dashboard in this region
     assert text.startswith("https://${AWS::Region}.console.aws.amazon.com/cloudwatch/home?region=${AWS::Region}")
     assert text.endswith("#dashboards:name=${Dashboard}")
+
+
+# --- checked pages --------------------------------------------------------------------------------------------
+
+
+def test_the_escalation_model_is_a_parameter_that_is_off_by_default(template: dict[str, Any]) -> None:
+    # Given the template's parameters and the transcribe function's environment
+    parameter = template["Parameters"]["EscalationModel"]
+    environment = _environment(template, "TranscribeFunction")
+    # Then ESCALATION_MODEL comes from the parameter, whose default (empty) means no escalation
+    assert environment["ESCALATION_MODEL"] == {"Ref": "EscalationModel"}
+    assert parameter["Type"] == "String" and parameter["Default"] == ""
+
+
+def test_pages_rejected_on_their_flags_raise_an_alarm(template: dict[str, Any]) -> None:
+    from pagescribe.observability import NAMESPACE
+
+    # Given the template's alarms
+    alarms = [a for a in _alarms(template) if a.get("MetricName") == "PagesRejected"]
+    # Then one watches the metric the transcribe function counts, with the dimension Powertools gives it
+    assert len(alarms) == 1
+    [alarm] = alarms
+    assert alarm["Namespace"] == NAMESPACE and alarm["Dimensions"] == [{"Name": "service", "Value": "pagescribe"}]
+    assert alarm["Statistic"] == "Sum" and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert _default(template, _ref_parameter(alarm["Threshold"])) >= 1
+
+
+def test_the_dashboard_shows_a_metric_per_flag(template: dict[str, Any]) -> None:
+    from pagescribe.checks import Flag
+    from pagescribe.observability import flag_metric
+
+    # Given the dashboard's metric rows
+    body = json.loads(re.sub(r"\$\{([^}]+)\}", lambda m: m.group(1), _dashboard_text(template)))
+    shown = {fields[1] for _, fields, _ in _dashboard_metrics(body) if fields[0] == "Pagescribe"}
+    # Then every flag's metric, as the code names it, is on it, with escalations and rejections
+    assert {flag_metric(flag) for flag in Flag} | {"PagesEscalated", "PagesRejected"} <= shown

@@ -1,0 +1,251 @@
+"""Every answer checked, hard-flagged pages escalated once, every paid call counted: through the real handlers, moto,
+PostgreSQL and the fake chat-completions server answering some pages with real captured loops and refusals."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pagescribe.checks import clean_answer
+from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import get_settings
+from pagescribe.storage import Storage
+
+from functions.api import app as api_app
+from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Ok
+from tests.support.answers import captured
+from tests.support.aws_events import LambdaContext, api_event, sqs_event, sqs_record_for_body
+from tests.support.database import page_rows
+from tests.support.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+PRIMARY = "test/vision-model"  # the pipeline fixture's MODEL
+STRONG = "test/strong-model"
+COST = 0.00012  # what the fake charges per answer
+LOOP = captured("repetition")[0]
+REFUSAL = captured("refusal")[0]
+
+
+def _digest(image: bytes) -> str:
+    return hashlib.sha256(image).hexdigest()
+
+
+def _page_images(path: Path, pages: int) -> dict[str, int]:
+    """The digest of each page image the pipeline sends, by page."""
+    settings = get_settings()
+    return {
+        _digest(
+            render_page(
+                path,
+                DocumentKind.PDF,
+                n,
+                dpi=settings.render_dpi,
+                max_long_edge=settings.render_max_long_edge,
+                image_format=settings.render_format,
+            ).data
+        ): n
+        for n in range(1, pages + 1)
+    }
+
+
+def _image_of(body: dict[str, Any]) -> bytes:
+    url = next(part["image_url"]["url"] for part in body["messages"][0]["content"] if part.get("type") == "image_url")
+    return base64.b64decode(url.partition(",")[2])
+
+
+def _calls(fake: FakeChatServer, pages: dict[str, int]) -> Counter[tuple[str, int]]:
+    """Model calls by (model, page)."""
+    return Counter((body["model"], pages[_digest(_image_of(body))]) for body in fake.requests)
+
+
+def _weak_answers_on_pages_2_and_3(fake: FakeChatServer, path: Path, pages: dict[str, int]) -> None:
+    """The primary model loops on page 2 and refuses page 3; every other answer is the page's own text, as a good
+    model would give it."""
+    words = {n: extract_text_layer(path, n) for n in pages.values()}
+
+    def rule(body: dict[str, Any], image: bytes) -> Ok:
+        page = pages[_digest(image)]
+        if body["model"] == PRIMARY and page in (2, 3):
+            return Ok(text=LOOP if page == 2 else REFUSAL)
+        return Ok(text=words[page])
+
+    fake.route(rule)
+
+
+def _status(document_id: str) -> dict[str, Any]:
+    response = api_app.handler(api_event("GET", f"/documents/{document_id}"), LambdaContext(29))
+    assert response["statusCode"] == 200, response
+    return dict(json.loads(response["body"]))
+
+
+def _configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    shutdown_runtime()
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def four_pages(corpus: Path) -> Path:
+    return corpus / "pdflatex-4-pages.pdf"
+
+
+def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_answer(
+    pipeline: Pipeline,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    four_pages: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an escalation model, and a primary model that loops on page 2 and refuses page 3
+    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
+    pages = _page_images(four_pages, 4)
+    _weak_answers_on_pages_2_and_3(fake_provider, four_pages, pages)
+    [doc] = pipeline.upload("uploads/four.pdf", four_pages)["documents"]
+    # When the queue is drained
+    pipeline.run_until_idle()
+    # Then pages 2 and 3 were asked once more, on the escalation model, and nothing else was
+    assert _calls(fake_provider, pages) == Counter(
+        {(PRIMARY, 1): 1, (PRIMARY, 2): 1, (PRIMARY, 3): 1, (PRIMARY, 4): 1, (STRONG, 2): 1, (STRONG, 3): 1}
+    )
+    # And the kept answers of those pages come from it, and every page completed
+    jobs = page_rows(storage, doc["document_id"])
+    assert [j["status"] for j in jobs] == ["COMPLETED"] * 4
+    assert [j["model"] for j in jobs] == [PRIMARY, STRONG, STRONG, PRIMARY]
+    assert [j["result_text"] for j in jobs] == [extract_text_layer(four_pages, n) for n in range(1, 5)]
+    # And the status counts every paid call in the cost, and lists the flags that sent the pages on
+    status = _status(doc["document_id"])
+    assert status["model_calls"] == 6 and status["cost"] == pytest.approx(6 * COST)
+    assert status["prompt_tokens"] == 6 * PROMPT_TOKENS
+    assert status["flagged_pages"] == 2
+    assert [(p["page"], p["status"], [f["flag"] for f in p["flags"]]) for p in status["page_flags"]] == [
+        (2, "COMPLETED", ["repetition"]),
+        (3, "COMPLETED", ["refusal"]),
+    ]
+    # And the JSON names the kept answer's model and lists each attempt with its model, tokens, cost and flags
+    markdown, js = pipeline.transcript(doc["document_id"])
+    assert js["cost"] == pytest.approx(6 * COST) and js["flagged_pages"] == 2
+    page2 = js["pages"][1]
+    assert page2["model"] == STRONG and page2["escalated"] is True
+    # (the loop's own flags: it repeats, and it does not have the words of the page's text layer)
+    assert [(a["model"], a["outcome"], [f["flag"] for f in a["flags"]]) for a in page2["attempts"]] == [
+        (PRIMARY, "ESCALATED", ["repetition", "text_layer_mismatch"]),
+        (STRONG, "KEPT", []),
+    ]
+    assert all(a["cost"] == pytest.approx(COST) and a["prompt_tokens"] == PROMPT_TOKENS for a in page2["attempts"])
+    assert page2["cost"] == pytest.approx(2 * COST)
+    repetition = page2["flags"][0]
+    assert repetition["flag"] == "repetition" and repetition["value"] >= repetition["threshold"] == 8
+    assert [f["flag"] for f in js["pages"][2]["flags"]] == ["refusal"]
+    assert js["pages"][0]["flags"] == [] and js["pages"][0]["attempts"][0]["outcome"] == "KEPT"
+    # And the markdown page markers name the flags
+    assert f"{STRONG}; escalated) flags: repetition=" in markdown
+    assert f"{STRONG}; escalated) flags: refusal=" in markdown
+
+
+def test_without_an_escalation_model_hard_flagged_pages_fail_with_the_flag_as_reason(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, four_pages: Path
+) -> None:
+    # Given no escalation model, and a primary model that loops on page 2 and refuses page 3
+    pages = _page_images(four_pages, 4)
+    _weak_answers_on_pages_2_and_3(fake_provider, four_pages, pages)
+    [doc] = pipeline.upload("uploads/four.pdf", four_pages)["documents"]
+    # When the queue is drained
+    pipeline.run_until_idle()
+    # Then each page was asked once, and the two weak pages failed, naming the flag and its value, keeping their text
+    assert fake_provider.calls == 4
+    jobs = page_rows(storage, doc["document_id"])
+    assert [j["status"] for j in jobs] == ["COMPLETED", "FAILED", "FAILED", "COMPLETED"]
+    assert "repetition=" in jobs[1]["error"] and "(threshold 8)" in jobs[1]["error"]
+    assert "refusal=" in jobs[2]["error"] and "(threshold 0.5)" in jobs[2]["error"]
+    assert jobs[1]["result_text"] == clean_answer(LOOP) and jobs[2]["result_text"] == clean_answer(REFUSAL)
+    # And the document is PARTIAL; its status, JSON and markdown show the flags; every call is in its cost
+    status = _status(doc["document_id"])
+    assert status["status"] == "PARTIAL" and status["flagged_pages"] == 2
+    assert status["cost"] == pytest.approx(4 * COST)
+    assert {e["page"] for e in status["page_errors"]} == {2, 3}
+    markdown, js = pipeline.transcript(doc["document_id"])
+    assert [a["outcome"] for a in js["pages"][1]["attempts"]] == ["REJECTED"]
+    assert js["pages"][1]["escalated"] is False
+    assert [f["flag"] for f in js["pages"][1]["flags"]] == ["repetition", "text_layer_mismatch"]
+    assert "<!-- page 2 of 4: FAILED: the answer was not accepted: repetition=" in markdown
+    assert "flags: refusal=" in markdown
+
+
+def test_under_triple_duplicate_delivery_each_page_is_escalated_at_most_once(
+    pipeline: Pipeline,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    four_pages: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an escalation model, weak answers on pages 2 and 3, and every message delivered to three environments
+    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
+    pages = _page_images(four_pages, 4)
+    _weak_answers_on_pages_2_and_3(fake_provider, four_pages, pages)
+    [doc] = pipeline.upload("uploads/dups.pdf", four_pages)["documents"]
+    messages = pipeline.receive_all()
+    fake_provider.default_delay = 1.5  # long enough for the three environments to overlap
+    event = sqs_event(messages, pipeline.queue_arn)
+    # When three execution environments (separate processes) receive the same batch at once
+    responses = pipeline.invoke_in_new_environments("transcribe", event, 3)
+    assert all(r["batchItemFailures"] == [] for r in responses)
+    # And the same messages come again, late
+    late = pipeline.invoke_transcribe(
+        {"Records": [sqs_record_for_body(m["Body"], pipeline.queue_arn) for m in messages * 3]}
+    )
+    assert late["batchItemFailures"] == []
+    # Then each page was asked once, and pages 2 and 3 were escalated exactly once
+    assert _calls(fake_provider, pages) == Counter(
+        {(PRIMARY, 1): 1, (PRIMARY, 2): 1, (PRIMARY, 3): 1, (PRIMARY, 4): 1, (STRONG, 2): 1, (STRONG, 3): 1}
+    )
+    jobs = page_rows(storage, doc["document_id"])
+    assert [(j["status"], j["escalation"]) for j in jobs] == [
+        ("COMPLETED", None),
+        ("COMPLETED", "DONE"),
+        ("COMPLETED", "DONE"),
+        ("COMPLETED", None),
+    ]
+    assert _status(doc["document_id"])["model_calls"] == 6
+
+
+def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_to_the_escalation_model(
+    pipeline: Pipeline,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an escalation model and a primary model that loops slowly on a one-page document
+    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
+    source = corpus / "minimal-document.pdf"
+    pages = _page_images(source, 1)
+    fake_provider.route(
+        lambda body, image: Ok(text=LOOP, delay=6.0) if body["model"] == PRIMARY else Ok(extract_text_layer(source, 1))
+    )
+    [doc] = pipeline.upload("uploads/one.pdf", source)["documents"]
+    [message] = pipeline.receive_all()
+    # When an invocation with 15 s left (10 s for a call, after the 5 s reserve) spends 6 s on the looping answer,
+    # leaving less than the 5 s minimum a call must get
+    _configure(monkeypatch, MIN_CALL_BUDGET_SECONDS="5")
+    first = pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=15)
+    # Then the page was not half-called: it is back in the queue, escalated, with the loop's answer kept meanwhile
+    assert first["batchItemFailures"] == []
+    [job] = page_rows(storage, doc["document_id"])
+    assert (job["status"], job["escalation"], job["attempts"]) == ("QUEUED", "PENDING", 1)
+    assert "only" in job["error"] and STRONG in job["error"]
+    assert _calls(fake_provider, pages) == Counter({(PRIMARY, 1): 1})
+    # And when the page is delivered again it goes straight to the escalation model, whose answer is kept
+    pipeline.run_until_idle()
+    assert _calls(fake_provider, pages) == Counter({(PRIMARY, 1): 1, (STRONG, 1): 1})
+    [job] = page_rows(storage, doc["document_id"])
+    assert (job["status"], job["model"], job["escalation"]) == ("COMPLETED", STRONG, "DONE")
+    assert [f["flag"] for f in job["flags"]] == ["repetition"]
+    assert _status(doc["document_id"])["cost"] == pytest.approx(2 * COST)
