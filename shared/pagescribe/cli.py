@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -26,6 +28,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from pagescribe import evaluation
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.documents import InvalidDocumentError, detect_kind
 from pagescribe.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
@@ -256,7 +259,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 def _run_until_finished(stack: LocalStack, tracked: list[Tracked]) -> None:
     """Play the Lambda service until every document is finished, showing progress on stderr."""
     progress = Progress(sys.stderr)
-    # stdout is the markdown's (--out -): whatever the handlers print while they run
+    # stdout is the markdown's (--out -) or the table's (eval): whatever the handlers print while they run
     # (Powertools flushes metrics there every 100 values, even when disabled) goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
         while True:
@@ -278,6 +281,65 @@ def flagged_page_lines(documents: list[Tracked]) -> list[str]:
         for doc in documents
         for page in doc.page_flags
     ]
+
+
+# --- eval -------------------------------------------------------------------------------------------------
+
+
+def _eval(args: argparse.Namespace) -> int:
+    try:
+        documents = evaluation.plan(
+            [Path(p) for p in args.paths],
+            truth_dir=Path(args.truth) if args.truth else None,
+            olmocr_bench=Path(args.olmocr_bench) if args.olmocr_bench else None,
+        )
+    except evaluation.EvaluationError as exc:
+        raise CommandError(str(exc)) from exc
+    os.environ["TEXT_LAYER"] = "off"  # the model is what is measured: every page goes to it as an image
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    with local_stack(data_dir=Path(args.data_dir), host="127.0.0.1", aws_port=0, sweep_every=10.0) as stack:
+        settings = stack.runtime.settings
+        context = {
+            "command": "pagescribe " + " ".join(shlex.quote(arg) for arg in args.argv),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": evaluation.machine(),
+            "provider": stack.runtime.provider.name,
+            "model": "offline OCR" if settings.uses_offline_provider else (args.model or settings.model),
+        }
+        print(
+            f"pagescribe eval: {len(documents)} documents, {context['provider']} ({context['model']})", file=sys.stderr
+        )
+        tracked = [
+            _upload(
+                stack,
+                document.path,
+                NewUpload(
+                    filename="",
+                    content_type="",
+                    pages=",".join(map(str, document.pages)) if document.pages else None,
+                    model=args.model,
+                    escalation_model=args.escalation_model,
+                    prompt=args.prompt,
+                ),
+            )
+            for document in documents
+        ]
+        _run_until_finished(stack, tracked)
+        scores = []
+        for document, doc in zip(documents, tracked, strict=True):
+            answer = stack.runtime.documents.transcript(doc.document_id, TranscriptFormat.JSON)
+            transcript = json.loads(answer.body) if answer is not None and answer.body is not None else None
+            scores += evaluation.score_document(document, transcript, doc.error)
+    summary = evaluation.summarize(scores)
+    print(evaluation.summary_table(summary) + "\n\n" + evaluation.pages_table(scores))
+    if args.json:
+        Path(args.json).write_text(json.dumps(evaluation.as_json(summary, scores, context), indent=2) + "\n")
+        print(f"pagescribe eval: wrote {args.json}", file=sys.stderr)
+    if args.report:
+        Path(args.report).write_text(evaluation.report(summary, scores, context, [d.path for d in documents]))
+        print(f"pagescribe eval: wrote {args.report}", file=sys.stderr)
+    return 0
 
 
 # --- serve ------------------------------------------------------------------------------------------------
@@ -399,6 +461,22 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     transcribe.set_defaults(run=_transcribe)
 
+    evaluate = commands.add_parser(
+        "eval", help="transcribe documents that have a ground truth and score every page (CER, WER, flags, cost)"
+    )
+    evaluate.add_argument("paths", nargs="*", metavar="PATH", help="documents, or directories of them")
+    evaluate.add_argument(
+        "--truth", metavar="DIR", help="where <name>.md / <name>.txt truth files are (default: beside)"
+    )
+    evaluate.add_argument("--model", help="model to ask (default: MODEL)")
+    evaluate.add_argument("--escalation-model", help="escalation model (default: ESCALATION_MODEL)")
+    evaluate.add_argument("--prompt", help="instruction sent with each page (default: PROMPT)")
+    evaluate.add_argument("--json", metavar="OUT", help="write every figure and every page's scores as JSON")
+    evaluate.add_argument("--report", metavar="FILE", help="write the whole run as markdown (docs/accuracy.md)")
+    evaluate.add_argument("--olmocr-bench", metavar="DIR", help="run olmOCR-bench's JSONL tests and PDFs in DIR")
+    evaluate.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
+    evaluate.set_defaults(run=_eval)
+
     serve = commands.add_parser("serve", help="run the API, S3/SQS and the functions locally")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=3000)
@@ -409,7 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(arguments)
+    args.argv = arguments
     try:
         return int(args.run(args))
     except (ConfigurationError, CommandError) as exc:

@@ -1,0 +1,396 @@
+"""``pagescribe eval``: run documents that have a ground truth through the pipeline and score every page.
+
+The truth of a document, in this order:
+
+1. a truth file: ``<name>.md`` or ``<name>.txt`` in ``--truth DIR``, else beside the input; pages split by form feed or
+   ``<!-- page N -->`` markers (:func:`pagescribe.scoring.split_pages`);
+2. for a born-digital PDF without one, its own text layer, page by page where it is usable (the pipeline then sends
+   the page to the model as an image only: the model is what is measured);
+3. with ``--olmocr-bench DIR``, olmOCR-bench's own JSONL tests, for the PDFs and pages they name.
+
+A page without truth is transcribed and reported, not scored. Scores are those of :mod:`pagescribe.scoring`, and the
+olmOCR-bench rule pass rates of :mod:`pagescribe.olmocr_bench`.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pagescribe.checks import usable_text_layer
+from pagescribe.documents import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
+from pagescribe.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
+from pagescribe.scoring import cer, percentile, recall_precision, split_pages, wer
+
+TRUTH_SUFFIXES = (".md", ".txt")
+INPUT_SUFFIXES = frozenset({".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp"})
+
+
+class EvaluationError(ValueError):
+    """The evaluation cannot run as asked (no input, a truth file that cannot be read, a bad benchmark)."""
+
+
+@dataclass(frozen=True)
+class EvalDocument:
+    """A document to run: its truth per page, where the truth came from, the pages to transcribe (None: all)."""
+
+    path: Path
+    truth: dict[int, str]
+    truth_source: str
+    pages: tuple[int, ...] | None = None
+    rules: tuple[BenchTest, ...] = ()
+
+
+@dataclass(frozen=True)
+class PageScore:
+    """One transcribed page: what it scored (None without truth), its flags, what it cost and how long it took."""
+
+    document: str
+    page: int  # 0: the document failed before it had pages
+    status: str
+    truth_source: str
+    cer: float | None
+    wer: float | None
+    recall: float | None
+    precision: float | None
+    flags: list[str]
+    model: str | None
+    model_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    latency_ms: int
+    rules: list[RuleResult] = field(default_factory=list)
+
+
+# --- what to run ------------------------------------------------------------------------------------------------------
+
+
+def collect_inputs(paths: Sequence[Path]) -> list[Path]:
+    """The documents named: files as given, and the documents in directories (recursively, sorted); truth files
+    beside them are not inputs."""
+    inputs: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            inputs += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES)
+        elif path.is_file():
+            inputs.append(path)
+        else:
+            raise EvaluationError(f"no such file or directory: {path}")
+    return inputs
+
+
+def truth_file(path: Path, truth_dir: Path | None) -> Path | None:
+    """``<stem>.md`` or ``<stem>.txt`` in ``truth_dir``, else beside the document."""
+    for directory in (truth_dir, path.parent):
+        for suffix in TRUTH_SUFFIXES if directory is not None else ():
+            candidate = directory / f"{path.stem}{suffix}"  # type: ignore[operator]
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _is_pdf(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return detect_kind(handle.read(1024)) is DocumentKind.PDF
+    except (OSError, InvalidDocumentError):
+        return False
+
+
+def text_layer_truth(path: Path) -> dict[int, str]:
+    """A born-digital PDF's own text, page by page, where it is usable; empty for anything else."""
+    if not _is_pdf(path):
+        return {}
+    truth: dict[int, str] = {}
+    page = 1
+    while True:
+        try:
+            text = extract_text_layer(path, page)
+        except InvalidDocumentError:  # past the last page, or unreadable (password, damage): no more truth
+            return truth
+        if usable_text_layer(text):
+            truth[page] = text
+        page += 1
+
+
+def plan(
+    paths: Sequence[Path], *, truth_dir: Path | None = None, olmocr_bench: Path | None = None
+) -> list[EvalDocument]:
+    """The documents to run and the truth of each."""
+    documents: list[EvalDocument] = []
+    for path in collect_inputs(paths):
+        found = truth_file(path, truth_dir)
+        if found is not None:
+            try:
+                pages = split_pages(found.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise EvaluationError(f"the truth file {found} cannot be read: {exc}") from exc
+            documents.append(EvalDocument(path, dict(enumerate(pages, start=1)), f"truth file {found.name}"))
+        else:
+            layer = text_layer_truth(path)
+            documents.append(EvalDocument(path, layer, "text layer" if layer else "none"))
+    if olmocr_bench is not None:
+        documents += _olmocr_documents(olmocr_bench)
+    if not documents:
+        raise EvaluationError("nothing to evaluate: name documents (files or directories) or --olmocr-bench DIR")
+    return documents
+
+
+def _olmocr_documents(bench: Path) -> list[EvalDocument]:
+    if not bench.is_dir():
+        raise EvaluationError(f"--olmocr-bench {bench} is not a directory")
+    try:
+        tests = load_tests(bench)
+    except ValueError as exc:
+        raise EvaluationError(str(exc)) from exc
+    by_pdf: dict[str, list[BenchTest]] = {}
+    for test in tests:
+        by_pdf.setdefault(test.pdf, []).append(test)
+    documents = []
+    for pdf, rules in sorted(by_pdf.items()):
+        path = bench / "pdfs" / pdf
+        if not path.is_file():
+            raise EvaluationError(f"olmOCR-bench test {rules[0].id} names {pdf}, which is not in {bench / 'pdfs'}")
+        pages = tuple(sorted({rule.page for rule in rules}))
+        documents.append(EvalDocument(path, {}, "olmocr-bench", pages=pages, rules=tuple(rules)))
+    return documents
+
+
+# --- scoring ----------------------------------------------------------------------------------------------------------
+
+
+def score_document(document: EvalDocument, transcript: dict[str, Any] | None, error: str | None) -> list[PageScore]:
+    """Every page of a finished document (its JSON transcript), scored where it has truth. A document that failed
+    before it had pages (``transcript`` None, ``error`` saying why) fails every page it has truth or rules for."""
+    name = document.path.name
+    if transcript is None:
+        failed = f"the document failed: {error or 'no transcript'}"
+        pages = sorted(set(document.truth) | {rule.page for rule in document.rules}) or [0]  # 0: the whole file
+        return [
+            PageScore(
+                name,
+                page,
+                "FAILED",
+                document.truth_source,
+                *_scores(document.truth.get(page), ""),
+                flags=[],
+                model=None,
+                model_calls=0,
+                prompt_tokens=0,
+                completion_tokens=0,
+                cost=0.0,
+                latency_ms=0,
+                rules=[
+                    RuleResult(rule.id, rule.type, False if rule.type in SUPPORTED_TYPES else None, failed)
+                    for rule in document.rules
+                    if rule.page == page
+                ],
+            )
+            for page in pages
+        ]
+    scores = []
+    for page in transcript["pages"]:
+        number, text = int(page["page"]), page.get("text") or ""
+        truth = document.truth.get(number)
+        calls = page.get("attempts", [])
+        cer_, wer_, recall, precision = _scores(truth, text)
+        scores.append(
+            PageScore(
+                document=name,
+                page=number,
+                status=page["status"],
+                truth_source=document.truth_source if truth is not None or document.rules else "none",
+                cer=cer_,
+                wer=wer_,
+                recall=recall,
+                precision=precision,
+                flags=[flag["flag"] for flag in page.get("flags", [])],
+                model=page.get("model"),
+                model_calls=len(calls),
+                prompt_tokens=sum(call.get("prompt_tokens") or 0 for call in calls),
+                completion_tokens=sum(call.get("completion_tokens") or 0 for call in calls),
+                cost=sum(call.get("cost") or 0.0 for call in calls),
+                latency_ms=sum(call.get("latency_ms") or 0 for call in calls),
+                rules=[check(rule, text) for rule in document.rules if rule.page == number],
+            )
+        )
+    return scores
+
+
+def _scores(truth: str | None, text: str) -> tuple[float | None, float | None, float | None, float | None]:
+    if truth is None:
+        return None, None, None, None
+    recall, precision = recall_precision(truth, text)
+    return cer(truth, text), wer(truth, text), recall, precision
+
+
+# --- summary ----------------------------------------------------------------------------------------------------------
+
+
+def _stats(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "mean": None, "worst": None}
+    return {"median": percentile(values, 50), "mean": sum(values) / len(values), "worst": max(values)}
+
+
+def summarize(scores: Sequence[PageScore]) -> dict[str, Any]:
+    """The figures of a run: error rates over scored pages, flags, spend, latency, olmOCR-bench pass rates."""
+    scored = [s for s in scores if s.cer is not None]
+    latencies = [float(s.latency_ms) for s in scores if s.model_calls]
+    cost = sum(s.cost for s in scores)
+    rules = [rule for s in scores for rule in s.rules]
+    return {
+        "documents": len({s.document for s in scores}),
+        "pages": len(scores),
+        "pages_scored": len(scored),
+        "pages_failed": sum(s.status == "FAILED" for s in scores),
+        "cer": _stats([s.cer for s in scored if s.cer is not None]),
+        "wer": _stats([s.wer for s in scored if s.wer is not None]),
+        "recall_mean": _mean([s.recall for s in scored if s.recall is not None]),
+        "precision_mean": _mean([s.precision for s in scored if s.precision is not None]),
+        "flags": dict(sorted(Counter(flag for s in scores for flag in s.flags).items())),
+        "pages_flagged": sum(bool(s.flags) for s in scores),
+        "model_calls": sum(s.model_calls for s in scores),
+        "prompt_tokens": sum(s.prompt_tokens for s in scores),
+        "completion_tokens": sum(s.completion_tokens for s in scores),
+        "cost": round(cost, 8),
+        "cost_per_1000_pages": round(cost / len(scores) * 1000, 6) if scores else None,
+        "latency_ms_p50": percentile(latencies, 50) if latencies else None,
+        "latency_ms_p95": percentile(latencies, 95) if latencies else None,
+        "olmocr_bench": {kind: {"passed": p, "scored": n} for kind, (p, n) in pass_rates(rules).items()},
+    }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def as_json(summary: dict[str, Any], scores: Iterable[PageScore], context: dict[str, Any]) -> dict[str, Any]:
+    return {**context, "summary": summary, "pages": [asdict(score) for score in scores]}
+
+
+# --- tables -----------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The run's figures as a markdown table."""
+    cer_, wer_ = summary["cer"], summary["wer"]
+    flags = ", ".join(f"{name} {count}" for name, count in summary["flags"].items()) or "none"
+    rows = [
+        (
+            "documents / pages / scored / failed",
+            f"{summary['documents']} / {summary['pages']} / {summary['pages_scored']} / {summary['pages_failed']}",
+        ),
+        ("CER median / mean / worst", f"{_fmt(cer_['median'])} / {_fmt(cer_['mean'])} / {_fmt(cer_['worst'])}"),
+        ("WER median / mean / worst", f"{_fmt(wer_['median'])} / {_fmt(wer_['mean'])} / {_fmt(wer_['worst'])}"),
+        ("word recall / precision (mean)", f"{_fmt(summary['recall_mean'])} / {_fmt(summary['precision_mean'])}"),
+        ("pages flagged", f"{summary['pages_flagged']} ({flags})"),
+        (
+            "model calls / prompt tokens / completion tokens",
+            f"{summary['model_calls']} / {summary['prompt_tokens']} / {summary['completion_tokens']}",
+        ),
+        ("cost / per 1,000 pages (USD)", f"{summary['cost']:.6f} / {_fmt(summary['cost_per_1000_pages'], 4)}"),
+        (
+            "model latency p50 / p95 (ms)",
+            f"{_fmt(summary['latency_ms_p50'], 0)} / {_fmt(summary['latency_ms_p95'], 0)}",
+        ),
+    ]
+    for kind, counts in summary["olmocr_bench"].items():
+        rate = f"{counts['passed']}/{counts['scored']}" if counts["scored"] else "unsupported"
+        rows.append((f"olmOCR-bench {kind}", rate))
+    lines = ["| measure | value |", "| --- | --- |", *(f"| {name} | {value} |" for name, value in rows)]
+    return "\n".join(lines)
+
+
+def pages_table(scores: Sequence[PageScore]) -> str:
+    """One row per page."""
+    lines = [
+        "| document | page | status | truth | CER | WER | recall | precision | flags | latency ms |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for s in scores:
+        truth = s.truth_source
+        if s.rules:
+            truth += f" rules {sum(r.passed is True for r in s.rules)}/{sum(r.passed is not None for r in s.rules)}"
+        lines.append(
+            f"| {s.document} | {s.page or '-'} | {s.status} | {truth} | {_fmt(s.cer)} | {_fmt(s.wer)} "
+            f"| {_fmt(s.recall)} | {_fmt(s.precision)} | {', '.join(s.flags) or '-'} "
+            f"| {s.latency_ms if s.model_calls else '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    return f"{platform.system()} {platform.machine()}, Python {platform.python_version()}"
+
+
+def documents_table(scores: Sequence[PageScore]) -> str:
+    """One row per document: pages, pages scored, CER median / mean / worst, flags raised."""
+    lines = [
+        "| document | pages | scored | CER median | CER mean | CER worst | flags |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name in dict.fromkeys(s.document for s in scores):
+        pages = [s for s in scores if s.document == name]
+        cers = _stats([s.cer for s in pages if s.cer is not None])
+        flags = Counter(flag for s in pages for flag in s.flags)
+        lines.append(
+            f"| {name} | {len(pages)} | {sum(s.cer is not None for s in pages)} | {_fmt(cers['median'])} "
+            f"| {_fmt(cers['mean'])} | {_fmt(cers['worst'])} "
+            f"| {', '.join(f'{flag} {n}' for flag, n in sorted(flags.items())) or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def sources(paths: Iterable[Path]) -> list[str]:
+    """Where the documents' provenance is written down: a SOURCES.md, README or LICENSE in their directories."""
+    found: list[str] = []
+    for directory in dict.fromkeys(path.parent for path in paths):
+        for name in ("SOURCES.md", "README.md", "LICENSE"):
+            if (directory / name).is_file():
+                found.append(str(directory / name))
+                break
+        else:
+            found.append(f"{directory} (no SOURCES.md, README.md or LICENSE beside the documents)")
+    return found
+
+
+def report(summary: dict[str, Any], scores: Sequence[PageScore], context: dict[str, Any], paths: Sequence[Path]) -> str:
+    """The whole run as a markdown document (docs/accuracy.md)."""
+    provenance = "\n".join(f"- `{source}`" for source in sources(paths))
+    return f"""# Accuracy
+
+Written by `{context["command"]}` on {context["date"]} ({context["machine"]}); provider `{context["provider"]}`, model
+`{context["model"]}`. Run the same command to regenerate it; every figure below comes from that run.
+
+Each page went through the same pipeline as `pagescribe transcribe` (upload, render, model call, checks), sent to the
+model as an image only. Its truth is a truth file beside the document where there is one (the source's own ground
+truth), else the PDF's own text layer. CER and WER are computed on NFKC, whitespace-normalised text with page markers
+and comments removed; recall and precision are order-insensitive word overlaps. A page without truth is listed, not
+scored.
+
+## Summary
+
+{summary_table(summary)}
+
+## By document
+
+{documents_table(scores)}
+
+## By page
+
+{pages_table(scores)}
+
+## Where the documents come from
+
+{provenance}
+"""

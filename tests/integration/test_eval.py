@@ -1,0 +1,154 @@
+"""``pagescribe eval`` as a user runs it: a real subprocess, PostgreSQL, and the fake provider answering chosen pages
+with chosen text, so that what the scores must be is known."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+
+from tests.fakes.chat_server import FakeChatServer, Ok
+from tests.support.commands import command_environment, pagescribe
+
+pytestmark = pytest.mark.integration
+
+
+def _eval(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return pagescribe("eval", *args, env=env, cwd=cwd)
+
+
+def _answer_pages_with(fake: FakeChatServer, path: Path, kind: DocumentKind, answers: dict[int, str]) -> None:
+    """The fake answers the image of page n of ``path`` with ``answers[n]``."""
+    by_image = {hashlib.sha256(render_page(path, kind, n).data).hexdigest(): text for n, text in answers.items()}
+    fake.route(
+        lambda body, image: (
+            Ok(text=by_image[digest]) if (digest := hashlib.sha256(image).hexdigest()) in by_image else None
+        )
+    )
+
+
+def _damaged(text: str) -> str:
+    """Every third word dropped and two letters swapped in every other one."""
+    words = text.split()
+    kept = [w[1] + w[0] + w[2:] if i % 2 and len(w) > 2 else w for i, w in enumerate(words) if i % 3]
+    return " ".join(kept)
+
+
+def test_a_pdfs_own_text_layer_scored_against_itself_is_cer_zero_and_a_damaged_answer_scores_worse(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given two copies of a born-digital PDF with no truth file: its text layer is the truth
+    exact, damaged = tmp_path / "exact.pdf", tmp_path / "damaged.pdf"
+    shutil.copy(corpus / "pdflatex-4-pages.pdf", exact)
+    shutil.copy(corpus / "pdflatex-4-pages.pdf", damaged)
+    layers = {n: extract_text_layer(exact, n) for n in range(1, 5)}
+    # And a model that answers every page with exactly its text
+    _answer_pages_with(fake_provider, exact, DocumentKind.PDF, layers)
+    # When the user runs pagescribe eval on the first, with JSON out
+    result = _eval(
+        str(exact), "--json", "exact.json", env=command_environment(database_url, fake_provider), cwd=tmp_path
+    )
+    # Then it prints the table and every page scores CER 0, WER 0, recall and precision 1, with no flags
+    assert result.returncode == 0, result.stderr
+    assert "| CER median / mean / worst | 0.000 / 0.000 / 0.000 |" in result.stdout
+    report: dict[str, Any] = json.loads((tmp_path / "exact.json").read_text())
+    assert [(p["page"], p["truth_source"], p["cer"], p["wer"]) for p in report["pages"]] == [
+        (n, "text layer", 0.0, 0.0) for n in range(1, 5)
+    ]
+    assert all(p["recall"] == 1.0 and p["precision"] == 1.0 and p["flags"] == [] for p in report["pages"])
+    assert report["summary"]["pages_scored"] == 4 and report["summary"]["model_calls"] == 4
+    # And the pages went to the model as images, not through the text layer
+    assert fake_provider.calls == 4
+    # When another model answers a damaged transcript of every page of the second copy instead
+    with FakeChatServer() as weaker:
+        _answer_pages_with(weaker, damaged, DocumentKind.PDF, {n: _damaged(text) for n, text in layers.items()})
+        worse = _eval(
+            str(damaged), "--json", "damaged.json", env=command_environment(database_url, weaker), cwd=tmp_path
+        )
+    # Then every page scores strictly worse
+    assert worse.returncode == 0, worse.stderr
+    pages = json.loads((tmp_path / "damaged.json").read_text())["pages"]
+    assert all(p["cer"] > 0.1 and p["wer"] > 0.3 and p["recall"] < 0.8 for p in pages)
+
+
+def test_a_truth_file_is_split_into_pages_and_a_report_is_written(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given a two-page document and a truth file in --truth DIR, its pages split by <!-- page N --> markers
+    source = tmp_path / "doc.pdf"
+    shutil.copy(corpus / "pdflatex-outline.pdf", source)
+    truths = tmp_path / "truth"
+    truths.mkdir()
+    (truths / "doc.md").write_text("<!-- page 1 -->\nAlpha beta gamma\n<!-- page 2 -->\nDelta epsilon\n")
+    _answer_pages_with(fake_provider, source, DocumentKind.PDF, {1: "Alpha beta gamma", 2: "Delta epsilon zeta"})
+    # When the user runs pagescribe eval with --truth and --report
+    result = _eval(
+        str(source),
+        "--truth",
+        str(truths),
+        "--report",
+        "accuracy.md",
+        env=command_environment(database_url, fake_provider),
+        cwd=tmp_path,
+    )
+    # Then pages 1 and 2 are scored against the truth file (page 1 exactly, page 2 with one extra word), the other
+    # pages of the document are transcribed but not scored
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| doc.pdf |")]
+    assert rows[0].startswith("| doc.pdf | 1 | COMPLETED | truth file doc.md | 0.000 | 0.000 | 1.000 | 1.000 |")
+    assert rows[1].startswith("| doc.pdf | 2 | COMPLETED | truth file doc.md | 0.")
+    assert all("| none | - | - | - | - |" in row for row in rows[2:]) and len(rows) == 4
+    # And the report holds the command that wrote it and the same figures
+    report = (tmp_path / "accuracy.md").read_text()
+    assert report.startswith("# Accuracy") and "`pagescribe eval " in report and "--report accuracy.md" in report
+    assert "| doc.pdf | 4 | 2 |" in report
+
+
+def test_olmocr_bench_rules_are_run_on_the_pages_they_name(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given an olmOCR-bench directory (its JSONL tests and pdfs/) naming page 2 of a document
+    bench = tmp_path / "bench"
+    (bench / "pdfs").mkdir(parents=True)
+    shutil.copy(corpus / "pdflatex-4-pages.pdf", bench / "pdfs" / "four.pdf")
+    tests = [
+        {"pdf": "four.pdf", "page": 2, "id": "four_present", "type": "present", "text": "Lorem ipsum"},
+        {"pdf": "four.pdf", "page": 2, "id": "four_absent", "type": "absent", "text": "Page 2"},
+        {"pdf": "four.pdf", "page": 2, "id": "four_order", "type": "order", "before": "Lorem", "after": "dolor"},
+        {"pdf": "four.pdf", "page": 2, "id": "four_math", "type": "math", "math": "x^2"},
+    ]
+    (bench / "tests.jsonl").write_text("".join(json.dumps(test) + "\n" for test in tests))
+    _answer_pages_with(fake_provider, bench / "pdfs" / "four.pdf", DocumentKind.PDF, {2: "Lorem ipsum dolor sit"})
+    # When the user runs the benchmark
+    result = _eval(
+        "--olmocr-bench",
+        str(bench),
+        "--json",
+        "bench.json",
+        env=command_environment(database_url, fake_provider),
+        cwd=tmp_path,
+    )
+    # Then only page 2 was transcribed, and the rules passed, the unsupported one reported as such
+    assert result.returncode == 0, result.stderr
+    assert fake_provider.calls == 1
+    summary = json.loads((tmp_path / "bench.json").read_text())["summary"]
+    assert summary["olmocr_bench"] == {
+        "absent": {"passed": 1, "scored": 1},
+        "math": {"passed": 0, "scored": 0},
+        "order": {"passed": 1, "scored": 1},
+        "present": {"passed": 1, "scored": 1},
+    }
+    assert "| olmOCR-bench math | unsupported |" in result.stdout
+
+
+def test_eval_names_what_is_missing(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> None:
+    result = _eval("nope.pdf", env=command_environment(database_url, fake_provider), cwd=tmp_path)
+    assert result.returncode == 2 and "no such file or directory: nope.pdf" in result.stderr
+    result = _eval(env=command_environment(database_url, fake_provider), cwd=tmp_path)
+    assert result.returncode == 2 and "nothing to evaluate" in result.stderr
