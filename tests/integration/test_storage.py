@@ -296,3 +296,78 @@ def test_the_poll_is_served_by_the_partial_index(storage: Storage) -> None:
             ).scalars()
         )
     assert "ix_jobs_queued" in plan, plan
+
+
+# --- checked pages: escalation and every paid call ------------------------------------------------------------------
+
+REPETITION = {"flag": "repetition", "value": 40.0, "threshold": 8.0}
+
+
+def _flagged(text_: str, *flags: dict[str, object], cost: float = 0.001) -> PageOutcome:
+    return PageOutcome(text_, "stop", 10, 5, cost, "test/model", "fake", "gen-1", 100, flags=flags)
+
+
+def test_the_zombies_paid_call_is_recorded_and_counted_although_its_write_is_refused(storage: Storage) -> None:
+    # Given a page taken over from a worker whose lease expired, and completed by the newer claim
+    [job_id] = storage.create_document(_new("uploads/paid.pdf"), kind="pdf", pages=[1]).job_ids
+    zombie = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert zombie is not None
+    _expire_lease(storage, job_id)
+    newer = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert newer is not None and storage.complete_job(newer, _flagged("newer", cost=0.002)) is not None
+    # When the zombie's answer, paid for, arrives late
+    assert storage.complete_job(zombie, _flagged("zombie", cost=0.003)) is None
+    # Then its write is refused but its call is recorded, and the document's spend is both calls
+    attempts = storage.load_attempts(newer.document_id)
+    assert [(a.outcome, a.cost, a.claim) for a in attempts] == [("KEPT", 0.002, 2), ("LEASE_LOST", 0.003, 1)]
+    spend = storage.spend(newer.document_id)
+    assert (spend.calls, spend.prompt_tokens) == (2, 20) and spend.cost == pytest.approx(0.005)
+    [page] = storage.load_pages(newer.document_id)
+    assert page.text == "newer"
+
+
+def test_a_page_escalates_once_and_its_failure_without_an_answer_keeps_the_answer_it_escalated_from(
+    storage: Storage,
+) -> None:
+    # Given a claimed page whose answer is hard-flagged
+    [job_id] = storage.create_document(_new("uploads/esc.pdf"), kind="pdf", pages=[1]).job_ids
+    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert job is not None
+    # When it escalates, and the same claim (or a stale one) tries to escalate it again
+    assert storage.escalate_job(job, _flagged("loop loop loop", REPETITION))
+    assert not storage.escalate_job(job, _flagged("loop again", REPETITION))
+    # Then it escalated once: PENDING, the flagged answer kept as its text, both calls recorded
+    [page] = storage.load_pages(job.document_id)
+    assert (page.status, page.escalation, page.text, page.flags) == (
+        JobStatus.PROCESSING,
+        "PENDING",
+        "loop loop loop",
+        [REPETITION],
+    )
+    assert [a.outcome for a in storage.load_attempts(job.document_id)] == ["ESCALATED", "LEASE_LOST"]
+    # And when the escalation call fails with no answer, the page fails keeping that text and those flags
+    assert storage.fail_job(job, "escalated to test/strong, which failed: HTTP 404") is not None
+    [page] = storage.load_pages(job.document_id)
+    assert (page.status, page.escalation, page.text, page.flags) == (
+        JobStatus.FAILED,
+        "DONE",
+        "loop loop loop",
+        [REPETITION],
+    )
+
+
+def test_a_pending_escalation_survives_a_requeue_and_is_claimed_with_its_flags(storage: Storage) -> None:
+    # Given a page that escalated but had no time left for the second call
+    [job_id] = storage.create_document(_new("uploads/later.pdf"), kind="pdf", pages=[1]).job_ids
+    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert job is not None and storage.escalate_job(job, _flagged("loop", REPETITION))
+    assert storage.requeue_job(job, "escalated; only 1.0 s left for its call", delay_seconds=0)
+    # When it is claimed again
+    again = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    # Then the claim says it waits for the escalation model, with the flags it escalated on
+    assert again is not None and again.escalation_pending and again.flags == (REPETITION,)
+    # And a user's retry of a failed page starts its answer afresh but never its escalation
+    assert storage.fail_job(again, "still looping", _flagged("loop", REPETITION)) is not None
+    assert storage.retry_failed_pages(job.document_id) == [(job_id, 1)]
+    [page] = storage.load_pages(job.document_id)
+    assert (page.status, page.escalation, page.text, page.flags) == (JobStatus.QUEUED, "DONE", None, [])
