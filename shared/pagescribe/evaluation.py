@@ -17,7 +17,7 @@ from __future__ import annotations
 import platform
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,11 @@ class EvalDocument:
     truth_source: str
     pages: tuple[int, ...] | None = None
     rules: tuple[BenchTest, ...] = ()
+    label: str = ""  # how tables name it: its file name, or its path where two inputs share a name
+
+    @property
+    def name(self) -> str:
+        return self.label or self.path.name
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,8 @@ def plan(
         documents += _olmocr_documents(olmocr_bench)
     if not documents:
         raise EvaluationError("nothing to evaluate: name documents (files or directories) or --olmocr-bench DIR")
-    return documents
+    names = Counter(document.path.name for document in documents)
+    return [replace(d, label=str(d.path)) if names[d.path.name] > 1 else d for d in documents]
 
 
 def _olmocr_documents(bench: Path) -> list[EvalDocument]:
@@ -167,7 +173,7 @@ def _olmocr_documents(bench: Path) -> list[EvalDocument]:
 def score_document(document: EvalDocument, transcript: dict[str, Any] | None, error: str | None) -> list[PageScore]:
     """Every page of a finished document (its JSON transcript), scored where it has truth. A document that failed
     before it had pages (``transcript`` None, ``error`` saying why) fails every page it has truth or rules for."""
-    name = document.path.name
+    name = document.name
     if transcript is None:
         failed = f"the document failed: {error or 'no transcript'}"
         pages = sorted(set(document.truth) | {rule.page for rule in document.rules}) or [0]  # 0: the whole file

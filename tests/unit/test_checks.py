@@ -135,10 +135,20 @@ def test_non_characters_and_controls_are_removed(raw: str, clean: str) -> None:
 
 def test_a_real_pages_hyphenation_marks_are_removed_and_the_words_joined() -> None:
     # Given a real two-column document whose hyphenated words pdfium marks (16 on page 1)
-    text = extract_text_layer(DOCUMENTS / "multicolumn.pdf", 1)
+    text = extract_text_layer(CORPUS / "multicolumn.pdf", 1)
     # Then the text layer has none of the marks, and the words are whole
     assert "\ufffe" not in text and "\x02" not in text
     assert "adipiscing" in text
+
+
+def test_the_text_layer_holds_only_the_text_on_the_visible_page() -> None:
+    # Given a real Beamer slide whose not-yet-shown bullets are drawn far outside the page
+    path = DOCUMENTS / "sommerakademie-2016-slides.pdf"
+    # When its text layer is read (what --text-layer auto, the blank-render fallback and the checks use)
+    text = extract_text_layer(path, 1)
+    # Then it is what the slide shows, without the bullets off the page
+    assert text == "Wissenschaftliche Aussage\nDeep Learning ist der Goldstandard für Bilderkennung"
+    assert "Was ist" not in text
 
 
 # --- repetition -------------------------------------------------------------------------------------------------------
