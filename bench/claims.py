@@ -16,11 +16,13 @@ import psycopg
 from pagescribe.storage import (
     CLAIM_NEXT_QUEUED_JOBS,
     COMPLETE_JOB,
+    AttemptOutcome,
     ClaimedJob,
     NewDocument,
     PageOutcome,
     Storage,
     create_database_engine,
+    fenced_write,
 )
 from psycopg import pq
 from sqlalchemy import Engine, text
@@ -49,20 +51,11 @@ RAW_CLAIM = CLAIM_NEXT_QUEUED_JOBS
 RAW_COMPLETE = COMPLETE_JOB
 
 
-def complete_params(job_id: Any, lease_token: str) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "lease_token": lease_token,
-        "result_text": OUTCOME.text,
-        "finish_reason": OUTCOME.finish_reason,
-        "prompt_tokens": OUTCOME.prompt_tokens,
-        "completion_tokens": OUTCOME.completion_tokens,
-        "cost": OUTCOME.cost,
-        "model": OUTCOME.model,
-        "provider": OUTCOME.provider,
-        "provider_request_id": OUTCOME.provider_request_id,
-        "latency_ms": OUTCOME.latency_ms,
-    }
+def complete_params(claimed: tuple[Any, ...]) -> dict[str, Any]:
+    """The parameters Storage.complete_job sends for a job claimed by RAW_CLAIM (a row of its RETURNING)."""
+    job_id, document_id, page_number, attempts, lease_token, *_ = claimed
+    job = ClaimedJob(str(job_id), str(document_id), page_number, attempts, str(lease_token))
+    return fenced_write(job, OUTCOME, AttemptOutcome.KEPT)
 
 
 @dataclass
@@ -142,7 +135,7 @@ def _raw_worker(conn: psycopg.Connection[Any], barrier: threading.Barrier, tally
                     return
                 job_id = rows[0][0]
                 tally.claimed.append(str(job_id))
-                cur.execute(RAW_COMPLETE, complete_params(job_id, token))
+                cur.execute(RAW_COMPLETE, complete_params(rows[0]))
                 done = cur.fetchall()
                 conn.commit()
                 if not done:
@@ -243,9 +236,9 @@ def _raw_pairs(conn: psycopg.Connection[Any], tally: Tally, pairs: int) -> None:
             token = str(uuid.uuid4())
             params = {"limit": 1, "lease_token": token, "lease_seconds": LEASE_SECONDS, "max_attempts": MAX_ATTEMPTS}
             cur.execute(RAW_CLAIM, params)
-            [(job_id, *_)] = cur.fetchall()
+            [claimed] = cur.fetchall()
             conn.commit()
-            cur.execute(RAW_COMPLETE, complete_params(job_id, token))
+            cur.execute(RAW_COMPLETE, complete_params(claimed))
             cur.fetchall()
             conn.commit()
 

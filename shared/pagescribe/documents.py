@@ -22,8 +22,8 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 from PIL import Image, ImageOps, TiffImagePlugin
 
-from pagescribe.checks import remove_non_characters
-from pagescribe.orientation import detect_orientation, upright
+# pagescribe.checks and pagescribe.orientation are imported where a page is rendered or its text read: the upload
+# function only inspects documents, and keeps them (and their compiled patterns) out of its cold start.
 
 _PDFIUM_LOCK = threading.Lock()
 _PILLOW_GUARD_LOCK = threading.Lock()
@@ -269,6 +269,8 @@ class PageSeen:
 
 def _look(image: Image.Image, *, orient: bool) -> tuple[Image.Image, PageSeen]:
     """The page upright (when ``orient`` and its text reads clearly turned) and how much of it is inked."""
+    from pagescribe.orientation import detect_orientation, upright
+
     grey = image.convert("L")
     histogram = grey.histogram()
     pixels = max(1, image.width * image.height)
@@ -336,6 +338,8 @@ def _draws_visibly(page: pdfium.PdfPage) -> bool:
 def _visible_text(page: pdfium.PdfPage) -> str:
     """The text on the visible part of the page (not outside its crop box: printers' marks, proofing notes), with
     pdfium's hyphenation marks and other non-characters removed."""
+    from pagescribe.checks import remove_non_characters
+
     text = page.get_textpage().get_text_bounded()
     return remove_non_characters(str(text).replace("\r\n", "\n")).strip()
 

@@ -651,9 +651,9 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedJob]:
     ]
 
 
-def _fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome) -> dict[str, Any]:
-    """The parameters of a fenced result write: the lease that must still hold, what the model answered, and how its
-    call is recorded."""
+def fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome) -> dict[str, Any]:
+    """The parameters of a fenced result write (COMPLETE_JOB, FAIL_JOB, ESCALATE_JOB): the lease that must still
+    hold, what the model answered, and how its call is recorded."""
     return {
         "job_id": job.job_id,
         "document_id": job.document_id,
@@ -914,18 +914,18 @@ class Storage:
     def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
         """Store a page's transcription if this worker still holds the lease; None when the lease was lost. The call
         that produced it is recorded either way."""
-        return _progress(self._row(COMPLETE_JOB, _fenced_write(job, outcome, AttemptOutcome.KEPT)))
+        return _progress(self._row(COMPLETE_JOB, fenced_write(job, outcome, AttemptOutcome.KEPT)))
 
     def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
         """Mark a page FAILED with its reason (keeping any text) if this worker holds the lease; the call that
         produced ``outcome`` is recorded either way."""
-        params = {**_fenced_write(job, outcome, AttemptOutcome.REJECTED), "error": error}
+        params = {**fenced_write(job, outcome, AttemptOutcome.REJECTED), "error": error}
         return _progress(self._row(FAIL_JOB, params))
 
     def escalate_job(self, job: ClaimedJob, outcome: PageOutcome) -> bool:
         """Record a page's one escalation, keeping the hard-flagged answer it escalates from; False when the lease was
         lost (or the page had escalated already). The call that produced ``outcome`` is recorded either way."""
-        return self._row(ESCALATE_JOB, _fenced_write(job, outcome, AttemptOutcome.ESCALATED)) is not None
+        return self._row(ESCALATE_JOB, fenced_write(job, outcome, AttemptOutcome.ESCALATED)) is not None
 
     def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
         """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""
