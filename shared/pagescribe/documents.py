@@ -335,6 +335,12 @@ def _draws_visibly(page: pdfium.PdfPage) -> bool:
     return False
 
 
+def _usable(text: str) -> bool:
+    from pagescribe.checks import usable_text_layer
+
+    return usable_text_layer(text)
+
+
 def _visible_text(page: pdfium.PdfPage) -> str:
     """The text on the visible part of the page (not outside its crop box: printers' marks, proofing notes), with
     pdfium's hyphenation marks and other non-characters removed."""
@@ -358,7 +364,8 @@ def render_page(
     blank_below: float = 0.0,
 ) -> RenderedPage:
     """Render one page (1-based) at ``dpi``, never larger than ``max_long_edge`` pixels on its long edge, turned
-    upright when ``orient`` and its text clearly reads turned.
+    upright when ``orient``, the page is an image (a scan, or a PDF page without a usable text layer) and its text
+    clearly reads turned.
 
     An image page is checked against ``max_image_pixels`` from its header again before it is decoded. A PDF page
     comes with its visible text layer; when less than ``blank_below`` of its render is marked, with whether it draws
@@ -368,12 +375,10 @@ def render_page(
         with _open_pdf(path) as pdf:
             _check_page_number(page_number, len(pdf))
             with _pdf_page_image(pdf, page_number, dpi, max_long_edge) as (page, rendered):
-                image, seen = _look(rendered, orient=orient)
-                seen = replace(
-                    seen,
-                    text_layer=_visible_text(page),
-                    draws=seen.marked < blank_below and _draws_visibly(page),
-                )
+                text = _visible_text(page)
+                # a born-digital page (a usable text layer) is laid out upright: only scans are looked at
+                image, seen = _look(rendered, orient=orient and not _usable(text))
+                seen = replace(seen, text_layer=text, draws=seen.marked < blank_below and _draws_visibly(page))
                 return _encode(image, image_format, jpeg_quality, seen)
     with _open_image(path, kind) as source:
         _check_page_number(page_number, _frame_count(source))

@@ -145,7 +145,7 @@ class Settings(BaseSettings):
         "every page with a usable one (no model call); off: nothing (it is still checked against).",
     )
     detect_orientation: bool = Field(
-        default=True, description="Turn a page whose text reads sideways or upside down upright before sending it."
+        default=True, description="Turn a scan whose text reads sideways or upside down upright before sending it."
     )
     render_dpi: int = Field(default=150, ge=36, le=600)
     render_max_long_edge: int = Field(default=1568, ge=256, le=10_000)
