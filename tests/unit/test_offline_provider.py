@@ -1,7 +1,8 @@
-"""The offline RapidOCR provider on real images, with the models bundled in the rapidocr wheel (no mocks).
+"""The offline RapidOCR provider on real images, with the models bundled in the rapidocr wheel (no mocks), and its
+layout of detected boxes into lines in reading order.
 
-The OCR tests need the 'offline' extra; CI installs it. The one real page takes about 10 CPU-seconds: some 5 s on
-two idle cores, longer when they are shared.
+The OCR tests need the 'offline' extra; CI installs it. Each of the three real pages takes about 10 CPU-seconds: some
+5 s on two idle cores, longer when they are shared.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from PIL import Image
 
 pytest.importorskip("rapidocr")  # only a guard for machines without the extra: CI installs it
 
-PDF = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "pdflatex-4-pages.pdf"
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
+PDF = CORPUS / "pdflatex-4-pages.pdf"
+TWO_COLUMNS = CORPUS / "multicolumn.pdf"  # a LaTeX article in two columns, with a narrow gutter
+PAPER = Path(__file__).resolve().parents[1] / "data" / "documents" / "hasyv2-paper.pdf"  # page 6 is a table
 # Words of page 1's embedded text layer (a blind text) that OCR reads reliably.
 WORDS = ("Huardest", "gefburn", "Kjift", "alphabet", "nonsense")
 
@@ -110,6 +114,166 @@ def test_boxes_become_lines_in_reading_order_with_a_blank_line_at_a_large_gap() 
 
     assert boxes_to_text(boxes) == "Hello world\nsecond line\n\nafter a gap"
     assert boxes_to_text([]) == BLANK_PAGE
+
+
+def text_line(text: str, left: float, right: float, top: float) -> TextBox:
+    """A box as RapidOCR reports a line of 20-pixel text."""
+    return TextBox(text, left=left, top=top, bottom=top + 20, right=right)
+
+
+def column(side: str, left: float, right: float, rows: int, top: float = 120) -> list[TextBox]:
+    """A column of running text, one full-width line every 24 pixels."""
+    return [text_line(f"{side} line {row} of the running text", left, right, top + 24 * row) for row in range(rows)]
+
+
+@pytest.mark.offline_ocr
+def test_a_real_two_column_page_reads_the_left_column_before_the_right_one() -> None:
+    page = render_page(TWO_COLUMNS, DocumentKind.PDF, 1)
+
+    [result] = asyncio.run(transcribe_all(RapidOcrProvider(), PageImage(data=page.data, media_type=page.media_type)))
+
+    text = " ".join(result.text.split())
+    assert text.startswith("Two-Column Document with Lorem Ipsum Your Name January 3, 2024 Abstract")
+    left_ends = text.index("Vivamus viverra fermentum felis. Donec nonummy")  # the left column's last line
+    right_begins = text.index("pellentesque ante. Phasellus adipiscing semper elit.")  # the right one's first
+    assert left_ends < right_begins
+    assert text.index("This is a sample document with two columns") < left_ends  # the abstract, in the left column
+    assert result.text.splitlines()[-1] == "1"  # the page number, below both columns, comes last
+
+
+@pytest.mark.offline_ocr
+def test_a_real_table_keeps_its_rows_on_one_line_each() -> None:
+    page = render_page(PAPER, DocumentKind.PDF, 6)  # a table of LaTeX commands in four columns, two by two
+
+    [result] = asyncio.run(transcribe_all(RapidOcrProvider(), PageImage(data=page.data, media_type=page.media_type)))
+
+    lines = result.text.splitlines()
+    assert any("\\aleph" in line and "\\oiint" in line for line in lines), result.text
+    assert any("\\Vdash" in line and "\\odot" in line for line in lines), result.text
+
+
+def test_two_columns_read_one_after_the_other_between_a_full_width_title_and_a_footer() -> None:
+    # Given a centred title, two columns of eight lines with a 20-pixel gutter, and a footer under the left column
+    title = text_line("Two Columns of Running Text", 350, 750, 40)
+    footer = text_line("Page 7", 100, 160, 400)
+    boxes = [title, *column("left", 100, 540, 8), *column("right", 560, 1000, 8), footer]
+
+    # When they are laid out
+    text = boxes_to_text(boxes)
+
+    # Then the left column is read, then the right one, and the title and the footer keep their places
+    assert text.splitlines() == [
+        "Two Columns of Running Text",
+        "",
+        *(f"left line {row} of the running text" for row in range(8)),
+        *(f"right line {row} of the running text" for row in range(8)),
+        "",
+        "Page 7",
+    ]
+
+
+def test_three_columns_read_one_after_another() -> None:
+    # Given three columns of running text side by side
+    boxes = [*column("left", 100, 400, 6), *column("middle", 420, 720, 6), *column("right", 740, 1040, 6)]
+
+    # When they are laid out
+    lines = boxes_to_text(boxes).splitlines()
+
+    # Then each column is read whole, from left to right
+    assert [line.split()[0] for line in lines] == ["left"] * 6 + ["middle"] * 6 + ["right"] * 6
+
+
+def test_the_longer_left_column_of_a_last_page_is_read_to_its_end_before_the_right_one() -> None:
+    # Given a left column of nine lines beside a right column of five
+    boxes = [*column("left", 100, 540, 9), *column("right", 560, 1000, 5)]
+
+    # When they are laid out
+    lines = boxes_to_text(boxes).splitlines()
+
+    # Then the left column's last lines, beside nothing, still come before the right column
+    assert [line.split()[0] for line in lines] == ["left"] * 9 + ["right"] * 5
+
+
+def test_two_columns_lines_read_as_one_box_across_a_narrow_gutter_are_cut_at_the_gutter() -> None:
+    # Given two columns whose last two lines the engine read as one box each, across the gutter
+    across = [
+        text_line(
+            f"left line {row} of the running text right line {row} of the running text", 100, 1000, 120 + 24 * row
+        )
+        for row in (6, 7)
+    ]
+    boxes = [*column("left", 100, 540, 6), *column("right", 560, 1000, 6), *across]
+
+    # When they are laid out
+    lines = boxes_to_text(boxes).splitlines()
+
+    # Then each is cut in two at the gutter, and its halves end their columns
+    assert lines == [
+        *(f"left line {row} of the running text" for row in range(8)),
+        *(f"right line {row} of the running text" for row in range(8)),
+    ]
+
+
+def test_a_table_keeps_each_row_on_one_line() -> None:
+    # Given a table: a name and three figures in each row, its columns lined up with white between them
+    rows = [("Random Forest", "96.41 %", "62.4 %", "62.1 % - 62.8 %"), ("Decision Tree", "65.40 %", "11.0 %", "10.4 %")]
+    rows += [(f"Classifier number {index}", f"{90 - index}.5 %", f"{50 - index}.1 %", "n/a") for index in range(8)]
+    boxes = [
+        text_line(cell, left, left + 20 * len(cell) / 2, 100 + 24 * index)
+        for index, cells in enumerate(rows)
+        for cell, left in zip(cells, (100, 400, 600, 800), strict=True)
+    ]
+
+    # When it is laid out
+    lines = boxes_to_text(boxes).splitlines()
+
+    # Then every row is one line, its cells left to right
+    assert lines == [" ".join(cells) for cells in rows]
+
+
+def test_two_lists_side_by_side_keep_their_rows_on_one_line() -> None:
+    # Given a form's two lists of check boxes side by side, items of a few words each
+    rows = [
+        ("Screening of Access report", "Attempted or successful reunification"),
+        ("Protective plan implemented", "Referral to services"),
+        ("Initial assessment conducted", "Transportation assistance"),
+        ("Safety plan implemented", "Collaboration with law enforcement"),
+        ("Temporary physical custody of child", "Collaboration with medical professionals"),
+        ("Petitioned for court order / CHIPS (child in need of", "Supervised visitation"),
+        ("protection or services)", "Case remains open for services"),
+        ("Placement into foster home", "Case closed by agency"),
+    ]
+    boxes = [
+        text_line(item, left, left + 8 * len(item), 100 + 24 * index)
+        for index, items in enumerate(rows)
+        for item, left in zip(items, (100, 560), strict=True)
+    ]
+
+    # When they are laid out
+    lines = boxes_to_text(boxes).splitlines()
+
+    # Then the items do not fill their columns as lines of prose do, so each row stays whole
+    assert lines == [" ".join(items) for items in rows]
+
+
+def test_a_single_column_reads_as_lines_top_to_bottom() -> None:
+    # Given one column of running text, with a paragraph's short last line and a gap before the next paragraph
+    boxes = [
+        *column("first", 100, 1000, 5),
+        text_line("the end of it.", 100, 300, 240),
+        *column("second", 100, 1000, 3, 300),
+    ]
+
+    # When it is laid out
+    text = boxes_to_text(boxes)
+
+    # Then it reads line by line, a blank line at the gap, as without columns
+    assert text.splitlines() == [
+        *(f"first line {row} of the running text" for row in range(5)),
+        "the end of it.",
+        "",
+        *(f"second line {row} of the running text" for row in range(3)),
+    ]
 
 
 def test_without_the_extra_construction_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
