@@ -304,8 +304,8 @@ def has_text(answer: str) -> bool:
 
 def usable_text_layer(text: str) -> bool:
     """Enough real text to stand for the page (a scanned page has none, or a few stray characters)."""
-    visible = [ch for ch in text if not ch.isspace()]
-    return len(visible) >= 30 and sum(ch.isprintable() for ch in visible) >= 0.95 * len(visible)
+    visible = "".join(text.split())
+    return len(visible) >= 30 and sum(map(str.isprintable, visible)) >= 0.95 * len(visible)
 
 
 # --- the check --------------------------------------------------------------------------------------------------------
