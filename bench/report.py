@@ -321,14 +321,14 @@ import work went from 175–234 M to 28–123 M instructions per function.
         """### 4. Checked pages: what every page does more (issue 12)
 
 Every page is now checked, and every PDF page's render also reads the page's visible text layer (about 1.5 ms
-for a full page of text here) and measures its ink (a grey histogram, about 2 ms); the answer's checks take
-about 1 ms for a short answer and 6 ms for a full page of text; the fenced completion inserts the call's row
-into `attempts` in the same statement (the claim benchmark's pairs per second dropped on both sides alike, its
-ratio did not). Scans (images, and PDF pages without a usable text layer) also run the orientation detector,
-about 15 ms a page; born-digital pages skip it. Measured side by side with the code before this work (commit
-c43a394), two runs each on one machine: rendering 106 and 108 pages/s then, 78 and 72 pages/s with the checks;
-pipeline overhead 1.22 and 1.22 then, 1.26 and 1.24 with the checks, before the usable-text-layer test lost its
-per-character list (2.4 → 0.14 ms, asked twice per page). The figures above are this run's.
+for a full page of text here) and estimates its ink from a sixteenth of its pixels (0.2 ms; a full grey
+histogram took 2.2 ms); the answer's checks take about 1 ms for a short answer and 6 ms for a full page of text;
+the fenced completion inserts the call's row into `attempts` in the same statement (the claim benchmark's pairs
+per second dropped on both sides alike, its ratio did not). Scans (images, and PDF pages without a usable text
+layer) also run the orientation detector, about 15 ms a page; born-digital pages skip it. Measured side by side
+with the code before this work (commit c43a394), alternating, two runs each, on one (busy) machine: pipeline
+overhead 1.31 and 1.30 then, 1.31 and 1.28 now; rendering 86 and 78 pages/s then, 64 and 68 pages/s now. The
+figures above are this run's.
 """
     )
     parts.append(

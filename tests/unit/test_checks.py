@@ -307,3 +307,17 @@ def test_flags_merge_one_per_name_the_later_value_winning_hard_ones_first() -> N
 def test_every_flag_is_documented_with_its_hardness() -> None:
     assert {Flag.REPETITION, Flag.REFUSAL, Flag.EMPTY, Flag.BLANK_RENDER, Flag.TRUNCATED} == HARD_FLAGS
     assert PageFlag.from_dict(PageFlag(Flag.REFUSAL, 1.0, 0.5).as_dict()) == PageFlag(Flag.REFUSAL, 1.0, 0.5)
+
+
+def test_a_single_small_mark_is_counted_on_a_page_whose_ink_is_sampled(tmp_path: Path) -> None:
+    from PIL import Image
+
+    # Given a white page with one dark pixel, off the grid of pixels that the ink estimate samples
+    path = tmp_path / "dot.png"
+    page = Image.new("L", (1000, 1000), 255)
+    page.putpixel((1, 1), 0)
+    page.save(path)
+    # When it is rendered
+    rendered = render_page(path, DocumentKind.PNG, 1, image_format="png")
+    # Then the mark is counted (the page is counted whole when the sample finds nothing): it is not blank
+    assert rendered.marked == pytest.approx(1 / 1_000_000)
