@@ -92,6 +92,14 @@ def _configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
     get_settings.cache_clear()
 
 
+def _escalating_with_weak_pages(monkeypatch: pytest.MonkeyPatch, fake: FakeChatServer, path: Path) -> dict[str, int]:
+    """ESCALATION_MODEL set, and the fake's weak answers on pages 2 and 3 of ``path``: the pages by image digest."""
+    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
+    pages = _page_images(path, 4)
+    _weak_answers_on_pages_2_and_3(fake, path, pages)
+    return pages
+
+
 @pytest.fixture
 def four_pages(corpus: Path) -> Path:
     return corpus / "pdflatex-4-pages.pdf"
@@ -105,9 +113,7 @@ def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_an
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given an escalation model, and a primary model that loops on page 2 and refuses page 3
-    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
-    pages = _page_images(four_pages, 4)
-    _weak_answers_on_pages_2_and_3(fake_provider, four_pages, pages)
+    pages = _escalating_with_weak_pages(monkeypatch, fake_provider, four_pages)
     [doc] = pipeline.upload("uploads/four.pdf", four_pages)["documents"]
     # When the queue is drained
     pipeline.run_until_idle()
@@ -187,9 +193,7 @@ def test_under_triple_duplicate_delivery_each_page_is_escalated_at_most_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given an escalation model, weak answers on pages 2 and 3, and every message delivered to three environments
-    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
-    pages = _page_images(four_pages, 4)
-    _weak_answers_on_pages_2_and_3(fake_provider, four_pages, pages)
+    pages = _escalating_with_weak_pages(monkeypatch, fake_provider, four_pages)
     [doc] = pipeline.upload("uploads/dups.pdf", four_pages)["documents"]
     messages = pipeline.receive_all()
     fake_provider.default_delay = 1.5  # long enough for the three environments to overlap
