@@ -408,9 +408,11 @@ class Transcriber:
         layer stands in for it where it has a usable one (flagged); otherwise it fails, with no call made."""
         flags = [PageFlag(Flag.BLANK_RENDER, rendered.marked, self._settings.flag_blank_render_threshold)]
         count_flags(flag.flag for flag in flags)
-        if self._settings.text_layer != "off" and usable_text_layer(rendered.text_layer):
+        usable = usable_text_layer(rendered.text_layer)
+        if usable and self._settings.text_layer != "off":
             return await self._complete(ctx, _text_layer_outcome(rendered.text_layer, flags))
-        reason = rejection(flags, then="the page has no usable text layer to stand in, and no model was asked")
+        instead = "with TEXT_LAYER=off its text layer may not stand in" if usable else "it has no usable text layer"
+        reason = rejection(flags, then=f"{instead}, and no model was asked to read a blank image")
         return await self._fail(ctx, reason, replace(NO_OUTCOME, flags=tuple(flag.as_dict() for flag in flags)))
 
     async def _complete(self, ctx: _Context, outcome: PageOutcome) -> PageResult:

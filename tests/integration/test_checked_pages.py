@@ -253,3 +253,31 @@ def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_
     assert (job["status"], job["model"], job["escalation"]) == ("COMPLETED", STRONG, "DONE")
     assert [f["flag"] for f in job["flags"]] == ["repetition"]
     assert _status(doc["document_id"])["cost"] == pytest.approx(2 * COST)
+
+
+@pytest.mark.parametrize(("text_layer", "status"), [("fallback", "COMPLETED"), ("off", "FAILED")])
+def test_a_page_that_renders_blank_is_not_sent_to_the_model(
+    pipeline: Pipeline,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+    text_layer: str,
+    status: str,
+) -> None:
+    # Given a real PDF whose Japanese font is not embedded: it renders blank here, as in Lambda (no CJK fonts)
+    _configure(monkeypatch, TEXT_LAYER=text_layer)
+    source = Path(__file__).resolve().parents[1] / "data" / "documents" / "jo.pdf"
+    [doc] = pipeline.upload("uploads/jo.pdf", source)["documents"]
+    # When the queue is drained
+    pipeline.run_until_idle()
+    # Then no model was asked to read a blank image, and the page is flagged blank_render
+    assert fake_provider.calls == 0
+    [job] = page_rows(storage, doc["document_id"])
+    assert job["status"] == status and [f["flag"] for f in job["flags"]] == ["blank_render"]
+    markdown, js = pipeline.transcript(doc["document_id"])
+    assert "flags: blank_render=0 (threshold 1e-05)" in markdown and js["cost"] == 0
+    if status == "COMPLETED":  # its own text layer stands in for it
+        assert job["provider"] == "pdf-text-layer" and "みんなのおのおの" in job["result_text"]
+    else:  # TEXT_LAYER=off: nothing may stand in, and the reason says so
+        assert "blank_render=0" in job["error"]
+        assert "with TEXT_LAYER=off its text layer may not stand in" in job["error"]

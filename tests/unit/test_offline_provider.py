@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pagescribe.checks import BLANK_PAGE
+from pagescribe.checks import BLANK_PAGE, Answer, Flag, PageEvidence, Thresholds, check_answer
 from pagescribe.documents import DocumentKind, extract_text_layer, render_page
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider, TextBox, boxes_to_text
@@ -281,3 +281,36 @@ def test_without_the_extra_construction_says_how_to_install_it(monkeypatch: pyte
 
     with pytest.raises(ConfigurationError, match=r"pip install 'pagescribe\[offline\]'"):
         RapidOcrProvider()
+
+
+@pytest.mark.offline_ocr
+@pytest.mark.parametrize(("page_number", "turned"), [(3, 180), (4, 90)])
+def test_a_turned_scan_sent_as_it_is_reads_with_low_confidence_and_upright_it_does_not(
+    page_number: int, turned: int
+) -> None:
+    # Given a real scan whose page is turned (cardinal.pdf: the same brochure page at 0, 90, 180 and 270 degrees)
+    scan = Path(__file__).resolve().parents[1] / "data" / "documents" / "cardinal.pdf"
+    as_it_is = render_page(scan, DocumentKind.PDF, page_number, orient=False)
+    upright = render_page(scan, DocumentKind.PDF, page_number)
+    # When the offline engine reads it as it is, and as the renderer turned it
+    sideways, straight = asyncio.run(
+        transcribe_all(
+            RapidOcrProvider(),
+            PageImage(as_it_is.data, as_it_is.media_type),
+            PageImage(upright.data, upright.media_type),
+        )
+    )
+    thresholds = Thresholds()
+
+    def flags(result: Transcription, rotation: int) -> list[Flag]:
+        answer = Answer(result.text, result.finish_reason, confidence=result.confidence)
+        evidence = PageEvidence(ink=0.1, rotation=rotation)
+        return [flag.flag for flag in check_answer(answer, evidence, thresholds, max_output_tokens=4096)]
+
+    # Then the turned page's scrambled reading is flagged low_confidence; upright it is read with confidence,
+    # and flagged only as rotated
+    assert upright.rotation == turned
+    assert sideways.confidence is not None and sideways.confidence < thresholds.low_confidence
+    assert flags(sideways, 0) == [Flag.LOW_CONFIDENCE]
+    assert straight.confidence is not None and straight.confidence > 0.95
+    assert flags(straight, upright.rotation) == [Flag.ROTATED]
