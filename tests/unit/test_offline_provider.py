@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from pagescribe.checks import BLANK_PAGE, Answer, Flag, PageEvidence, Thresholds, check_answer
 from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
-from pagescribe.providers.offline import RapidOcrProvider, TextBox, boxes_to_text
+from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.settings import ConfigurationError
 from PIL import Image
 

@@ -1,0 +1,351 @@
+"""Page layout from positioned text: lines in reading order, columns read one after the other, as text.
+
+The offline OCR engine gives positioned boxes of text; so does a PDF's text layer. Both are laid out here the same
+way. The text is the lines in reading order, top to bottom and left to right, with a blank line where the gap
+between two lines is large; a page with no text reads :data:`BLANK_PAGE`, as the vision prompt asks.
+Columns of running text are read one after the other: a column section is found by its gutter, a band of
+white through many consecutive lines with prose on both sides (in the manner of whitespace-gutter and
+recursive X-Y cut page segmentation), and the rows above and below it keep their place. Anything else
+side by side at the same height (table cells, form fields, a figure's labels beside text) is joined on
+one line, as is a short column section (fewer than COLUMN_MIN_ROWS lines).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from pagescribe.checks import BLANK_PAGE
+
+PARAGRAPH_GAP = 1.5  # a gap between two lines taller than this many median line heights starts a paragraph
+COLUMN_GUTTER = 0.2  # the white between two columns is at least this many median line heights wide,
+EDGE_SLACK = 0.5  # ... once this many are taken off both ends of every box (boxes reach past their ink),
+COLUMN_MIN_ROWS = 5  # ... and has text on both sides in at least this many rows
+RUNNING_WORDS = 3  # a box of running text has at least this many words of two letters or more
+RUNNING_TEXT = 0.6  # a column holds at least this share of its characters in boxes of running text,
+COLUMN_FILL = 0.8  # ... and the median row with such a box spans at least this share of the column's width
+BRIDGE_GAP = 0.25  # a box across a gutter at most this many line heights below two columns' lines may be two lines
+_NARROW, _WIDE = frozenset(" fijlrtI.,;:'!|()[]"), frozenset("mwMW")  # glyphs of about 0.3 and 0.8 em
+
+
+@dataclass(frozen=True)
+class TextBox:
+    """One detected run of text and its extent on the page, in pixels (y grows downwards).
+
+    ``right`` is None where the box's right edge is unknown; columns are only looked for when every box has one.
+    """
+
+    text: str
+    left: float
+    top: float
+    bottom: float
+    score: float = 1.0  # the engine's recognition confidence
+    right: float | None = None
+
+
+@dataclass
+class _Line:
+    top: float
+    bottom: float
+    boxes: list[TextBox] = field(default_factory=list)
+
+    def accepts(self, box: TextBox) -> bool:
+        """The box's vertical centre is within the line and the line's is within the box."""
+        return (
+            self.top <= (box.top + box.bottom) / 2 <= self.bottom
+            and box.top <= (self.top + self.bottom) / 2 <= box.bottom
+        )
+
+    def add(self, box: TextBox) -> None:
+        self.boxes.append(box)
+        self.top = min(self.top, box.top)
+        self.bottom = max(self.bottom, box.bottom)
+
+    def text(self) -> str:
+        return " ".join(box.text for box in sorted(self.boxes, key=lambda box: box.left))
+
+
+_Band = tuple[float, float]  # a horizontal stretch of the page, left to right
+
+
+@dataclass(frozen=True)
+class _Gutter:
+    """The white band ``left``..``right`` between two columns, through the rows ``start`` to ``stop`` (exclusive).
+
+    A box reaches into the band only with ``slack`` taken off both its ends: detected boxes reach past their ink.
+    """
+
+    left: float
+    right: float
+    slack: float
+    start: int = 0
+    stop: int = 0
+
+    def crossed_by(self, box: TextBox) -> bool:
+        return box.left + self.slack < self.left and _end(box) - self.slack > self.right
+
+    def right_of(self, box: TextBox) -> bool:
+        """The box's middle is right of the band's."""
+        return _middle(box) > (self.left + self.right) / 2
+
+    def cut(self, box: TextBox) -> tuple[TextBox, TextBox] | None:
+        """A box across the band (the engine read two columns' lines as one) cut at the word boundary nearest to
+        where the band falls in its text, by rough glyph widths; None when it has no word boundary."""
+        spaces = [index for index, char in enumerate(box.text) if char == " "]
+        if not spaces:
+            return None
+        reach = list(itertools.accumulate(_em(char) for char in box.text))
+        share = (self.left - box.left) / (self.left - box.left + _end(box) - self.right)
+        at = min(spaces, key=lambda index: abs(reach[index] - share * reach[-1]))
+        return (
+            replace(box, text=box.text[:at].rstrip(), right=self.left),
+            replace(box, text=box.text[at:].lstrip(), left=self.right),
+        )
+
+    def sides(self, boxes: Iterable[TextBox]) -> tuple[list[TextBox], list[TextBox]]:
+        """The boxes left and right of the band, those across it cut in two."""
+        sides: tuple[list[TextBox], list[TextBox]] = ([], [])
+        for box in boxes:
+            halves = self.cut(box) if self.crossed_by(box) else None
+            if halves is None:
+                sides[self.right_of(box)].append(box)
+            else:
+                sides[0].append(halves[0])
+                sides[1].append(halves[1])
+        return sides
+
+
+def boxes_to_text(boxes: Iterable[TextBox]) -> str:
+    """The boxes as lines in reading order; a gap over PARAGRAPH_GAP median line heights becomes a blank line."""
+    boxes = list(boxes)
+    lines = _reading_order(boxes) if all(box.right is not None for box in boxes) else _rows(boxes)
+    if not lines:
+        return BLANK_PAGE
+    paragraph_gap = PARAGRAPH_GAP * statistics.median(line.bottom - line.top for line in lines)
+    parts = [lines[0].text()]
+    for previous, line in itertools.pairwise(lines):
+        if line.top - previous.bottom > paragraph_gap:  # never from one column to the next: it starts higher up
+            parts.append("")
+        parts.append(line.text())
+    return "\n".join(parts)
+
+
+def _rows(boxes: Iterable[TextBox]) -> list[_Line]:
+    """The boxes grouped into lines across the whole width, top to bottom, each read left to right."""
+    lines: list[_Line] = []
+    for box in sorted(boxes, key=lambda box: (box.top, box.left)):
+        if not lines or not lines[-1].accepts(box):
+            lines.append(_Line(box.top, box.bottom))
+        lines[-1].add(box)
+    return lines
+
+
+def _reading_order(boxes: list[TextBox]) -> list[_Line]:
+    """The lines in reading order: rows top to bottom, but the columns beside a gutter (:func:`_find_gutter`) read
+    one after the other. The rows above and below the gutter and each column are laid out in the same way, so a page
+    may have several column sections, and a column may hold columns of its own."""
+    rows = _rows(boxes)
+    gutter = _find_gutter(rows)
+    if gutter is None:
+        return rows
+    left, right = gutter.sides(box for row in rows[gutter.start : gutter.stop] for box in row.boxes)
+    return [
+        *_reading_order([box for row in rows[: gutter.start] for box in row.boxes]),
+        *_reading_order(left),
+        *_reading_order(right),
+        *_reading_order([box for row in rows[gutter.stop :] for box in row.boxes]),
+    ]
+
+
+def _find_gutter(rows: list[_Line]) -> _Gutter | None:
+    """The gutter between two columns of running text with the most rows of text on both sides; None without one.
+
+    A gutter is a band of white at least COLUMN_GUTTER median line heights wide through consecutive rows (in which
+    boxes count without EDGE_SLACK line heights at each end). Each band is followed down from the row where it
+    opens, narrowing to what stays white, until a row covers it; a row that covers it only with lines of both
+    columns read as one box (:func:`_bridged`) does not. The band is a gutter when its rows make a column section
+    (:func:`_column_section`): text on both sides in COLUMN_MIN_ROWS rows, and running text on each side. A table's
+    cells line up in the same way but hold figures or a few words each, so its rows stay whole.
+    """
+    if len(rows) < COLUMN_MIN_ROWS:
+        return None
+    boxes = [box for row in rows for box in row.boxes]
+    height = statistics.median(box.bottom - box.top for box in boxes)
+    slack, min_width = EDGE_SLACK * height, COLUMN_GUTTER * height
+    free = [_free(row, min(box.left for box in boxes), max(map(_end, boxes)), slack) for row in rows]
+    followed: list[list[_Band]] = [[] for _ in rows]  # the bands that reach each row from the rows above
+    running = [[_middle(box) for box in row.boxes if _running(box)] for row in rows]
+    best: tuple[int, _Gutter] | None = None
+    for start in range(len(rows)):
+        bands = [
+            band
+            for band in free[start]
+            if band[1] - band[0] >= min_width
+            and not any(  # followed from above already, and narrowed by less than the slack
+                band[0] <= above[0] and above[1] <= band[1] and above[1] - above[0] > band[1] - band[0] - slack
+                for above in followed[start]
+            )
+        ]
+        stop = start + 1
+        while bands:
+            following = []
+            for band in bands:
+                if stop < len(rows):
+                    parts = _white(free[stop], band, min_width)
+                    if parts or _bridged(rows[stop - 1], rows[stop], _Gutter(*band, slack)):
+                        following += parts or [band]
+                        continue
+                middles = [middle for row in running[start:stop] for middle in row]
+                if (  # else it cannot have more rows with text on both sides than the best one, or prose on both
+                    stop - start > (best[0] if best else COLUMN_MIN_ROWS - 1)
+                    and any(middle <= band[0] for middle in middles)
+                    and any(middle >= band[1] for middle in middles)
+                ):
+                    section = _column_section(rows, _Gutter(*band, slack, start, stop), PARAGRAPH_GAP * height)
+                    best = section if section and (best is None or section[0] > best[0]) else best
+            if stop < len(rows):
+                followed[stop] += following
+            bands, stop = following, stop + 1
+    return None if best is None else best[1]
+
+
+def _free(row: _Line, left: float, right: float, slack: float) -> list[_Band]:
+    """The stretches of ``left``..``right`` that no box of the row covers once ``slack`` is taken off both its ends
+    (a short box keeps its middle), left to right."""
+    free, reached = [], left
+    for box in sorted(row.boxes, key=lambda box: box.left):
+        start, end = min(box.left + slack, _middle(box)), max(_end(box) - slack, _middle(box))
+        if start > reached:
+            free.append((reached, start))
+        reached = max(reached, end)
+    if reached < right:
+        free.append((reached, right))
+    return free
+
+
+def _white(free: list[_Band], band: _Band, min_width: float) -> list[_Band]:
+    """The parts of the band in a row's ``free`` stretches that are at least ``min_width`` wide."""
+    parts = []
+    for start, end in itertools.islice(free, max(bisect.bisect_left(free, (band[0],)) - 1, 0), None):
+        if start >= band[1]:
+            break
+        part = max(start, band[0]), min(end, band[1])
+        if part[1] - part[0] >= min_width:
+            parts.append(part)
+    return parts
+
+
+def _bridged(previous: _Line, row: _Line, gutter: _Gutter) -> bool:
+    """The row is right below one with text on both sides of the band (or across it), and the boxes that reach
+    into the band cross it, each two lines of running text: the engine read two columns' lines as one."""
+    if row.top - previous.bottom > BRIDGE_GAP * (row.bottom - row.top) or not (
+        any(map(gutter.crossed_by, previous.boxes)) or len({gutter.right_of(box) for box in previous.boxes}) == 2
+    ):
+        return False
+    inside = [
+        box for box in row.boxes if box.left + gutter.slack < gutter.right and _end(box) - gutter.slack > gutter.left
+    ]
+    cuts = [gutter.cut(box) if gutter.crossed_by(box) else None for box in inside]
+    return bool(cuts) and all(halves is not None and all(map(_running, halves)) for halves in cuts)
+
+
+def _column_section(rows: list[_Line], gutter: _Gutter, gap: float) -> tuple[int, _Gutter] | None:
+    """How many rows of the gutter's column section have text on both sides, and the section; None unless at least
+    COLUMN_MIN_ROWS do and each side is a column of running text (:func:`_prose`).
+
+    The section ends above the first box across the gutter that reaches out of the columns (a line of the full
+    width, not two columns' lines read as one), and is :func:`_trimmed`.
+    """
+    beside = [box for row in rows[gutter.start : gutter.stop] for box in row.boxes if not gutter.crossed_by(box)]
+    reach = (
+        min((box.left for box in beside if not gutter.right_of(box)), default=gutter.left) - gutter.slack,
+        max((_end(box) for box in beside if gutter.right_of(box)), default=gutter.right) + gutter.slack,
+    )
+    for index in range(gutter.start, gutter.stop):
+        if any(
+            gutter.crossed_by(box) and not reach[0] <= box.left <= _end(box) <= reach[1] for box in rows[index].boxes
+        ):
+            gutter = replace(gutter, stop=index)
+            break
+    gutter = _trimmed(rows, gutter, gap)
+    sides: tuple[list[list[TextBox]], list[list[TextBox]]] = ([], [])
+    for row in rows[gutter.start : gutter.stop]:
+        beside = [box for box in row.boxes if not gutter.crossed_by(box)]
+        sides[0].append([box for box in beside if not gutter.right_of(box)])
+        sides[1].append([box for box in beside if gutter.right_of(box)])
+    both_sides = sum(1 for left, right in zip(*sides, strict=True) if left and right)
+    return (both_sides, gutter) if both_sides >= COLUMN_MIN_ROWS and all(map(_prose, sides)) else None
+
+
+def _trimmed(rows: list[_Line], gutter: _Gutter, gap: float) -> _Gutter:
+    """The gutter without the rows at its ends that go with the text above or below it.
+
+    These are the rows at its top with text on one side only (a heading or running head beside the gutter; the
+    left column's first lines read the same either way), the rows at either end with more than ``gap`` of white
+    between them and the rest (a page number, a footer), and the rows at its bottom with text on one side only that
+    are nearer to the row below the gutter than to the row above them (the heading of a full-width part).
+    """
+    start, stop = gutter.start, gutter.stop
+
+    def one_sided(index: int) -> bool:
+        return len({gutter.right_of(box) for box in rows[index].boxes}) == 1
+
+    def gap_above(index: int) -> float:
+        return rows[index].top - rows[index - 1].bottom
+
+    while stop - start > 1 and (one_sided(start) or gap_above(start + 1) > gap):
+        start += 1
+    while stop - start > 1 and (
+        gap_above(stop - 1) > gap
+        or (one_sided(stop - 1) and stop < len(rows) and gap_above(stop) < gap_above(stop - 1))
+    ):
+        stop -= 1
+    return replace(gutter, start=start, stop=stop)
+
+
+def _prose(rows: list[list[TextBox]]) -> bool:
+    """One side's rows are a column of running text: RUNNING_TEXT of its characters or more are in boxes of running
+    text (:func:`_running`; not table cells, labels or the odd symbols read in a figure), and the median row with
+    such a box spans COLUMN_FILL of the column's width or more, as the lines of a paragraph do (the items of a list
+    beside another one are shorter)."""
+    boxes = [box for row in rows for box in row]
+    running = sum(len(box.text) for box in boxes if _running(box))
+    spans = [max(map(_end, row)) - min(box.left for box in row) for row in rows if any(map(_running, row))]
+    return (
+        bool(spans)
+        and running >= RUNNING_TEXT * sum(len(box.text) for box in boxes)
+        and statistics.median(spans) >= COLUMN_FILL * (max(map(_end, boxes)) - min(box.left for box in boxes))
+    )
+
+
+def _running(box: TextBox) -> bool:
+    """The box holds running text: RUNNING_WORDS words of two letters or more."""
+    return sum(sum(char.isalpha() for char in token) >= 2 for token in box.text.split()) >= RUNNING_WORDS
+
+
+def _end(box: TextBox) -> float:
+    """The box's right edge; its left one where that is unknown."""
+    return box.left if box.right is None else box.right
+
+
+def _middle(box: TextBox) -> float:
+    return (box.left + _end(box)) / 2
+
+
+def _em(char: str) -> float:
+    """A rough width of the character in a proportional font, in ems."""
+    if char in _NARROW:
+        return 0.3
+    if char in _WIDE:
+        return 0.8
+    return 0.7 if char.isupper() else 0.5
+
+
+def mean_confidence(boxes: Iterable[TextBox]) -> float | None:
+    """The recognition confidence of the page: the boxes' scores weighted by their characters; None without text."""
+    weighted = [(box.score, len(box.text)) for box in boxes]
+    characters = sum(size for _, size in weighted)
+    return sum(score * size for score, size in weighted) / characters if characters else None
