@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
+import re
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from pagescribe.checks import BLANK_PAGE
@@ -28,6 +30,24 @@ RUNNING_WORDS = 3  # a box of running text has at least this many words of two l
 RUNNING_TEXT = 0.6  # a column holds at least this share of its characters in boxes of running text,
 COLUMN_FILL = 0.8  # ... and the median row with such a box spans at least this share of the column's width
 BRIDGE_GAP = 0.25  # a box across a gutter at most this many line heights below two columns' lines may be two lines
+HEADING_SIZE = 1.2  # a line whose type is at least this many times the page's median size is a heading,
+HEADING_WORDS = 12  # ... when it has at most this many words
+HEADING_LINES = 2  # ... over at most this many lines
+HEADING_STEP = 0.1  # heading sizes within this share of each other are one level
+TABLE_MIN_ROWS = 3  # a table has at least this many rows,
+TABLE_ROW_GAP = 2.5  # ... each at most this many median line heights below the one before,
+TABLE_SPAN = 0.15  # ... and white between its columns in all rows but this share of them
+_BULLET = re.compile(
+    "^[\u2022\u00b7\u25cf\u25cb\u25e6\u25aa\u25a0\u2023\u25ba\u27a2\u2756\u2713*+\u2013-](?:\\s+|(?=[A-Z]))"
+)  # a bullet, then a space or a capital
+_LIST_ITEM = re.compile(r"^(?:- |\d{1,3}[.)] )")
+_HYPHENATED = re.compile(r"[^\W\d_]{2}-$")  # a word broken at the line's end (two letters, then a hyphen)
+_CJK = re.compile(
+    r"[\u2e80-\u2fdf\u3040-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+)  # Han, kana, hangul
+_LATIN_PUNCTUATION = str.maketrans(  # CJK full stop, commas, colon, ... and their Latin forms
+    "\u3002\uff0c\u3001\uff1a\uff1b\uff08\uff09\uff01\uff1f\u3010\u3011", ".,,:;()!?[]"
+)
 _NARROW, _WIDE = frozenset(" fijlrtI.,;:'!|()[]"), frozenset("mwMW")  # glyphs of about 0.3 and 0.8 em
 
 
@@ -119,18 +139,246 @@ class _Gutter:
 
 
 def boxes_to_text(boxes: Iterable[TextBox]) -> str:
-    """The boxes as lines in reading order; a gap over PARAGRAPH_GAP median line heights becomes a blank line."""
-    boxes = list(boxes)
-    lines = _reading_order(boxes) if all(box.right is not None for box in boxes) else _rows(boxes)
+    """The boxes as markdown, their lines in reading order (:func:`markdown`)."""
+    boxes = [replace(box, text=latin_punctuation(box.text)) for box in boxes]
+    return markdown(_reading_order(boxes) if all(box.right is not None for box in boxes) else _rows(boxes))
+
+
+def markdown(lines: Sequence[_Line]) -> str:
+    """Lines in reading order as markdown; :data:`BLANK_PAGE` for none.
+
+    - A gap over PARAGRAPH_GAP median line heights becomes a blank line (never from one column to the next: the
+      next column starts higher up).
+    - Rows of cells lined up in columns become a markdown table (:func:`_tables`).
+    - A short line at least HEADING_SIZE times as tall as the median line is a heading: ``#`` for the tallest on
+      the page, ``##`` for the next size, ``###`` for any smaller; a heading wrapped over two lines is one heading.
+    - A line opening with a bullet is a list item (``- ``); a line opening with ``#`` that is no heading is escaped.
+    - A word hyphenated at a line's end is joined with its end on the next line of the same paragraph.
+    """
     if not lines:
         return BLANK_PAGE
-    paragraph_gap = PARAGRAPH_GAP * statistics.median(line.bottom - line.top for line in lines)
-    parts = [lines[0].text()]
-    for previous, line in itertools.pairwise(lines):
-        if line.top - previous.bottom > paragraph_gap:  # never from one column to the next: it starts higher up
+    height = statistics.median(line.bottom - line.top for line in lines)
+    tables = _tables(lines, height)
+    levels = _heading_levels(lines, height, tables)
+    parts: list[str] = []
+    previous: _Line | None = None
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if previous is not None and parts[-1] and line.top - previous.bottom > PARAGRAPH_GAP * height:
             parts.append("")
-        parts.append(line.text())
-    return "\n".join(parts)
+        if index in tables:
+            table, rows = tables[index]
+            if parts and parts[-1]:
+                parts.append("")  # a table is a block of its own
+            parts += [*table, ""]
+            previous, index = lines[index + rows - 1], index + rows
+            continue
+        level = levels.get(index)
+        if level is not None:
+            text = " ".join(box_text for box_text in line.text().split())
+            heading = "#" * level + " "
+            if parts and parts[-1].startswith(heading) and levels.get(index - 1) == level:
+                parts[-1] += " " + text  # the heading's second line
+            else:
+                if parts and parts[-1]:
+                    parts.append("")
+                parts.append(heading + text)
+        else:
+            text = _list_item(line.text())
+            if parts and parts[-1].startswith("#") and previous is not None and levels.get(index - 1) is not None:
+                parts.append("")
+            if parts and _HYPHENATED.search(parts[-1]) and text[:1].islower() and not _LIST_ITEM.match(text):
+                parts[-1] = parts[-1][:-1] + text
+            else:
+                parts.append(text)
+        previous, index = line, index + 1
+    return "\n".join(parts).strip("\n")
+
+
+def latin_punctuation(text: str) -> str:
+    """Text with no CJK character in it keeps no CJK punctuation: the recognition model, trained on Chinese and
+    English, reads a Latin full stop after a digit as ``。`` (``1。 Installation``). Text with CJK keeps it."""
+    if _CJK.search(text) or not any(char.isascii() and char.isalpha() for char in text):
+        return text
+    return text.translate(_LATIN_PUNCTUATION)
+
+
+def _list_item(text: str) -> str:
+    """The line as a markdown list item when it opens with a bullet; escaped when it opens with ``#``."""
+    bullet = _BULLET.match(text)
+    if bullet:
+        return "- " + text[bullet.end() :]
+    return "\\" + text if text.startswith("#") else text
+
+
+def _heading_levels(lines: Sequence[_Line], height: float, tables: dict[int, tuple[list[str], int]]) -> dict[int, int]:
+    """The headings among the lines outside tables: line index to level (1 to 3), by size on the page.
+
+    A heading is a line of one box, of words (letters make half of its characters or more) and no more than
+    HEADING_WORDS of them, that opens a block (the page's or a column's first line, or one more than half a line
+    height below the line before, or right below another heading), and whose type is HEADING_SIZE times the page's
+    median size or more; more than HEADING_LINES such lines in a row are a block of large type, not a heading, and
+    a line ending in a comma, semicolon or hyphen, or followed in its paragraph by a line opening in lower case, is
+    a sentence going on.
+    The size of a box is the geometric mean of its height and of its width per character (by
+    rough glyph widths): the engine's boxes are not as tall as the type is large, but wider type takes both.
+    """
+    boxes = [box for line in lines for box in line.boxes]
+    heights = statistics.median(box.bottom - box.top for box in boxes)
+    widths = statistics.median(_em_size(box) for box in boxes)
+    in_tables = {start + offset for start, (_, rows) in tables.items() for offset in range(rows)}
+    sizes: dict[int, float] = {}
+    for index, line in enumerate(lines):
+        text = line.text()
+        letters = sum(char.isalpha() for char in text)
+        if (
+            index in in_tables
+            or len(line.boxes) != 1
+            or len(text.split()) > HEADING_WORDS
+            or letters * 2 < len(text.replace(" ", ""))
+            or _BULLET.match(text)
+        ):
+            continue
+        box = line.boxes[0]
+        size = math.sqrt((box.bottom - box.top) / heights * _em_size(box) / widths) if widths else 0.0
+        previous = lines[index - 1] if index else None
+        opens = (
+            previous is None
+            or previous.top >= line.top
+            or line.top - previous.bottom > height / 2
+            or index - 1 in sizes
+        )
+        following = lines[index + 1] if index + 1 < len(lines) else None
+        runs_on = (
+            text[-1] in ",;-"
+            or (  # a sentence going on: the line is a paragraph's, not a heading
+                following is not None
+                and following.top > line.top
+                and following.top - line.bottom <= PARAGRAPH_GAP * height
+                and following.text()[:1].islower()
+            )
+        )
+        if size >= HEADING_SIZE and opens and not runs_on:
+            sizes[index] = size
+    runs: list[list[int]] = []  # the candidates in runs of consecutive lines
+    for index in sorted(sizes):
+        if runs and runs[-1][-1] == index - 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    for run in runs:
+        if len(run) > HEADING_LINES:  # a block of large type, not a heading
+            for index in run:
+                del sizes[index]
+    ranks: list[float] = []  # one size per level, largest first; sizes within HEADING_STEP of each other are one
+    for size in sorted(sizes.values(), reverse=True):
+        if not ranks or size < ranks[-1] * (1 - HEADING_STEP):
+            ranks.append(size)
+    return {
+        index: 1 + min(2, next(rank for rank, top in enumerate(ranks) if size >= top * (1 - HEADING_STEP)))
+        for index, size in sizes.items()
+    }
+
+
+def _em_size(box: TextBox) -> float:
+    """The box's width per character in rough glyph widths (ems): its type's size; 0 where its width is unknown."""
+    ems = sum(map(_em, box.text))
+    return (_end(box) - box.left) / ems if ems and box.right is not None else 0.0
+
+
+def _tables(lines: Sequence[_Line], height: float) -> dict[int, tuple[list[str], int]]:
+    """The tables among the lines: the index of each table's first line, its markdown lines and its count of rows.
+
+    A table is a run of at least TABLE_MIN_ROWS rows of cells (lines of two boxes or more that hold more than a
+    bullet, the engine's boxes being separated by more than a word space), each at most TABLE_ROW_GAP line heights
+    below the one before; a line of one box between two rows of cells belongs to the table too. Its columns are the
+    stretches of the run's width that its boxes cover, between bands of white through all of its rows but TABLE_SPAN
+    of them (one row from four rows on: a title or a merged cell across the columns), each holding the middle of a
+    box in two rows or more; a box goes to the column nearest to its middle. A table needs two columns or more, and
+    cells in two columns or more in most of its rows.
+    """
+    tables: dict[int, tuple[list[str], int]] = {}
+    index = 0
+    while index < len(lines):
+        stop = index
+        while stop < len(lines) and (
+            _cells(lines[stop]) >= 2
+            or (
+                stop > index
+                and stop + 1 < len(lines)
+                and _cells(lines[stop + 1]) >= 2
+                and _below(lines[stop], lines[stop + 1], height)
+            )
+        ):
+            if stop > index and not _below(lines[stop - 1], lines[stop], height):
+                break
+            stop += 1
+        table = _table(lines[index:stop], height) if stop - index >= TABLE_MIN_ROWS else None
+        if table is None:
+            index += 1
+        else:
+            tables[index] = (table, stop - index)
+            index = stop
+    return tables
+
+
+def _cells(line: _Line) -> int:
+    """How many boxes of the line hold more than a bullet."""
+    return sum(not _BULLET.fullmatch(box.text + " ") for box in line.boxes)
+
+
+def _below(upper: _Line, lower: _Line, height: float) -> bool:
+    """The lower line starts under the upper one, at most TABLE_ROW_GAP line heights below it."""
+    return upper.top < lower.top and lower.top - upper.bottom <= TABLE_ROW_GAP * height
+
+
+def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
+    """The rows as a markdown table (the first as its header), or None when they do not line up in columns."""
+    boxes = [box for row in rows for box in row.boxes]
+    if any(box.right is None for box in boxes):
+        return None
+    left, right = math.floor(min(box.left for box in boxes)), math.ceil(max(map(_end, boxes)))
+    cover = [0] * (right - left + 1)
+    slack = EDGE_SLACK * height
+    for row in rows:
+        for start, end in _covered(row, slack):
+            for x in range(math.floor(start) - left, math.ceil(end) - left + 1):
+                cover[x] += 1
+    allowed = int(TABLE_SPAN * len(rows)) or int(len(rows) > TABLE_MIN_ROWS)  # one row may span from four rows on
+    columns: list[_Band] = []
+    for covered, run in itertools.groupby(enumerate(cover), key=lambda item: item[1] > allowed):
+        if covered:
+            span = [x for x, _ in run]
+            columns.append((span[0] + left, span[-1] + left))
+    supported = [
+        column
+        for column in columns
+        if sum(any(column[0] <= _middle(box) <= column[1] for box in row.boxes) for row in rows) >= 2
+    ]
+    if len(supported) < 2:
+        return None
+    cells: list[list[list[str]]] = [[[] for _ in supported] for _ in rows]
+    for row, row_cells in zip(rows, cells, strict=True):
+        for box in sorted(row.boxes, key=lambda box: box.left):
+            middle = _middle(box)
+            nearest = min(
+                range(len(supported)), key=lambda at: max(supported[at][0] - middle, middle - supported[at][1])
+            )
+            row_cells[nearest].append(box.text)
+    if sum(sum(map(bool, row_cells)) >= 2 for row_cells in cells) * 2 <= len(rows):
+        return None
+    lines = ["| " + " | ".join(_cell(" ".join(cell)) for cell in row_cells) + " |" for row_cells in cells]
+    return [lines[0], "|" + " --- |" * len(supported), *lines[1:]]
+
+
+def _covered(row: _Line, slack: float) -> list[_Band]:
+    """The stretches the row's boxes cover, ``slack`` taken off both ends of each (a short box keeps its middle)."""
+    return [(min(box.left + slack, _middle(box)), max(_end(box) - slack, _middle(box))) for box in row.boxes]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def _rows(boxes: Iterable[TextBox]) -> list[_Line]:

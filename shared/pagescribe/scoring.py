@@ -15,6 +15,10 @@ from collections import Counter, deque
 from collections.abc import Hashable, Iterator, Sequence
 
 _HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_MARKDOWN_PREFIX = re.compile(r"^[ \t]{0,3}(?:#{1,6}[ \t]+|[-*+\u2022][ \t]+)", re.MULTILINE)  # heading, list item
+_TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-{3,}:?[ \t]*\|)+[ \t]*:?-*:?[ \t]*$", re.MULTILINE)
+_TABLE_PIPE = re.compile(r"(?<!\\)\|")
+_MARKDOWN_ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|])")
 _WHITESPACE = re.compile(r"\s+")
 _HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*(?:\s[^<>]*)?/?>")
 _TOKEN_SEPARATOR = re.compile(r"[\s|]+")
@@ -29,10 +33,19 @@ def _is_noncharacter(char: str) -> bool:
     return 0xFDD0 <= code <= 0xFDEF or (code & 0xFFFE) == 0xFFFE
 
 
+def plain(text: str) -> str:
+    """The text without markdown's block markup, which is no part of what a page says: heading markers, list
+    bullets (``-``, ``*``, ``+``, ``•``) at a line's start, a table's rule line and its cell pipes, backslash escapes.
+    Emphasis is kept (``*`` and ``_`` inside words are too often text)."""
+    text = _TABLE_RULE.sub("", _MARKDOWN_PREFIX.sub("", text))
+    return _MARKDOWN_ESCAPE.sub(r"\1", _TABLE_PIPE.sub(" ", text))
+
+
 def normalize(text: str) -> str:
-    """NFKC, HTML comments (so page markers) removed, Unicode non-characters (U+FFFE, U+FFFF, ...) removed,
-    every run of whitespace (form feeds and newlines included) collapsed to one space, stripped."""
-    text = _HTML_COMMENT.sub(" ", unicodedata.normalize("NFKC", text))
+    """NFKC, HTML comments (so page markers) removed, markdown block markup removed (:func:`plain`), Unicode
+    non-characters (U+FFFE, U+FFFF, ...) removed, every run of whitespace (form feeds and newlines included)
+    collapsed to one space, stripped."""
+    text = plain(_HTML_COMMENT.sub(" ", unicodedata.normalize("NFKC", text)))
     text = "".join(char for char in text if not _is_noncharacter(char))
     return _WHITESPACE.sub(" ", text).strip()
 

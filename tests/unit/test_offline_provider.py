@@ -133,8 +133,12 @@ def test_a_real_two_column_page_reads_the_left_column_before_the_right_one() -> 
 
     [result] = asyncio.run(transcribe_all(RapidOcrProvider(), PageImage(data=page.data, media_type=page.media_type)))
 
+    lines = result.text.splitlines()
+    assert lines[0] == "# Two-Column Document with Lorem Ipsum"
+    abstract = next(index for index, line in enumerate(lines) if line.endswith("Abstract"))
+    assert lines[abstract].startswith("#")  # a heading, of the title's size or smaller
+    assert {"Your Name", "January 3, 2024"} <= {line.lstrip("# ") for line in lines[1:abstract]}
     text = " ".join(result.text.split())
-    assert text.startswith("Two-Column Document with Lorem Ipsum Your Name January 3, 2024 Abstract")
     left_ends = text.index("Vivamus viverra fermentum felis. Donec nonummy")  # the left column's last line
     right_begins = text.index("pellentesque ante. Phasellus adipiscing semper elit.")  # the right one's first
     assert left_ends < right_begins
@@ -215,7 +219,7 @@ def test_two_columns_lines_read_as_one_box_across_a_narrow_gutter_are_cut_at_the
     ]
 
 
-def test_a_table_keeps_each_row_on_one_line() -> None:
+def test_a_table_becomes_a_markdown_table_with_a_row_per_line() -> None:
     # Given a table: a name and three figures in each row, its columns lined up with white between them
     rows = [("Random Forest", "96.41 %", "62.4 %", "62.1 % - 62.8 %"), ("Decision Tree", "65.40 %", "11.0 %", "10.4 %")]
     rows += [(f"Classifier number {index}", f"{90 - index}.5 %", f"{50 - index}.1 %", "n/a") for index in range(8)]
@@ -228,11 +232,15 @@ def test_a_table_keeps_each_row_on_one_line() -> None:
     # When it is laid out
     lines = boxes_to_text(boxes).splitlines()
 
-    # Then every row is one line, its cells left to right
-    assert lines == [" ".join(cells) for cells in rows]
+    # Then it is a markdown table: every row one line, its cells left to right in their columns
+    assert lines == [
+        "| " + " | ".join(rows[0]) + " |",
+        "| --- | --- | --- | --- |",
+        *("| " + " | ".join(cells) + " |" for cells in rows[1:]),
+    ]
 
 
-def test_two_lists_side_by_side_keep_their_rows_on_one_line() -> None:
+def test_two_lists_side_by_side_keep_their_rows_together() -> None:
     # Given a form's two lists of check boxes side by side, items of a few words each
     rows = [
         ("Screening of Access report", "Attempted or successful reunification"),
@@ -253,8 +261,12 @@ def test_two_lists_side_by_side_keep_their_rows_on_one_line() -> None:
     # When they are laid out
     lines = boxes_to_text(boxes).splitlines()
 
-    # Then the items do not fill their columns as lines of prose do, so each row stays whole
-    assert lines == [" ".join(items) for items in rows]
+    # Then the items do not fill their columns as lines of prose do: each row stays whole, a row of a table
+    assert lines == [
+        "| " + " | ".join(rows[0]) + " |",
+        "| --- | --- |",
+        *("| " + " | ".join(items) + " |" for items in rows[1:]),
+    ]
 
 
 def test_a_single_column_reads_as_lines_top_to_bottom() -> None:

@@ -12,6 +12,7 @@ from pagescribe.scoring import (
     edit_distance,
     normalize,
     percentile,
+    plain,
     recall_precision,
     split_pages,
     substring_distances,
@@ -324,3 +325,17 @@ def test_percentile_refuses_no_values_and_out_of_range_q() -> None:
         percentile([], 50)
     with pytest.raises(ValueError, match="not in"):
         percentile([1.0], 101)
+
+
+def test_markdown_block_markup_does_not_count_but_a_misread_word_does() -> None:
+    # Given a page's plain text, and a transcript of it with a heading, list items and a table
+    reference = "Results\nThe runs:\n• first run\n• second run\nName Score\nAlpha 0.93\nBeta 0.81"
+    markdown = "# Results\n\nThe runs:\n- first run\n- second run\n\n"
+    markdown += "| Name | Score |\n| --- | --- |\n| Alpha | 0.93 |\n| Beta | 0.81 |"
+
+    # When they are scored
+    # Then the markup costs nothing, and the same transcript with one word misread costs that word
+    assert plain("## Title\n* item\n| a \\| b | c |\n|:---|---:|") == "Title\nitem\n  a | b   c  \n"
+    assert cer(reference, markdown) == 0.0
+    assert wer(reference, markdown) == 0.0
+    assert cer(reference, markdown.replace("Alpha", "Alpah")) > 0.0
