@@ -19,6 +19,7 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from pagescribe.checks import BLANK_PAGE
 
@@ -48,6 +49,11 @@ _CJK = re.compile(
 _LATIN_PUNCTUATION = str.maketrans(  # CJK full stop, commas, colon, ... and their Latin forms
     "\u3002\uff0c\u3001\uff1a\uff1b\uff08\uff09\uff01\uff1f\u3010\u3011", ".,,:;()!?[]"
 )
+FURNITURE_GAP = 1.5  # a page number has at least this many median line heights of white between it and the rest
+_PAGE_NUMBER = re.compile(
+    r"(?i)(?:page\s+)?[-\u2013\u2014]?\s*(?:\d{1,4}|[ivxlcdm]{1,7})\s*[-\u2013\u2014]?(?:\s*(?:of|/)\s*\d{1,4})?"
+)
+PageNumbers = Literal["mark", "drop"]
 _NARROW, _WIDE = frozenset(" fijlrtI.,;:'!|()[]"), frozenset("mwMW")  # glyphs of about 0.3 and 0.8 em
 
 
@@ -138,13 +144,14 @@ class _Gutter:
         return sides
 
 
-def boxes_to_text(boxes: Iterable[TextBox]) -> str:
-    """The boxes as markdown, their lines in reading order (:func:`markdown`)."""
+def boxes_to_text(boxes: Iterable[TextBox], *, page_numbers: PageNumbers = "mark") -> str:
+    """The boxes as markdown, their lines in reading order (:func:`_markdown`)."""
     boxes = [replace(box, text=latin_punctuation(box.text)) for box in boxes]
-    return markdown(_reading_order(boxes) if all(box.right is not None for box in boxes) else _rows(boxes))
+    lines = _reading_order(boxes) if all(box.right is not None for box in boxes) else _rows(boxes)
+    return _markdown(lines, page_numbers)
 
 
-def markdown(lines: Sequence[_Line]) -> str:
+def _markdown(lines: Sequence[_Line], page_numbers: PageNumbers) -> str:
     """Lines in reading order as markdown; :data:`BLANK_PAGE` for none.
 
     - A gap over PARAGRAPH_GAP median line heights becomes a blank line (never from one column to the next: the
@@ -154,12 +161,15 @@ def markdown(lines: Sequence[_Line]) -> str:
       the page, ``##`` for the next size, ``###`` for any smaller; a heading wrapped over two lines is one heading.
     - A line opening with a bullet is a list item (``- ``); a line opening with ``#`` that is no heading is escaped.
     - A word hyphenated at a line's end is joined with its end on the next line of the same paragraph.
+    - The page number (:func:`_furniture`) is marked as an HTML comment, ``<!-- page number: 7 -->``, or dropped
+      (``page_numbers="drop"``).
     """
     if not lines:
         return BLANK_PAGE
     height = statistics.median(line.bottom - line.top for line in lines)
     tables = _tables(lines, height)
     levels = _heading_levels(lines, height, tables)
+    furniture = _furniture(lines, height, tables, levels)
     parts: list[str] = []
     previous: _Line | None = None
     index = 0
@@ -173,6 +183,13 @@ def markdown(lines: Sequence[_Line]) -> str:
                 parts.append("")  # a table is a block of its own
             parts += [*table, ""]
             previous, index = lines[index + rows - 1], index + rows
+            continue
+        if index in furniture:
+            if page_numbers == "mark":
+                if parts and parts[-1]:
+                    parts.append("")
+                parts += [f"<!-- {furniture[index]}: {line.text().replace('--', '- -')} -->", ""]
+            previous, index = line, index + 1
             continue
         level = levels.get(index)
         if level is not None:
@@ -194,6 +211,33 @@ def markdown(lines: Sequence[_Line]) -> str:
                 parts.append(text)
         previous, index = line, index + 1
     return "\n".join(parts).strip("\n")
+
+
+def _furniture(
+    lines: Sequence[_Line], height: float, tables: dict[int, tuple[list[str], int]], levels: dict[int, int]
+) -> dict[int, str]:
+    """The page's page number: its line's index to ``page number``; empty without one.
+
+    It is the page's top line, first in reading order, or its bottom line, last in reading order, that reads as a
+    page number (``7``, ``- 7 -``, ``Page 7 of 9``, ``vii``), is no heading and no table's, and lies more than
+    FURNITURE_GAP median line heights away from the rest of the page's lines. Other running headers and footers are
+    not told apart: a slide's top and bottom lines are set off in the same way and are its title and its message.
+    """
+    if len(lines) < 2:
+        return {}
+    in_tables = {start + offset for start, (_, rows) in tables.items() for offset in range(rows)}
+    for index in (len(lines) - 1, 0):
+        line = lines[index]
+        others = [other for at, other in enumerate(lines) if at != index]
+        gap = line.top - max(other.bottom for other in others) if index else min(o.top for o in others) - line.bottom
+        if (
+            index not in in_tables
+            and index not in levels
+            and gap > FURNITURE_GAP * height
+            and _PAGE_NUMBER.fullmatch(line.text().strip())
+        ):
+            return {index: "page number"}
+    return {}
 
 
 def latin_punctuation(text: str) -> str:

@@ -144,6 +144,11 @@ class Settings(BaseSettings):
         description="What a PDF page's own text layer may stand in for. fallback: a page whose render is blank; auto: "
         "every page with a usable one (no model call); off: nothing (it is still checked against).",
     )
+    page_numbers: Literal["mark", "drop"] = Field(
+        default="mark",
+        description="A page number the offline engine reads at a page's top or bottom: mark (as an HTML comment, "
+        "<!-- page number: 7 -->) or drop.",
+    )
     detect_orientation: bool = Field(
         default=True, description="Turn a scan whose text reads sideways or upside down upright before sending it."
     )

@@ -216,3 +216,28 @@ def test_a_real_paper_joins_hyphenated_words_and_lists_its_bullets(read) -> None
     assert "develop applications" in text
     assert "applica-" not in text
     assert "- Two different symbols can have the same glyph. For" in text.splitlines()
+
+
+def test_a_page_number_set_off_at_the_bottom_is_marked_or_dropped() -> None:
+    # Given a page of body text with its number alone, well below it
+    boxes = [*body(100, 5), line("- 12 -", 500, 400)]
+
+    # When it is laid out with page numbers marked, and with them dropped
+    marked = boxes_to_text(boxes).splitlines()
+    dropped = boxes_to_text(boxes, page_numbers="drop").splitlines()
+
+    # Then the number is an HTML comment, or gone; the body is the same either way
+    assert marked[-1] == "<!-- page number: - 12 - -->"
+    assert dropped == [f"A line of the running text {row}" for row in range(5)]
+    assert marked[:5] == dropped
+
+
+def test_a_number_in_the_text_or_a_last_line_close_to_it_is_no_page_number() -> None:
+    # Given a page whose last line is a number right below the text, and one whose last line is words set off
+    close = [*body(100, 5), line("12", 100, 100 + 24 * 5)]
+    words = [*body(100, 5), line("Thank you for reading", 100, 400)]
+
+    # When they are laid out
+    # Then neither has a page number
+    assert "<!--" not in boxes_to_text(close)
+    assert boxes_to_text(words).splitlines()[-1] == "Thank you for reading"

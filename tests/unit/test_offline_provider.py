@@ -143,7 +143,7 @@ def test_a_real_two_column_page_reads_the_left_column_before_the_right_one() -> 
     right_begins = text.index("pellentesque ante. Phasellus adipiscing semper elit.")  # the right one's first
     assert left_ends < right_begins
     assert text.index("This is a sample document with two columns") < left_ends  # the abstract, in the left column
-    assert result.text.splitlines()[-1] == "1"  # the page number, below both columns, comes last
+    assert result.text.splitlines()[-1] == "<!-- page number: 1 -->"  # below both columns, last, marked
 
 
 @pytest.mark.offline_ocr
@@ -166,14 +166,15 @@ def test_two_columns_read_one_after_the_other_between_a_full_width_title_and_a_f
     # When they are laid out
     text = boxes_to_text(boxes)
 
-    # Then the left column is read, then the right one, and the title and the footer keep their places
+    # Then the left column is read, then the right one, and the title and the footer (marked a page number) keep
+    # their places
     assert text.splitlines() == [
         "Two Columns of Running Text",
         "",
         *(f"left line {row} of the running text" for row in range(8)),
         *(f"right line {row} of the running text" for row in range(8)),
         "",
-        "Page 7",
+        "<!-- page number: Page 7 -->",
     ]
 
 

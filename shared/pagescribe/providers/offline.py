@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from pagescribe.layout import TextBox, boxes_to_text, mean_confidence
+from pagescribe.layout import PageNumbers, TextBox, boxes_to_text, mean_confidence
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.settings import ConfigurationError
 
@@ -51,7 +51,7 @@ class RapidOcrProvider:
     and later pages wait for a free worker within their own budgets.
     """
 
-    def __init__(self, *, max_workers: int = 1) -> None:
+    def __init__(self, *, max_workers: int = 1, page_numbers: PageNumbers = "mark") -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, not {max_workers}")
         self._engine_class = _import_rapidocr()
@@ -64,6 +64,7 @@ class RapidOcrProvider:
             **{f"{stage}.model_path": str(path) for stage, path in _bundled_models().items()},
         }
         self._max_workers = max_workers
+        self._page_numbers: PageNumbers = page_numbers
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pagescribe-ocr")
         self._idle: queue.SimpleQueue[RapidOCR] = queue.SimpleQueue()
         self._loads_lock = threading.Lock()
@@ -93,7 +94,7 @@ class RapidOcrProvider:
                 f"offline OCR did not finish within the {budget_seconds:g} s budget", retryable=True
             ) from None
         return Transcription(
-            text=boxes_to_text(boxes),
+            text=boxes_to_text(boxes, page_numbers=self._page_numbers),
             finish_reason="stop",
             model=self._model,
             prompt_tokens=None,
