@@ -36,7 +36,7 @@ from pagescribe.local import LambdaContext, LambdaService, LocalAws, LocalResour
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import FINISHED, NewUpload, RequestError, TranscriptFormat
-from pagescribe.settings import ConfigurationError, get_settings
+from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -219,6 +219,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CommandError(f"no such file: {', '.join(missing)}")
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
+    if args.ocr_language:
+        os.environ["OCR_LANGUAGE"] = args.ocr_language
     # stdout may carry the markdown (--out -): keep the handlers' JSON logs to warnings and metrics off.
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
@@ -296,6 +298,8 @@ def _eval(args: argparse.Namespace) -> int:
     except evaluation.EvaluationError as exc:
         raise CommandError(str(exc)) from exc
     os.environ["TEXT_LAYER"] = "off"  # the model is what is measured: every page goes to it as an image
+    if args.ocr_language:
+        os.environ["OCR_LANGUAGE"] = args.ocr_language
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     with local_stack(data_dir=Path(args.data_dir), host="127.0.0.1", aws_port=0, sweep_every=10.0) as stack:
@@ -458,6 +462,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: take a PDF page's own text where it has one; fallback (default): only for a page that renders "
         "blank; off: never",
     )
+    transcribe.add_argument(
+        "--ocr-language",
+        choices=sorted(OCR_LANGUAGES),
+        help="the offline engine's recognition language (default: OCR_LANGUAGE; only those whose model ships: ch, "
+        "for Chinese, English and other Latin-script languages)",
+    )
     transcribe.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     transcribe.set_defaults(run=_transcribe)
 
@@ -474,6 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", metavar="OUT", help="write every figure and every page's scores as JSON")
     evaluate.add_argument("--report", metavar="FILE", help="write the whole run as markdown (docs/accuracy.md)")
     evaluate.add_argument("--olmocr-bench", metavar="DIR", help="run olmOCR-bench's JSONL tests and PDFs in DIR")
+    evaluate.add_argument(
+        "--ocr-language",
+        choices=sorted(OCR_LANGUAGES),
+        help="the offline engine's recognition language (default: OCR_LANGUAGE; only those whose model ships: ch, "
+        "for Chinese, English and other Latin-script languages)",
+    )
     evaluate.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     evaluate.set_defaults(run=_eval)
 

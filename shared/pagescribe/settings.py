@@ -21,6 +21,10 @@ from pydantic_settings import (
 )
 from sqlalchemy import URL
 
+# The offline engine's recognition models by language: those that ship inside the rapidocr wheel (3.10: one). Others
+# (RapidOCR's latin, cyrillic, arabic... models) are downloaded by RapidOCR at run time, which pagescribe never does.
+OCR_LANGUAGES = {"ch": "PP-OCRv6_rec_small.onnx"}
+
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 HANDLER_MEMORY_MB = 256  # the transcribe handler's own process: runtime, clients, a batch's images
 
@@ -144,6 +148,11 @@ class Settings(BaseSettings):
         description="What a PDF page's own text layer may stand in for. fallback: a page whose render is blank; auto: "
         "every page with a usable one (no model call); off: nothing (it is still checked against).",
     )
+    ocr_language: str = Field(
+        default="ch",
+        description="The offline engine's recognition model, by language: ch (PP-OCRv6 small, the only one that "
+        "ships in the rapidocr wheel: Chinese, English and other Latin-script languages).",
+    )
     page_numbers: Literal["mark", "drop"] = Field(
         default="mark",
         description="A page number the offline engine reads at a page's top or bottom: mark (as an HTML comment, "
@@ -197,6 +206,16 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         # CloudFormation passes an unset optional parameter as an empty string.
         return None if value == "" else value
+
+    @field_validator("ocr_language")
+    @classmethod
+    def _shipped_language(cls, value: str) -> str:
+        if value not in OCR_LANGUAGES:
+            raise ValueError(
+                f"OCR_LANGUAGE={value!r} has no recognition model in the rapidocr wheel, and pagescribe never "
+                f"downloads models; the languages that ship: {', '.join(sorted(OCR_LANGUAGES))}"
+            )
+        return value
 
     @field_validator("upload_prefix", "transcript_prefix")
     @classmethod

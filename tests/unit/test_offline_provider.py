@@ -298,6 +298,12 @@ def test_without_the_extra_construction_says_how_to_install_it(monkeypatch: pyte
 
 
 @pytest.mark.offline_ocr
+def test_a_language_whose_model_does_not_ship_is_refused_naming_those_that_do() -> None:
+    with pytest.raises(ConfigurationError, match=r"language 'latin'.*never downloads models.*ship: ch$"):
+        RapidOcrProvider(language="latin")
+
+
+@pytest.mark.offline_ocr
 @pytest.mark.parametrize(("page_number", "turned"), [(3, 180), (4, 90)])
 def test_a_turned_scan_sent_as_it_is_reads_with_low_confidence_and_upright_it_does_not(
     page_number: int, turned: int

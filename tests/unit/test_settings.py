@@ -132,3 +132,15 @@ def test_a_bad_check_setting_is_refused_by_name(
     with pytest.raises(ConfigurationError, match=named):
         get_settings()
     get_settings.cache_clear()
+
+
+def test_an_ocr_language_whose_model_does_not_ship_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a recognition language RapidOCR would have to download a model for
+    monkeypatch.setenv("OCR_LANGUAGE", "latin")
+    get_settings.cache_clear()
+    # When the configuration is validated at cold start
+    with pytest.raises(ConfigurationError) as raised:
+        get_settings()
+    get_settings.cache_clear()
+    # Then the message names the value and the languages that ship
+    assert "OCR_LANGUAGE='latin'" in str(raised.value) and "ship: ch" in str(raised.value)

@@ -31,15 +31,14 @@ from PIL import Image
 
 from pagescribe.layout import PageNumbers, TextBox, boxes_to_text, mean_confidence
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
-from pagescribe.settings import ConfigurationError
+from pagescribe.settings import OCR_LANGUAGES, ConfigurationError
 
 if TYPE_CHECKING:
     from rapidocr import RapidOCR
 
 logger = logging.getLogger(__name__)
 
-# The detection and recognition models in the rapidocr wheel (3.10.0 ships them), its default models.
-_MODEL_FILES = {"Det": "PP-OCRv6_det_small.onnx", "Rec": "PP-OCRv6_rec_small.onnx"}
+_DETECTION_MODEL = "PP-OCRv6_det_small.onnx"  # in the rapidocr wheel (3.10.0 ships it), its default
 _MISSING_EXTRA = "the offline provider needs the 'offline' extra: pip install 'pagescribe[offline]'"
 
 
@@ -51,7 +50,7 @@ class RapidOcrProvider:
     and later pages wait for a free worker within their own budgets.
     """
 
-    def __init__(self, *, max_workers: int = 1, page_numbers: PageNumbers = "mark") -> None:
+    def __init__(self, *, max_workers: int = 1, language: str = "ch", page_numbers: PageNumbers = "mark") -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, not {max_workers}")
         self._engine_class = _import_rapidocr()
@@ -61,7 +60,7 @@ class RapidOcrProvider:
             "Global.log_level": "error",  # RapidOCR's own logger; it warns on every blank page
             "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,
             "EngineConfig.onnxruntime.intra_op_num_threads": max(1, (os.cpu_count() or 1) // max_workers),
-            **{f"{stage}.model_path": str(path) for stage, path in _bundled_models().items()},
+            **{f"{stage}.model_path": str(path) for stage, path in _bundled_models(language).items()},
         }
         self._max_workers = max_workers
         self._page_numbers: PageNumbers = page_numbers
@@ -153,13 +152,18 @@ def _import_rapidocr() -> type[RapidOCR]:
     return RapidOCR
 
 
-def _bundled_models() -> dict[str, Path]:
-    """The model files inside the installed rapidocr package, by RapidOCR config section."""
+def _bundled_models(language: str) -> dict[str, Path]:
+    """The detection model and ``language``'s recognition model inside the installed rapidocr package, by RapidOCR
+    config section."""
+    if language not in OCR_LANGUAGES:
+        raise ConfigurationError(
+            f"no recognition model for language {language!r} ships in the rapidocr wheel (pagescribe never downloads "
+            f"models); the languages that ship: {', '.join(sorted(OCR_LANGUAGES))}"
+        )
     directory = Path(str(resources.files("rapidocr").joinpath("models")))
-    paths = {stage: directory / name for stage, name in _MODEL_FILES.items()}
-    missing = sorted(
-        name for name, path in zip(_MODEL_FILES.values(), paths.values(), strict=True) if not path.is_file()
-    )
+    files = {"Det": _DETECTION_MODEL, "Rec": OCR_LANGUAGES[language]}
+    paths = {stage: directory / name for stage, name in files.items()}
+    missing = sorted(name for name, path in zip(files.values(), paths.values(), strict=True) if not path.is_file())
     if missing:
         raise ConfigurationError(
             f"rapidocr {metadata.version('rapidocr')} does not ship {', '.join(missing)} in {directory}, and "
