@@ -27,6 +27,7 @@ CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 PDF = CORPUS / "pdflatex-4-pages.pdf"
 TWO_COLUMNS = CORPUS / "multicolumn.pdf"  # a LaTeX article in two columns, with a narrow gutter
 PAPER = Path(__file__).resolve().parents[1] / "data" / "documents" / "hasyv2-paper.pdf"  # page 6 is a table
+SLIDES = PAPER.with_name("sommerakademie-2016-slides.pdf")  # a Beamer talk; slide 10: a title above a list
 # Words of page 1's embedded text layer (a blind text) that OCR reads reliably.
 WORDS = ("Huardest", "gefburn", "Kjift", "alphabet", "nonsense")
 
@@ -295,6 +296,30 @@ def test_without_the_extra_construction_says_how_to_install_it(monkeypatch: pyte
 
     with pytest.raises(ConfigurationError, match=r"pip install 'pagescribe\[offline\]'"):
         RapidOcrProvider()
+
+
+@pytest.mark.offline_ocr
+def test_a_page_sent_upside_down_is_read_turned_and_says_so() -> None:
+    # Given a real slide turned by 180 degrees, as a scan the orientation detection did not turn would arrive
+    page = render_page(SLIDES, DocumentKind.PDF, 10)
+    with Image.open(io.BytesIO(page.data)) as upright:
+        buffer = io.BytesIO()
+        upright.rotate(180).save(buffer, format="PNG")
+
+    # When the offline engine reads it, and the upright page
+    turned, straight = asyncio.run(
+        transcribe_all(
+            RapidOcrProvider(),
+            PageImage(data=buffer.getvalue(), media_type="image/png"),
+            PageImage(data=page.data, media_type=page.media_type),
+        )
+    )
+
+    # Then the upside-down page is read turned upright, as the upright one is, and the turn is reported
+    assert (turned.rotation, straight.rotation) == (180, 0)
+    assert turned.text.splitlines()[0] == "# ImageNet / ILSVRC 2014"
+    assert turned.text == straight.text
+    assert turned.confidence is not None and turned.confidence > 0.9
 
 
 @pytest.mark.offline_ocr

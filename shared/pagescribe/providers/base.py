@@ -45,6 +45,7 @@ class Transcription:
     latency_seconds: float  # the whole call, retries and backoff included
     http_attempts: int
     confidence: float | None = None  # an OCR engine's mean recognition confidence (0..1); a vision model has none
+    rotation: int = 0  # degrees clockwise an OCR engine turned the image it was sent to read it upright
 
     @property
     def truncated(self) -> bool:
