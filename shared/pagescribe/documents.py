@@ -9,21 +9,25 @@ import ctypes
 import io
 import math
 import os
+import re
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 from PIL import Image, ImageOps, TiffImagePlugin
 
-# pagescribe.checks and pagescribe.orientation are imported where a page is rendered or its text read: the upload
-# function only inspects documents, and keeps them (and their compiled patterns) out of its cold start.
+if TYPE_CHECKING:
+    from pagescribe.layout import TextBox
+
+# pagescribe.checks, pagescribe.layout and pagescribe.orientation are imported where a page is rendered or its text
+# read: the upload function only inspects documents, and keeps them (and their compiled patterns) out of its cold start.
 
 _PDFIUM_LOCK = threading.Lock()
 _PILLOW_GUARD_LOCK = threading.Lock()
@@ -38,6 +42,10 @@ DEFAULT_MAX_IMAGE_PIXELS = 60_000_000
 # What Pillow raises for a malformed file: Image.open turns the last four into UnidentifiedImageError (an OSError),
 # but seeking to a TIFF frame or decoding pixels lets them through.
 _MALFORMED_IMAGE = (OSError, ValueError, EOFError, SyntaxError, IndexError, TypeError, struct.error)
+RUN_GAP = 0.5  # text drawn by two text objects on one line is one box when at most this many line heights apart
+_HYPHENATION_MARKS = frozenset("\ufffe\x02")  # pdfium's mark for a hyphen that breaks a word at a line's end
+_HYPHENATION_BREAK = re.compile("[\ufffe\x02]\\s*")  # ... and the line break after it, in laid-out text
+_T = TypeVar("_T")
 
 
 class DocumentKind(StrEnum):
@@ -80,6 +88,16 @@ class RenderedPage:
     draws: bool = False  # PDF: it has visible text or painted paths (examined only when the render is blank)
     text_layer: str = ""  # PDF: the text on the visible page (its crop box), non-characters removed
     rotation: int = 0  # degrees the image was turned clockwise to read upright
+    laid_out_text: str = ""  # PDF, when it draws but renders blank: its text layer in reading order, to stand in for it
+
+
+@dataclass(frozen=True)
+class TextLayer:
+    """A PDF page's visible text: as pdfium reads it (the evidence the checks compare answers with), and laid out in
+    reading order like the offline engine's boxes (what stands in for the page as its transcript)."""
+
+    text: str
+    laid_out: str
 
 
 def detect_kind(head: bytes) -> DocumentKind:
@@ -265,6 +283,7 @@ class PageSeen:
     rotation: int = 0
     draws: bool = False
     text_layer: str = ""
+    laid_out_text: str = ""
 
 
 _INK_SAMPLE = 4  # ink is estimated from every 4th pixel of every 4th row; a page with none there is counted whole
@@ -316,6 +335,7 @@ def _encode(
         draws=seen.draws,
         text_layer=seen.text_layer,
         rotation=seen.rotation,
+        laid_out_text=seen.laid_out_text,
     )
 
 
@@ -366,6 +386,108 @@ def _visible_text(page: pdfium.PdfPage) -> str:
     return remove_non_characters(str(text).replace("\r\n", "\n")).strip()
 
 
+_Rect = tuple[float, float, float, float]  # left, bottom, right, top: PDF points, y upwards
+
+
+@dataclass
+class _Run:
+    """Characters that read as one piece of a line, in pdfium's order, and where they are on the page."""
+
+    text: str
+    rect: _Rect
+    last: _Rect  # the last character's box
+    source: int | None  # the text object that draws the last character
+
+    def goes_on(self, rect: _Rect, source: int | None) -> bool:
+        """A character goes on the run when the same text object draws it (as pdfium's text rectangles run), or
+        another one on the same line, at most RUN_GAP line heights from the run's end: a word drawn in pieces."""
+        if source is not None and source == self.source:
+            return True
+        _, bottom, right, top = self.last
+        height = max(top - bottom, rect[3] - rect[1])
+        return rect[1] < top and bottom < rect[3] and abs(rect[0] - right) <= RUN_GAP * height
+
+    def add(self, char: str, rect: _Rect, source: int | None, space: bool) -> None:
+        self.text += f" {char}" if space else char
+        left, bottom, right, top = self.rect
+        self.rect = (min(left, rect[0]), min(bottom, rect[1]), max(right, rect[2]), max(top, rect[3]))
+        self.last, self.source = rect, source
+
+
+def _characters(textpage: pdfium.PdfTextPage, bbox: _Rect) -> Iterator[tuple[str, _Rect, int | None, bool] | None]:
+    """pdfium's characters on the visible part of the page (``bbox``), in its order: each with its box, the text object
+    that draws it, and whether a space comes before it, as in pdfium's own text (a space, or a line break where the
+    baseline moves: pdfium breaks lines within a word too, as before a link's ".org"); None for one off the page.
+
+    Non-characters and lone surrogates (of a broken ToUnicode map) are left out, as pdfium's own text leaves them;
+    pdfium's hyphenation marks are kept.
+    """
+    from pagescribe.checks import remove_non_characters
+
+    left, bottom, right, top = bbox
+    space = broken = False
+    previous = -1  # the index of the last character yielded
+    for index in range(textpage.count_chars()):
+        char = chr(pdfium_c.FPDFText_GetUnicode(textpage, index))
+        if char.isspace():
+            broken, space = broken or char in "\r\n", space or char not in "\r\n"
+            continue
+        if char not in _HYPHENATION_MARKS and (not remove_non_characters(char) or "\ud800" <= char <= "\udfff"):
+            continue
+        rect = textpage.get_charbox(index, loose=True)  # the font's full height: a line's boxes line up
+        if not (rect[0] <= right and rect[2] >= left and rect[1] <= top and rect[3] >= bottom):
+            yield None
+        else:
+            if broken and previous >= 0 and _baseline(textpage, index) != _baseline(textpage, previous):
+                space = True
+            source = ctypes.cast(pdfium_c.FPDFText_GetTextObject(textpage, index), ctypes.c_void_p).value
+            yield char, rect, source, space
+            previous = index
+        space = broken = False
+
+
+def _baseline(textpage: pdfium.PdfTextPage, index: int) -> float:
+    x, y = ctypes.c_double(), ctypes.c_double()
+    pdfium_c.FPDFText_GetCharOrigin(textpage, index, x, y)
+    return y.value
+
+
+def _text_boxes(page: pdfium.PdfPage) -> list[TextBox]:
+    """The text on the visible page as boxes for the layout, in points from the crop box's top left (y downwards).
+
+    A box is a run of characters in pdfium's order drawn by one text object, as pdfium's text rectangles are, with
+    the runs of objects that follow on from each other on a line joined (a word or a line drawn in pieces). Its text
+    is the characters themselves (:func:`_characters`): text read by rectangle would take in every character that
+    touches the rectangle, its neighbours' too.
+    """
+    from pagescribe.layout import TextBox
+
+    bbox = page.get_bbox()
+    left, top = bbox[0], bbox[3]
+    runs: list[_Run] = []
+    run: _Run | None = None  # the run the next character may go on
+    for character in _characters(page.get_textpage(), bbox):
+        if character is None:
+            run = None  # nothing runs on over text off the visible page
+            continue
+        char, rect, source, space = character
+        if run is not None and run.goes_on(rect, source):
+            run.add(char, rect, source, space)
+        else:
+            run = _Run(char, rect, rect, source)
+            runs.append(run)
+    return [TextBox(r.text, r.rect[0] - left, top - r.rect[3], top - r.rect[1], right=r.rect[2] - left) for r in runs]
+
+
+def _laid_out_text(page: pdfium.PdfPage) -> str:
+    """The text on the visible page laid out in reading order as the offline engine's boxes are (columns one after
+    the other), hyphenated words joined; empty where there is none."""
+    from pagescribe.layout import boxes_to_text
+
+    boxes = _text_boxes(page)
+    return _HYPHENATION_BREAK.sub("", boxes_to_text(boxes)).strip() if boxes else ""
+
+
 def render_page(
     path: Path,
     kind: DocumentKind,
@@ -394,7 +516,9 @@ def render_page(
                 text = _visible_text(page)
                 # a born-digital page (a usable text layer) is laid out upright: only scans are looked at
                 image, seen = _look(rendered, orient=orient and not _usable(text))
-                seen = replace(seen, text_layer=text, draws=seen.marked < blank_below and _draws_visibly(page))
+                draws = seen.marked < blank_below and _draws_visibly(page)
+                laid_out = _laid_out_text(page) if draws else ""
+                seen = replace(seen, text_layer=text, draws=draws, laid_out_text=laid_out)
                 return _encode(image, image_format, jpeg_quality, seen)
     with _open_image(path, kind) as source:
         _check_page_number(page_number, _frame_count(source))
@@ -405,13 +529,23 @@ def render_page(
 
 
 def extract_text_layer(path: Path, page_number: int) -> str:
-    """The embedded text of a PDF page (born-digital documents) that lies on the visible page, non-characters
-    removed, stripped; empty where there is none."""
+    """The embedded text of a PDF page (born-digital documents) that lies on the visible page, in pdfium's order,
+    non-characters removed, stripped; empty where there is none."""
+    return _read_text(path, page_number, _visible_text)
+
+
+def read_text_layer(path: Path, page_number: int) -> TextLayer:
+    """The embedded text of a PDF page that lies on the visible page, as pdfium reads it and laid out."""
+    return _read_text(path, page_number, lambda page: TextLayer(_visible_text(page), _laid_out_text(page)))
+
+
+def _read_text(path: Path, page_number: int, read: Callable[[pdfium.PdfPage], _T]) -> _T:
+    """What ``read`` makes of a PDF page; InvalidDocumentError for anything but an existing PDF page."""
     if detect_kind(_read_head(path)) is not DocumentKind.PDF:
         raise InvalidDocumentError("only a PDF has a text layer")
     with _open_pdf(path) as pdf:
         _check_page_number(page_number, len(pdf))
         try:
-            return _visible_text(pdf[page_number - 1])
+            return read(pdf[page_number - 1])
         except pdfium.PdfiumError as exc:
             raise InvalidDocumentError(f"the text of page {page_number} could not be read: {exc}") from exc

@@ -34,7 +34,8 @@ from pagescribe.documents import (
     DocumentKind,
     InvalidDocumentError,
     RenderedPage,
-    extract_text_layer,
+    TextLayer,
+    read_text_layer,
     render_page,
 )
 
@@ -48,7 +49,8 @@ _STARTUP_TIMEOUT_SECONDS = 30.0
 _FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
 _MAX_META_BYTES = 16 << 20
 _MAX_BLOB_BYTES = 1 << 30
-_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation")  # what RenderedPage says of the page besides pixels
+# what RenderedPage says of the page besides its pixels
+_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation", "laid_out_text")
 
 
 class RenderWorkerError(RuntimeError):
@@ -116,7 +118,8 @@ def _handle(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         seen = {field: getattr(page, field) for field in _SEEN_FIELDS}
         return {"ok": {"media_type": page.media_type, "width": page.width, "height": page.height, **seen}}, page.data
     if request["op"] == "text":
-        return {"ok": {"text": extract_text_layer(path, request["page_number"])}}, b""
+        layer = read_text_layer(path, request["page_number"])
+        return {"ok": {"text": layer.text, "laid_out": layer.laid_out}}, b""
     raise ValueError(f"unknown request {request['op']!r}")
 
 
@@ -346,11 +349,11 @@ class RenderPool:
             **{field: result[field] for field in _SEEN_FIELDS},
         )
 
-    async def text_layer(self, path: Path, page_number: int) -> str:
-        """documents.extract_text_layer in a worker (loading a page parses its content, so it can be a bomb too)."""
+    async def text_layer(self, path: Path, page_number: int) -> TextLayer:
+        """documents.read_text_layer in a worker (loading a page parses its content, so it can be a bomb too)."""
         request = {"op": "text", "path": os.fspath(path), "page_number": page_number}
         result, _ = await self._request(request, f"the text of page {page_number} could not be read")
-        return str(result["text"])
+        return TextLayer(str(result["text"]), str(result["laid_out"]))
 
     def close(self) -> None:
         """Stop every worker and reap it. Idempotent; a request in flight fails with RenderWorkerError."""

@@ -207,7 +207,7 @@ def _outcome(result: Transcription, provider: str, text: str, flags: list[PageFl
 
 
 def _text_layer_outcome(text: str, flags: list[PageFlag]) -> PageOutcome:
-    """The page's own text layer as its answer: no model call, nothing paid."""
+    """The page's own text layer, laid out in reading order, as its answer: no model call, nothing paid."""
     return PageOutcome(
         text,
         "text-layer",
@@ -306,8 +306,8 @@ class Transcriber:
             kind = DocumentKind(document.kind)
             if settings.text_layer == "auto" and kind is DocumentKind.PDF:
                 embedded = await self._renderer.text_layer(source, job.page_number)
-                if usable_text_layer(embedded):
-                    return await self._complete(ctx, _text_layer_outcome(embedded, []))
+                if usable_text_layer(embedded.text):
+                    return await self._complete(ctx, _text_layer_outcome(embedded.laid_out, []))
             rendered = await self._renderer.render(
                 source,
                 kind,
@@ -410,7 +410,7 @@ class Transcriber:
         count_flags(flag.flag for flag in flags)
         usable = usable_text_layer(rendered.text_layer)
         if usable and self._settings.text_layer != "off":
-            return await self._complete(ctx, _text_layer_outcome(rendered.text_layer, flags))
+            return await self._complete(ctx, _text_layer_outcome(rendered.laid_out_text, flags))
         instead = "with TEXT_LAYER=off its text layer may not stand in" if usable else "it has no usable text layer"
         reason = rejection(flags, then=f"{instead}, and no model was asked to read a blank image")
         return await self._fail(ctx, reason, replace(NO_OUTCOME, flags=tuple(flag.as_dict() for flag in flags)))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from pagescribe.checks import clean_answer
-from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+from pagescribe.documents import DocumentKind, extract_text_layer, read_text_layer, render_page
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
@@ -22,6 +22,7 @@ from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Ok
 from tests.support.answers import captured
 from tests.support.aws_events import LambdaContext, api_event, sqs_event, sqs_record_for_body
 from tests.support.database import page_rows
+from tests.support.pages import drawn_row_by_row
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -281,3 +282,26 @@ def test_a_page_that_renders_blank_is_not_sent_to_the_model(
     else:  # TEXT_LAYER=off: nothing may stand in, and the reason says so
         assert "blank_render=0" in job["error"]
         assert "with TEXT_LAYER=off its text layer may not stand in" in job["error"]
+
+
+def test_with_text_layer_auto_a_two_column_page_stands_in_laid_out_column_by_column(
+    pipeline: Pipeline,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # Given TEXT_LAYER=auto, and a real two-column page drawn row by row: pdfium's own text interleaves the columns
+    _configure(monkeypatch, TEXT_LAYER="auto")
+    source = drawn_row_by_row(corpus / "multicolumn.pdf", 1, tmp_path / "rows.pdf")
+    [doc] = pipeline.upload("uploads/rows.pdf", source)["documents"]
+    # When the queue is drained
+    pipeline.run_until_idle()
+    # Then no model was asked, and the page's text is its text layer laid out: the left column, then the right one
+    assert fake_provider.calls == 0
+    [job] = page_rows(storage, doc["document_id"])
+    assert (job["status"], job["provider"]) == ("COMPLETED", "pdf-text-layer")
+    assert job["result_text"] == read_text_layer(source, 1).laid_out != extract_text_layer(source, 1)
+    text = " ".join(job["result_text"].split())
+    assert text.index("with Lorem Ipsum text.") < text.index("Donec nonummy") < text.index("pellentesque ante.")

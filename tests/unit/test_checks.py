@@ -24,7 +24,7 @@ from pagescribe.checks import (
     remove_non_characters,
     repetition,
 )
-from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+from pagescribe.documents import DocumentKind, extract_text_layer, read_text_layer, render_page
 from pagescribe.scoring import recall_precision
 
 from tests.support import CORPUS
@@ -144,11 +144,14 @@ def test_a_real_pages_hyphenation_marks_are_removed_and_the_words_joined() -> No
 def test_the_text_layer_holds_only_the_text_on_the_visible_page() -> None:
     # Given a real Beamer slide whose not-yet-shown bullets are drawn far outside the page
     path = DOCUMENTS / "sommerakademie-2016-slides.pdf"
-    # When its text layer is read (what --text-layer auto, the blank-render fallback and the checks use)
+    # When its text layer is read (what the checks use), and laid out (what --text-layer auto and the blank-render
+    # fallback use)
     text = extract_text_layer(path, 1)
+    laid_out = read_text_layer(path, 1).laid_out
     # Then it is what the slide shows, without the bullets off the page
     assert text == "Wissenschaftliche Aussage\nDeep Learning ist der Goldstandard für Bilderkennung"
-    assert "Was ist" not in text
+    assert "Was ist" not in text and "Was ist" not in laid_out
+    assert all(line in laid_out for line in text.splitlines())
 
 
 # --- repetition -------------------------------------------------------------------------------------------------------

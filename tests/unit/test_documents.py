@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import struct
 import time
 import warnings
@@ -21,13 +22,17 @@ from pagescribe.documents import (
     detect_kind,
     extract_text_layer,
     inspect_document,
+    read_text_layer,
     render_page,
 )
+from pagescribe.scoring import recall_precision
 from PIL import Image, ImageDraw, ImageStat, TiffImagePlugin
 
 from tests.support import CORPUS
+from tests.support.pages import drawn_row_by_row
 
 FOUR_PAGES = CORPUS / "pdflatex-4-pages.pdf"
+DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
 LIMITS = {"max_pages": 500, "max_image_pixels": 60_000_000}
 
 
@@ -398,3 +403,128 @@ def test_only_an_existing_pdf_page_has_a_text_layer() -> None:
         extract_text_layer(CORPUS / "smile.png", 1)
     with pytest.raises(InvalidDocumentError, match=r"^page 5 does not exist; the document has 4 pages$"):
         extract_text_layer(FOUR_PAGES, 5)
+    with pytest.raises(InvalidDocumentError, match=r"^page 5 does not exist; the document has 4 pages$"):
+        read_text_layer(FOUR_PAGES, 5)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    ("path", "page", "in_order"),
+    [
+        pytest.param(
+            CORPUS / "multicolumn.pdf",
+            1,
+            [
+                "This is a sample document with two columns filled",  # the abstract, atop the left column
+                "Vivamus viverra fermentum felis. Donec nonummy",  # the left column's last line
+                "pellentesque ante. Phasellus adipiscing semper elit.",  # the right column's first
+            ],
+            id="multicolumn",
+        ),
+        pytest.param(
+            DOCUMENTS / "hasyv2-paper.pdf",
+            1,
+            [
+                "I. INTRODUCTION",  # the left column's sections
+                "II. TERMINOLOGY",
+                "represent the small Greek letter “phi”, but they exist in",  # its last line of running text
+                "two different variants. Hence \\varphi and \\phi are",  # the right column's first, going on from it
+                "III. HOW HASY WAS CREATED",
+            ],
+            id="hasyv2-paper",
+        ),
+    ],
+)
+def test_the_laid_out_text_layer_of_a_real_two_column_page_reads_the_left_column_before_the_right_one(
+    path: Path, page: int, in_order: list[str]
+) -> None:
+    # Given a real two-column page
+    # When its text layer is laid out
+    text = _flat(read_text_layer(path, page).laid_out)
+    # Then its sentences come in reading order: all of the left column, then the right one
+    positions = [text.index(sentence) for sentence in in_order]
+    assert positions == sorted(positions)
+
+
+def test_a_page_whose_text_pdfium_reads_across_its_columns_is_laid_out_column_by_column(tmp_path: Path) -> None:
+    # Given a real two-column page drawn row by row across its columns: it looks the same, but pdfium's own text
+    # interleaves the columns' lines and joins hyphenated words across them
+    source = CORPUS / "multicolumn.pdf"
+    rows = drawn_row_by_row(source, 1, tmp_path / "rows.pdf")
+    assert render_page(rows, DocumentKind.PDF, 1).data == render_page(source, DocumentKind.PDF, 1).data
+    raw = _flat(extract_text_layer(rows, 1))
+    assert "Abstract pellentesque ante. Phasellus" in raw and "Maecewith Lorem Ipsum text." in raw
+    # When its text layer is laid out
+    layer = read_text_layer(rows, 1)
+    # Then it reads the left column, then the right one, as the page drawn column by column does
+    assert layer.laid_out == read_text_layer(source, 1).laid_out
+    text = _flat(layer.laid_out)
+    assert text.index("with Lorem Ipsum text.") < text.index("Donec nonummy") < text.index("pellentesque ante.")
+    assert "Maecenas lacinia" in text
+    # And the text layer the checks compare answers with stays pdfium's own
+    assert layer.text == extract_text_layer(rows, 1)
+
+
+@pytest.mark.parametrize(
+    ("path", "page", "word", "line"),
+    [
+        # every character is a text object of its own: pdfium's text rectangles hold one character each
+        (CORPUS / "google-doc-document.pdf", 1, "Example", "Example document"),
+        # a line drawn in pieces, one of which ends inside a word
+        (DOCUMENTS / "hasyv2-paper.pdf", 1, "of handwritten", "This paper describes the HASY dataset of handwritten"),
+    ],
+    ids=["a-rectangle-a-character", "a-word-in-two-rectangles"],
+)
+def test_a_word_drawn_in_pieces_is_laid_out_whole(path: Path, page: int, word: str, line: str) -> None:
+    # Given a real page on which pdfium's text rectangles split a word
+    pdf = pdfium.PdfDocument(path)
+    try:
+        textpage = pdf[page - 1].get_textpage()
+        pieces = [textpage.get_text_bounded(*textpage.get_rect(index)) for index in range(textpage.count_rects())]
+    finally:
+        pdf.close()
+    assert not any(word in piece for piece in pieces)
+    # When its text layer is laid out
+    text = read_text_layer(path, page).laid_out
+    # Then the word is whole, in its line
+    assert line in text
+
+
+_UNCOMMENTED = re.compile(r"<!--[^:>]*:|<!--|-->")  # an HTML comment's markers and label, not its text
+
+
+def _text_pages() -> list[tuple[Path, int]]:
+    """Every page of the real PDFs with a text layer, but the vertical Japanese one (its lines have no spaces)."""
+    paths = sorted(DOCUMENTS.glob("*.pdf")) + sorted(CORPUS.glob("*.pdf"))
+    pages = []
+    for path in paths:
+        if path.name in {"libreoffice-writer-password.pdf", "jo.pdf"}:
+            continue
+        pages += [(path, n) for n in range(1, inspect_document(path, **LIMITS).page_count + 1)]
+    return pages
+
+
+@pytest.mark.parametrize(("path", "page"), _text_pages(), ids=lambda value: getattr(value, "stem", str(value)))
+def test_the_laid_out_text_layer_keeps_every_word_of_the_page(path: Path, page: int) -> None:
+    # Given a real page
+    layer = read_text_layer(path, page)
+    # Then its laid-out text has the words of pdfium's own text, in whatever order, and nothing else; the few it
+    # splits are those pdfium runs together (a footnote mark and its number, a link over two lines), and running
+    # heads and page numbers count wherever the layout puts them (in an HTML comment too, without its label)
+    recall, precision = recall_precision(layer.text, _UNCOMMENTED.sub(" ", layer.laid_out))
+    assert recall >= 0.98 and precision >= 0.95
+    assert bool(layer.laid_out) == bool(layer.text)
+
+
+def test_a_page_that_renders_blank_comes_with_its_text_layer_laid_out() -> None:
+    # Given a real page of vertical Japanese whose font is not embedded: it renders blank here, as in Lambda
+    page = render_page(DOCUMENTS / "jo.pdf", DocumentKind.PDF, 1, blank_below=0.00001)
+    assert page.draws
+    # Then it comes with its text laid out, to stand in for it: every character, each vertical line whole
+    assert "みんなのおのおののなかのすべてですから" in page.laid_out_text
+    assert sorted("".join(page.laid_out_text.split())) == sorted("".join(page.text_layer.split()))
+    # And a page that renders is not laid out
+    assert render_page(FOUR_PAGES, DocumentKind.PDF, 1, blank_below=0.00001).laid_out_text == ""

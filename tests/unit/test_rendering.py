@@ -21,6 +21,7 @@ from pagescribe.documents import (
     RenderedPage,
     extract_text_layer,
     inspect_document,
+    read_text_layer,
     render_page,
 )
 from pagescribe.rendering import RenderPool, RenderWorkerError
@@ -140,9 +141,21 @@ def test_every_corpus_page_renders_in_the_pool_exactly_as_in_process(
 def test_the_text_layer_read_in_the_pool_is_the_in_process_text(pool: RenderPool, path: Path, page: int) -> None:
     # Given a born-digital corpus page
     # When its text layer is read by a worker
-    text = asyncio.run(pool.text_layer(path, page))
-    # Then it is the text read in this process
-    assert text == extract_text_layer(path, page)
+    layer = asyncio.run(pool.text_layer(path, page))
+    # Then it is the text read in this process, as pdfium reads it and laid out
+    assert layer == read_text_layer(path, page)
+    assert layer.text == extract_text_layer(path, page)
+
+
+def test_a_blank_render_comes_from_the_pool_with_its_text_layer_laid_out(pool: RenderPool) -> None:
+    # Given a real PDF whose Japanese font is not embedded: it renders blank here, as in Lambda
+    jo = Path(__file__).resolve().parents[1] / "data" / "documents" / "jo.pdf"
+    options: dict[str, Any] = {"dpi": 150, "max_long_edge": 1568, "image_format": "jpeg", "blank_below": 0.00001}
+    # When a worker renders it
+    in_worker = asyncio.run(pool.render(jo, DocumentKind.PDF, 1, max_image_pixels=60_000_000, **options))
+    # Then it says what it says in this process, its laid-out text layer too
+    assert in_worker.draws and "みんなのおのおの" in in_worker.laid_out_text
+    assert in_worker == render_page(jo, DocumentKind.PDF, 1, **options)
 
 
 def test_many_tasks_share_the_workers_concurrently(pool: RenderPool) -> None:
