@@ -43,6 +43,7 @@ DEFAULT_MAX_IMAGE_PIXELS = 60_000_000
 # but seeking to a TIFF frame or decoding pixels lets them through.
 _MALFORMED_IMAGE = (OSError, ValueError, EOFError, SyntaxError, IndexError, TypeError, struct.error)
 RUN_GAP = 0.5  # text drawn by two text objects on one line is one box when at most this many line heights apart
+LAYOUT_MAX_BOXES = 5_000  # a page with more runs of text than this keeps pdfium's order (see _laid_out_text)
 _HYPHENATION_MARKS = frozenset("\ufffe\x02")  # pdfium's mark for a hyphen that breaks a word at a line's end
 _HYPHENATION_BREAK = re.compile("[\ufffe\x02]\\s*")  # ... and the line break after it, in laid-out text
 _T = TypeVar("_T")
@@ -481,10 +482,14 @@ def _text_boxes(page: pdfium.PdfPage) -> list[TextBox]:
 
 def _laid_out_text(page: pdfium.PdfPage) -> str:
     """The text on the visible page laid out in reading order as the offline engine's boxes are (columns one after
-    the other), hyphenated words joined; empty where there is none."""
+    the other), hyphenated words joined; empty where there is none. A page of more than LAYOUT_MAX_BOXES runs of
+    text keeps pdfium's order: the layout's time grows with the square of the runs (8,800 took 2.8 s), and a page
+    must never run out of its render time for it."""
     from pagescribe.layout import boxes_to_text
 
     boxes = _text_boxes(page)
+    if len(boxes) > LAYOUT_MAX_BOXES:
+        return _visible_text(page)
     return _HYPHENATION_BREAK.sub("", boxes_to_text(boxes)).strip() if boxes else ""
 
 

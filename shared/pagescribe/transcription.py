@@ -395,6 +395,8 @@ class Transcriber:
         count("CompletionTokens", result.completion_tokens or 0)
         count("CostUSD", result.cost or 0.0)
         answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
+        if result.rotation:  # the engine turned the image it was sent: the page was turned that much more
+            evidence = replace(evidence, rotation=(evidence.rotation + result.rotation) % 360)
         flags = check_answer(answer, evidence, self._thresholds, max_output_tokens=self._settings.max_output_tokens)
         count_flags(flag.flag for flag in flags)
         outcome = _outcome(result, self._provider.name, answer.text, flags)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import signal
@@ -17,6 +18,7 @@ import httpx
 import pypdfium2 as pdfium
 import pytest
 from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+from PIL import Image
 
 from tests.fakes.chat_server import FakeChatServer, Ok, expected_text
 from tests.support.answers import captured
@@ -173,3 +175,29 @@ def test_transcribe_escalates_a_looping_page_and_prints_one_line_per_flagged_pag
     assert [r.body["model"] for r in fake_provider.received if r.body].count("test/strong-model") == 1
     markdown = (tmp_path / "b" / "pdflatex-4-pages.md").read_text()
     assert "test/strong-model; escalated) flags: repetition=" in markdown
+
+
+@pytest.mark.offline_ocr
+def test_an_upside_down_scan_is_read_upright_by_the_offline_engine_and_flagged_rotated(
+    database_url: str, fake_provider: FakeChatServer, tmp_path: Path
+) -> None:
+    # Given a real slide scanned upside down (its image turned by 180 degrees), and no vision model
+    slide = render_page(
+        Path(__file__).resolve().parents[1] / "data" / "documents" / "sommerakademie-2016-slides.pdf",
+        DocumentKind.PDF,
+        10,
+        image_format="png",
+    )
+    with Image.open(io.BytesIO(slide.data)) as upright:
+        upright.rotate(180).save(tmp_path / "slide.png")
+    env = {**command_environment(database_url, fake_provider), "PROVIDER": "offline"}
+    # When the user transcribes it with the offline engine
+    result = pagescribe("transcribe", "slide.png", "--out", "out", "--json", env=env, cwd=tmp_path)
+    # Then the page reads upright, and everywhere it shows it was turned: the JSON flags, the marker, the CLI's line
+    assert result.returncode == 0, result.stderr
+    [page] = json.loads((tmp_path / "out" / "slide.json").read_text())["pages"]
+    assert {"flag": "rotated", "value": 180.0, "threshold": 0.0} in page["flags"]
+    assert page["text"].startswith("# ImageNet / ILSVRC 2014")
+    assert "flags: rotated=180" in (tmp_path / "out" / "slide.md").read_text()
+    assert result.stderr.strip().splitlines()[-1].startswith("slide.png page 1: COMPLETED: rotated=180")
+    assert fake_provider.calls == 0

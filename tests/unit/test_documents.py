@@ -528,3 +528,14 @@ def test_a_page_that_renders_blank_comes_with_its_text_layer_laid_out() -> None:
     assert sorted("".join(page.laid_out_text.split())) == sorted("".join(page.text_layer.split()))
     # And a page that renders is not laid out
     assert render_page(FOUR_PAGES, DocumentKind.PDF, 1, blank_below=0.00001).laid_out_text == ""
+
+
+def test_a_page_of_more_runs_of_text_than_the_layout_takes_keeps_pdfiums_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a layout limit below the runs of text of a real two-column page
+    import pagescribe.documents
+
+    monkeypatch.setattr(pagescribe.documents, "LAYOUT_MAX_BOXES", 10)
+    # When its text layer is read
+    layer = read_text_layer(CORPUS / "multicolumn.pdf", 1)
+    # Then the text that stands in for the page is pdfium's own, not laid out (its time would grow past the render's)
+    assert layer.laid_out == layer.text
