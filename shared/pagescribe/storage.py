@@ -136,11 +136,11 @@ CLAIM_NEXT_QUEUED_JOBS = (
 _RECORD_ATTEMPT = """
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
-                              completion_tokens, cost, latency_ms, provider_request_id, flags)
+                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
-               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s
+               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s
         WHERE %(called)s
     )"""
 
@@ -154,6 +154,7 @@ _ANSWER_COLUMNS = (
     "provider",
     "provider_request_id",
     "latency_ms",
+    "confidence",
 )
 
 # The end of a page, written by the holder of the current lease only. A write that carries an answer replaces the
@@ -292,14 +293,14 @@ RETRY_FAILED_PAGES = (
 
 LOAD_PAGES = """
     SELECT page_number, status, attempts, result_text, finish_reason, error, prompt_tokens,
-           completion_tokens, cost, model, provider, provider_request_id, flags, escalation
+           completion_tokens, cost, model, provider, provider_request_id, flags, escalation, confidence
     FROM jobs WHERE document_id = %(document_id)s
     ORDER BY page_number
     """
 
 LOAD_ATTEMPTS = """
     SELECT j.page_number, a.claim, a.outcome, a.model, a.provider, a.finish_reason, a.prompt_tokens,
-           a.completion_tokens, a.cost, a.latency_ms, a.provider_request_id, a.flags
+           a.completion_tokens, a.cost, a.latency_ms, a.provider_request_id, a.flags, a.confidence
     FROM attempts a JOIN jobs j ON j.id = a.job_id
     WHERE a.document_id = %(document_id)s
     ORDER BY j.page_number, a.id
@@ -555,6 +556,7 @@ class PageRecord:
     provider_request_id: str | None
     flags: list[dict[str, Any]] = field(default_factory=list)
     escalation: str | None = None
+    confidence: float | None = None  # the offline engine's mean recognition confidence of the kept answer
 
 
 @dataclass(frozen=True)
@@ -573,6 +575,7 @@ class AttemptRecord:
     latency_ms: int | None
     provider_request_id: str | None
     flags: list[dict[str, Any]]
+    confidence: float | None = None
 
 
 @dataclass(frozen=True)
@@ -610,6 +613,7 @@ class PageOutcome:
     flags: tuple[dict[str, Any], ...] = ()  # the answer's own flags
     called: bool = True
     page_flags: tuple[dict[str, Any], ...] | None = None  # the page's, when more than the answer's (an escalation)
+    confidence: float | None = None  # an OCR engine's mean recognition confidence
 
 
 NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None, called=False)
@@ -671,6 +675,7 @@ def fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutc
         "provider": outcome.provider,
         "provider_request_id": outcome.provider_request_id,
         "latency_ms": outcome.latency_ms,
+        "confidence": outcome.confidence,
         "flags": Jsonb(list(outcome.page_flags if outcome.page_flags is not None else outcome.flags)),
         "attempt_flags": Jsonb(list(outcome.flags)),
     }
@@ -986,6 +991,7 @@ class Storage:
                 provider_request_id=r.provider_request_id,
                 flags=r.flags,
                 escalation=r.escalation,
+                confidence=r.confidence,
             )
             for r in rows
         ]
@@ -1007,6 +1013,7 @@ class Storage:
                 latency_ms=r.latency_ms,
                 provider_request_id=r.provider_request_id,
                 flags=r.flags,
+                confidence=r.confidence,
             )
             for r in rows
         ]

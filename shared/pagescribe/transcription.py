@@ -203,6 +203,7 @@ def _outcome(result: Transcription, provider: str, text: str, flags: list[PageFl
         provider_request_id=result.request_id,
         latency_ms=round(result.latency_seconds * 1000),
         flags=tuple(flag.as_dict() for flag in flags),
+        confidence=result.confidence,
     )
 
 

@@ -54,6 +54,7 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         "cost": attempt.cost,
         "latency_ms": attempt.latency_ms,
         "provider_request_id": attempt.provider_request_id,
+        "confidence": attempt.confidence,
         "flags": attempt.flags,
     }
 
@@ -98,6 +99,7 @@ def render_json(
                     "provider": p.provider,
                     "escalated": p.escalation is not None,
                     "finish_reason": p.finish_reason,
+                    "confidence": p.confidence,
                     "provider_request_id": p.provider_request_id,
                     "prompt_tokens": total(by_page.get(p.page_number, []), "prompt_tokens"),
                     "completion_tokens": total(by_page.get(p.page_number, []), "completion_tokens"),

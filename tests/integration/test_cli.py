@@ -198,6 +198,8 @@ def test_an_upside_down_scan_is_read_upright_by_the_offline_engine_and_flagged_r
     [page] = json.loads((tmp_path / "out" / "slide.json").read_text())["pages"]
     assert {"flag": "rotated", "value": 180.0, "threshold": 0.0} in page["flags"]
     assert page["text"].startswith("# ImageNet / ILSVRC 2014")
+    # And the engine's mean recognition confidence is recorded with the kept answer and with its call
+    assert page["confidence"] > 0.9 and [a["confidence"] for a in page["attempts"]] == [page["confidence"]]
     assert "flags: rotated=180" in (tmp_path / "out" / "slide.md").read_text()
     assert result.stderr.strip().splitlines()[-1].startswith("slide.png page 1: COMPLETED: rotated=180")
     assert fake_provider.calls == 0
