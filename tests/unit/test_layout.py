@@ -241,3 +241,29 @@ def test_a_number_in_the_text_or_a_last_line_close_to_it_is_no_page_number() -> 
     # Then neither has a page number
     assert "<!--" not in boxes_to_text(close)
     assert boxes_to_text(words).splitlines()[-1] == "Thank you for reading"
+
+
+def markdown_tables(text: str) -> list[tuple[int, int]]:
+    """The markdown tables of a text: (rows, columns) of each, its rule line not counted."""
+    tables: list[list[str]] = []
+    previous = ""
+    for row in text.splitlines():
+        if row.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(row)
+        previous = row
+    return [(len(rows) - 1, rows[0].count("|") - 1) for rows in tables]
+
+
+@pytest.mark.offline_ocr
+def test_a_real_papers_tables_read_with_their_rows_and_columns(read) -> None:
+    # Given page 3 of a two-column paper: Table II (4 columns; 2 header lines and 10 classifiers) in the left column,
+    # Table III (5 columns; 2 header lines and 4 networks) in the right one
+    # When the page is read
+    text = read(DOCUMENTS / "hasyv2-paper.pdf", 3)
+
+    # Then both are markdown tables of those rows and columns, in reading order
+    assert [shape for shape in markdown_tables(text) if shape[0] > 4] == [(12, 4), (6, 5)], text
+    [forest] = [row for row in text.splitlines() if row.startswith("| Random Forest |")]
+    assert [cell.replace(" ", "") for cell in forest.strip("| ").split(" | ")][1:] == ["96.41%", "62.4%", "62.1%-62.8%"]
