@@ -1,0 +1,375 @@
+"""The offline engine's accuracy on real born-digital pages: upright, turned a quarter at a time, and tesseract's.
+
+    .venv/bin/python -m bench.ocr                                   # every page (10-20 minutes on two cores)
+    .venv/bin/python -m bench.ocr --quick                           # one single-column and one two-column page
+    .venv/bin/python -m bench.ocr --markdown docs/accuracy.md       # also write the section into that file
+
+Every page with a usable text layer of every PDF in tests/data/documents and ../shared/corpus is rendered as the
+pipeline renders it (the default settings), transcribed by RapidOcrProvider and scored (CER) against its own text
+layer. The same page, turned with ``Image.rotate(angle, expand=True)`` (counter-clockwise), then goes the way of a
+scan (an image document: orientation detection, then the default rendering) and is transcribed and scored again.
+Tesseract, when installed, reads the same upright image, for comparison only. Figures are measured, not asserted:
+the exit status is non-zero only when the run crashes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage, inspect_document, render_page
+from pagescribe.evaluation import text_layer_truth
+from pagescribe.providers.base import PageImage, Transcription, TranscriptionRequest
+from pagescribe.providers.offline import RapidOcrProvider
+from pagescribe.scoring import cer
+from pagescribe.settings import Settings
+from PIL import Image
+
+from bench.common import CORPUS, REPO
+from bench.report import _git_head
+
+HEADING = "## Offline engine: upright, rotated, and tesseract"
+DOCUMENTS = REPO / "tests" / "data" / "documents"
+SOURCES = (DOCUMENTS, CORPUS)
+TWO_COLUMN = frozenset({"multicolumn.pdf", "hasyv2-paper.pdf"})  # the documents known to be set in two columns
+QUICK = ((CORPUS / "multicolumn.pdf", 1), (CORPUS / "minimal-document.pdf", 1))
+TURNS = (90, 180, 270)
+MEDIAN_TARGET = 0.03
+MEAN_TARGET = 0.08
+TWO_COLUMN_TARGET = 0.10
+TURN_POINTS = 2.0  # CER percentage points a turned page may differ from the same page upright
+
+_DEFAULTS = Settings.model_fields
+# What the pipeline passes to render_page (pagescribe.transcription), at the default settings.
+RENDER_OPTIONS: dict[str, Any] = {
+    "dpi": _DEFAULTS["render_dpi"].default,
+    "max_long_edge": _DEFAULTS["render_max_long_edge"].default,
+    "image_format": _DEFAULTS["render_format"].default,
+    "max_image_pixels": _DEFAULTS["max_image_pixels"].default,
+    "orient": _DEFAULTS["detect_orientation"].default,
+}
+BUDGET_SECONDS: float = _DEFAULTS["provider_timeout_seconds"].default
+# What the pipeline builds the offline provider with (pagescribe.runtime), at the default settings.
+PROVIDER_OPTIONS: dict[str, Any] = {
+    "language": _DEFAULTS["ocr_language"].default,
+    "page_numbers": _DEFAULTS["page_numbers"].default,
+}
+
+
+@dataclass(frozen=True)
+class Turned:
+    """One turned copy of a page: how far it was turned, the turn the pipeline detected back, and its CER."""
+
+    angle: int  # counter-clockwise, so the right turn back is the same angle clockwise
+    detected: int  # clockwise: the renderer's turn and the engine's added up, as pagescribe.transcription does
+    cer: float
+
+
+@dataclass(frozen=True)
+class PageResult:
+    """One page: the offline engine upright and turned, and tesseract upright (None when it is not installed)."""
+
+    document: str
+    page: int
+    two_column: bool
+    blank: bool  # the render has no mark at all (a font that does not render): no engine can read it
+    cer: float
+    seconds: float
+    rotation: int  # the engine's own turn of the upright image (it reads a page again turned when unsure): 0
+    turned: tuple[Turned, ...]
+    tesseract_cer: float | None
+    tesseract_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Run:
+    """Every page measured, the documents left out and why, and the engines' versions."""
+
+    pages: list[PageResult]
+    skipped: list[str]
+    engine: str
+    tesseract: str | None  # its version line; None when it is not installed
+    quick: bool
+    commit: str  # the checked-out commit when the run started, and whether shared/ differed from it
+
+
+def page_set(quick: bool, note: Callable[[str], None]) -> tuple[list[tuple[Path, int, str]], list[str]]:
+    """The pages to measure with their truth (the text layer), and the documents left out with the reason."""
+    if quick:
+        chosen = [(path, page, text) for path, page in QUICK if (text := text_layer_truth(path).get(page))]
+        return chosen, []
+    pages: list[tuple[Path, int, str]] = []
+    skipped: list[str] = []
+    for path in (path for source in SOURCES for path in sorted(source.glob("*.pdf"))):
+        try:
+            inspect_document(path, max_pages=10_000, max_image_pixels=RENDER_OPTIONS["max_image_pixels"])
+        except InvalidDocumentError as exc:
+            skipped.append(f"{path.name}: {exc.reason}")
+            note(f"skipped {path.name}: {exc.reason}")
+            continue
+        truth = text_layer_truth(path)
+        if not truth:
+            skipped.append(f"{path.name}: no page with a usable text layer")
+        pages += [(path, page, text) for page, text in sorted(truth.items())]
+    return pages, skipped
+
+
+def _tesseract_version(binary: str) -> str:
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)  # noqa: S603
+    return (done.stdout or done.stderr).splitlines()[0].strip()
+
+
+def _tesseract(binary: str, image: Path) -> tuple[str, float]:
+    """Tesseract's text for an image (default page segmentation, English) and the wall time of its process."""
+    started = time.perf_counter()
+    done = subprocess.run(  # noqa: S603
+        [binary, str(image), "-", "-l", "eng"], capture_output=True, text=True, encoding="utf-8", check=True
+    )
+    return done.stdout, time.perf_counter() - started
+
+
+class _Reader:
+    """The offline provider, built once, called synchronously through one event loop."""
+
+    def __init__(self, runner: asyncio.Runner) -> None:
+        self._runner = runner
+        self._provider = RapidOcrProvider(**PROVIDER_OPTIONS)
+        self.engine = "offline:rapidocr"
+
+    def read(self, rendered: RenderedPage, label: str, page: int) -> Transcription:
+        """The provider's transcription of the page."""
+        request = TranscriptionRequest(PageImage(rendered.data, rendered.media_type), "", "", 0, label, page)
+        answer = self._runner.run(self._provider.transcribe(request, budget_seconds=BUDGET_SECONDS))
+        self.engine = f"{self._provider.name} ({answer.model})"
+        return answer
+
+    def close(self) -> None:
+        self._runner.run(self._provider.aclose())
+
+
+def _turned(reader: _Reader, path: Path, page: int, truth: str, scratch: Path) -> tuple[Turned, ...]:
+    """The page rendered losslessly, turned by each of TURNS, and read back through the scan path."""
+    lossless = render_page(path, DocumentKind.PDF, page, **{**RENDER_OPTIONS, "image_format": "png"})
+    results: list[Turned] = []
+    with Image.open(io.BytesIO(lossless.data)) as upright:
+        for angle in TURNS:
+            scan = scratch / f"turned-{angle}.png"
+            upright.rotate(angle, expand=True).save(scan)
+            rendered = render_page(scan, DocumentKind.PNG, 1, **RENDER_OPTIONS)
+            answer = reader.read(rendered, f"{path.name} turned {angle}", page)
+            results.append(Turned(angle, (rendered.rotation + answer.rotation) % 360, cer(truth, answer.text)))
+    return tuple(results)
+
+
+def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
+    """Render, transcribe and score every page of the page set; ``note`` gets progress and skipped documents."""
+    commit = _git_head()
+    pages, skipped = page_set(quick, note)
+    binary = shutil.which("tesseract")
+    results: list[PageResult] = []
+    with asyncio.Runner() as runner, tempfile.TemporaryDirectory(prefix="bench-ocr-") as directory:
+        scratch = Path(directory)
+        reader = _Reader(runner)
+        try:
+            for index, (path, page, truth) in enumerate(pages, start=1):
+                rendered = render_page(path, DocumentKind.PDF, page, **RENDER_OPTIONS)
+                answer = reader.read(rendered, path.name, page)
+                tesseract_cer: float | None = None
+                tesseract_seconds: float | None = None
+                if binary is not None:
+                    image = scratch / f"upright.{rendered.media_type.split('/')[1]}"
+                    image.write_bytes(rendered.data)
+                    tesseract_text, tesseract_seconds = _tesseract(binary, image)
+                    tesseract_cer = cer(truth, tesseract_text)
+                result = PageResult(
+                    document=path.name,
+                    page=page,
+                    two_column=path.name in TWO_COLUMN,
+                    blank=rendered.marked == 0,
+                    cer=cer(truth, answer.text),
+                    seconds=answer.latency_seconds,
+                    rotation=answer.rotation,
+                    turned=_turned(reader, path, page, truth, scratch),
+                    tesseract_cer=tesseract_cer,
+                    tesseract_seconds=tesseract_seconds,
+                )
+                results.append(result)
+                note(f"[{index}/{len(pages)}] {_row(result)}")
+        finally:
+            reader.close()
+    return Run(results, skipped, reader.engine, _tesseract_version(binary) if binary else None, quick, commit)
+
+
+# --- the markdown section -----------------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f} %"
+
+
+def _points(value: float) -> str:
+    return f"{value * 100:+.1f}"
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def _row(result: PageResult) -> str:
+    name = result.document + (" (blank render)" if result.blank else "")
+    turned = [f"{_pct(t.cer)} ({t.detected}°)" for t in result.turned]
+    tesseract = _pct(result.tesseract_cer) if result.tesseract_seconds is not None else "not installed"
+    columns = "two" if result.two_column else "one"
+    upright = _pct(result.cer) + (f" ({result.rotation}°)" if result.rotation else "")
+    return " | ".join([name, str(result.page), columns, upright, *turned, tesseract])
+
+
+def _spread(values: Sequence[float]) -> str:
+    return f"{_pct(statistics.median(values))} / {_pct(statistics.mean(values))} / {_pct(max(values))}"
+
+
+def section(run: Run) -> str:
+    """The markdown section for ``run``: how it was measured, the summary, the targets and every page."""
+    pages = run.pages
+    command = ".venv/bin/python -m bench.ocr" + (" --quick" if run.quick else "")
+    lines = [
+        HEADING,
+        "",
+        f"Written by `{command}` on {datetime.now(UTC):%Y-%m-%d %H:%M UTC}, commit {run.commit}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; engine {run.engine}, comparison "
+        f"{run.tesseract or 'tesseract: not installed'}.",
+        "",
+        ("Two pages (`--quick`: a two-column and a single-column one)" if run.quick else "Every page")
+        + " with a usable text layer of the PDFs in `tests/data/documents` and `../shared/corpus`, rendered "
+        "as the pipeline renders it (default settings: "
+        + ", ".join(f"{key} {value}" for key, value in RENDER_OPTIONS.items())
+        + "), read by `RapidOcrProvider` ("
+        + ", ".join(f"{key} {value}" for key, value in PROVIDER_OPTIONS.items())
+        + ") and scored (CER) against the page's own text layer. Turned: the same "
+        "render turned counter-clockwise by 90, 180 or 270° (`Image.rotate(angle, expand=True)`), then taken "
+        "as a scan (a PNG document: orientation detection, the default rendering) and read again; in brackets the "
+        "clockwise turn the pipeline made (the renderer's orientation detection, then the engine's own 180° "
+        "turn of a page it reads with low confidence, added up), which is right when it equals the column's angle; "
+        "an upright page shows a turn only when the engine made one. Tesseract "
+        "(`tesseract IMAGE - -l eng`, default page segmentation) reads the same upright image, as information. "
+        "Seconds are the engine's call per upright page (tesseract's include starting its process).",
+        "",
+    ]
+    if run.skipped:
+        lines += ["Left out: " + "; ".join(run.skipped) + ".", ""]
+    if not pages:
+        return "\n".join([*lines, "No page was measured.", ""])
+    scores = [page.cer for page in pages]
+    documents = len({page.document for page in pages})
+    two_column = [page for page in pages if page.two_column]
+    worst_two = max(two_column, key=lambda page: page.cer) if two_column else None
+    lines += ["### Summary", "", "| measure | pagescribe (offline) | tesseract |", "| --- | --- | --- |"]
+    lines.append(f"| pages / documents | {len(pages)} / {documents} | same pages |")
+    tesseract = [page.tesseract_cer for page in pages if page.tesseract_cer is not None]
+    lines.append(
+        f"| CER median / mean / worst, upright | {_spread(scores)} | "
+        f"{_spread(tesseract) if tesseract else 'not installed'} |"
+    )
+    blank = [page for page in pages if page.blank]
+    if blank:
+        rest = [page for page in pages if not page.blank]
+        rest_tesseract = [page.tesseract_cer for page in rest if page.tesseract_cer is not None]
+        lines.append(
+            f"| the same without {len(blank)} blank render(s) | {_spread([page.cer for page in rest]) if rest else '-'}"
+            f" | {_spread(rest_tesseract) if rest_tesseract else '-'} |"
+        )
+    if worst_two is not None:
+        tesseract_two = [page.tesseract_cer for page in two_column if page.tesseract_cer is not None]
+        lines.append(
+            f"| worst two-column page | {worst_two.document} p. {worst_two.page}: {_pct(worst_two.cer)} | "
+            f"{_pct(max(tesseract_two)) if tesseract_two else '-'} |"
+        )
+    within: dict[int, int] = {}
+    for angle in TURNS:
+        differences = [turn.cer - page.cer for page in pages for turn in page.turned if turn.angle == angle]
+        within[angle] = sum(abs(difference) * 100 <= TURN_POINTS for difference in differences)
+        detected = sum(turn.detected == angle for page in pages for turn in page.turned if turn.angle == angle)
+        lines.append(
+            f"| turned {angle}°: within {TURN_POINTS:g} points of upright / turned back right / mean difference "
+            f"(points) | {within[angle]} of {len(pages)} / {detected} of {len(pages)} / "
+            f"{_points(statistics.mean(differences))} | - |"
+        )
+    tesseract_seconds = [page.tesseract_seconds for page in pages if page.tesseract_seconds is not None]
+    lines.append(
+        f"| seconds per page, median | {statistics.median(page.seconds for page in pages):.2f} | "
+        f"{f'{statistics.median(tesseract_seconds):.2f}' if tesseract_seconds else '-'} |"
+    )
+    lines += ["", "### Targets", ""]
+    median, mean = statistics.median(scores), statistics.mean(scores)
+    lines.append(f"- CER median <= {_pct(MEDIAN_TARGET)}: {_pct(median)}, {_verdict(median <= MEDIAN_TARGET)}")
+    lines.append(f"- CER mean <= {_pct(MEAN_TARGET)}: {_pct(mean)}, {_verdict(mean <= MEAN_TARGET)}")
+    if worst_two is not None:
+        lines.append(
+            f"- no two-column page above {_pct(TWO_COLUMN_TARGET)}: worst {_pct(worst_two.cer)} "
+            f"({worst_two.document} p. {worst_two.page}), {_verdict(worst_two.cer <= TWO_COLUMN_TARGET)}"
+        )
+    for angle in TURNS:
+        lines.append(
+            f"- every page turned {angle}° within {TURN_POINTS:g} points of upright: {within[angle]} of "
+            f"{len(pages)}, {_verdict(within[angle] == len(pages))}"
+        )
+    if tesseract:
+        lines.append(
+            f"- beat tesseract (information): median {_pct(median)} vs {_pct(statistics.median(tesseract))}, "
+            f"mean {_pct(mean)} vs {_pct(statistics.mean(tesseract))}"
+        )
+    lines += [
+        "",
+        "### By page",
+        "",
+        "| document | page | columns | CER upright | "
+        + " | ".join(f"CER {a}° (turned back)" for a in TURNS)
+        + " | tesseract CER |",
+        "| --- | ---: | --- | ---: | " + " | ".join("---:" for _ in TURNS) + " | ---: |",
+        *(f"| {_row(page)} |" for page in pages),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def replace_section(document: str, text: str) -> str:
+    """``document`` with its section under HEADING (up to the next ``## `` heading) replaced by ``text``, or with
+    ``text`` appended when it has none."""
+    lines = document.splitlines(keepends=True)
+    start = next((index for index, line in enumerate(lines) if line.rstrip() == HEADING), None)
+    if start is None:
+        return (document.rstrip("\n") + "\n\n" if document.strip() else "") + text
+    end = next((index for index in range(start + 1, len(lines)) if lines[index].startswith("## ")), len(lines))
+    rest = "".join(lines[end:])
+    return "".join(lines[:start]) + text + ("\n" + rest if rest else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ocr", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two pages (one of them two-column), every turn")
+    parser.add_argument("--markdown", type=Path, metavar="FILE", help=f"write the section into FILE ({HEADING!r})")
+    args = parser.parse_args(argv)
+    text = section(measure(args.quick, note=lambda line: print(line, file=sys.stderr, flush=True)))
+    print(text)
+    if args.markdown is not None:
+        existing = args.markdown.read_text(encoding="utf-8") if args.markdown.exists() else ""
+        args.markdown.write_text(replace_section(existing, text), encoding="utf-8")
+        print(f"wrote the section into {args.markdown}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
