@@ -299,12 +299,16 @@ def test_without_the_extra_construction_says_how_to_install_it(monkeypatch: pyte
 
 
 @pytest.mark.offline_ocr
-def test_a_page_sent_upside_down_is_read_turned_and_says_so() -> None:
-    # Given a real slide turned by 180 degrees, as a scan the orientation detection did not turn would arrive
+@pytest.mark.parametrize(("counter_clockwise", "turned_back"), [(90, 90), (180, 180), (270, 270)])
+def test_a_page_sent_turned_is_read_upright_and_says_how_far_it_was_turned(
+    counter_clockwise: int, turned_back: int
+) -> None:
+    # Given a real slide turned, as a scan the renderer's orientation detection did not turn would arrive (its few
+    # lines leave that detection unsure)
     page = render_page(SLIDES, DocumentKind.PDF, 10)
     with Image.open(io.BytesIO(page.data)) as upright:
         buffer = io.BytesIO()
-        upright.rotate(180).save(buffer, format="PNG")
+        upright.rotate(counter_clockwise, expand=True).save(buffer, format="PNG")
 
     # When the offline engine reads it, and the upright page
     turned, straight = asyncio.run(
@@ -315,8 +319,8 @@ def test_a_page_sent_upside_down_is_read_turned_and_says_so() -> None:
         )
     )
 
-    # Then the upside-down page is read turned upright, as the upright one is, and the turn is reported
-    assert (turned.rotation, straight.rotation) == (180, 0)
+    # Then the turned page is read upright, as the upright one is, and the turn back (clockwise) is reported
+    assert (turned.rotation, straight.rotation) == (turned_back, 0)
     assert turned.text.splitlines()[0] == "# ImageNet / ILSVRC 2014"
     assert turned.text == straight.text
     assert turned.confidence is not None and turned.confidence > 0.9

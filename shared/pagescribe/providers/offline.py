@@ -10,8 +10,9 @@ two threads at once: each of the ``max_workers`` threads takes an idle engine or
 its first page, and the engines are reused for every later page.
 
 The prompt, model and output-token limit of a request are ignored: OCR takes none of them. The detected
-boxes are laid out by :mod:`pagescribe.layout`. A page read with a low confidence is read again turned by 180
-degrees (an upside-down scan the renderer's orientation detection left as it was), and the better reading kept.
+boxes are laid out by :mod:`pagescribe.layout`. A page whose lines run up or down, or that reads with a low
+confidence, is read again turned (a scan the renderer's orientation detection left as it was), and the better
+reading kept.
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A page read with a mean confidence below UPSIDE_DOWN_BELOW is read again turned by 180 degrees, and that reading is
-# kept when its confidence is UPSIDE_DOWN_GAIN higher: upside-down text reads at about 0.6 to 0.7, upright at 0.98
-# (measured on born-digital pages turned by 180 degrees). Sideways text tells nothing: the engine turns tall line
-# crops itself, and reads either sideways page with a high confidence, so the quarter turns are left to the
-# renderer's orientation detection.
+# A page the renderer's orientation detection left turned is read upright all the same. Sideways text shows in the
+# engine's boxes: a line running up or down is a tall box, where upright lines are wide ones (on born-digital pages
+# turned by 90 degrees, 96-100 % of the boxes of three characters or more were tall, upright none). Such a page is
+# read turned a quarter each way; the engine reads the right way at a mean confidence of 0.95-0.99 and the wrong
+# way (upside down) at 0.59-0.87. Upside-down text reads at about 0.6 to 0.7, the same page upright at 0.98: a page
+# read below UPSIDE_DOWN_BELOW is read again turned by 180 degrees, and that reading kept when UPSIDE_DOWN_GAIN more
+# confident.
+SIDEWAYS_CHARACTERS = 3
+SIDEWAYS_ASPECT = 1.5
+SIDEWAYS_SHARE = 0.5
 UPSIDE_DOWN_BELOW = 0.8
 UPSIDE_DOWN_GAIN = 0.15
 _DETECTION_MODEL = "PP-OCRv6_det_small.onnx"  # in the rapidocr wheel (3.10.0 ships it), its default
@@ -120,8 +126,8 @@ class RapidOcrProvider:
         self._idle = queue.SimpleQueue()
 
     def _recognise(self, data: bytes) -> tuple[list[TextBox], int]:
-        """Runs in a worker thread: decode, OCR with an engine no other thread is using, and the degrees the image
-        was turned to read it (:data:`UPSIDE_DOWN_BELOW`)."""
+        """Runs in a worker thread: decode, OCR with an engine no other thread is using, and the degrees clockwise
+        the image was turned to read it (:func:`_sideways`, :data:`UPSIDE_DOWN_BELOW`)."""
         try:
             with Image.open(io.BytesIO(data)) as encoded:
                 image = encoded.convert("RGB")
@@ -132,17 +138,11 @@ class RapidOcrProvider:
         except queue.Empty:
             engine = self._build_engine()
         try:
-            boxes = _text_boxes(engine(image))
-            confidence = mean_confidence(boxes)
-            if confidence is not None and confidence < UPSIDE_DOWN_BELOW:
-                turned = _text_boxes(engine(image.rotate(180)))
-                if (mean_confidence(turned) or 0.0) >= confidence + UPSIDE_DOWN_GAIN:
-                    return turned, 180
+            return _read_upright(engine, image)
         except Exception as exc:
             raise ProviderError(f"offline OCR failed: {type(exc).__name__}: {exc}", retryable=False) from exc
         finally:
             self._idle.put(engine)
-        return boxes, 0
 
     def _build_engine(self) -> RapidOCR:
         try:
@@ -156,6 +156,36 @@ class RapidOcrProvider:
             loads = self._engine_loads
         logger.info("built offline OCR engine %d (%s)", loads, self._model)
         return engine
+
+
+def _read_upright(engine: RapidOCR, image: Image.Image) -> tuple[list[TextBox], int]:
+    """The image's text boxes read upright, and the degrees clockwise it was turned for that.
+
+    A page whose lines run up or down (:func:`_sideways`) is read again turned a quarter each way, and the more
+    confident reading kept. A page read with a mean confidence below UPSIDE_DOWN_BELOW is read again turned by 180
+    degrees, and that reading kept when UPSIDE_DOWN_GAIN more confident.
+    """
+    boxes = _text_boxes(engine(image))
+    if _sideways(boxes):
+        turned = [(_text_boxes(engine(image.rotate(-angle, expand=True))), angle) for angle in (90, 270)]
+        best, angle = max(turned, key=lambda reading: mean_confidence(reading[0]) or 0.0)
+        return (boxes, 0) if _sideways(best) else (best, angle)
+    confidence = mean_confidence(boxes)
+    if confidence is not None and confidence < UPSIDE_DOWN_BELOW:
+        flipped = _text_boxes(engine(image.rotate(180)))
+        if (mean_confidence(flipped) or 0.0) >= confidence + UPSIDE_DOWN_GAIN:
+            return flipped, 180
+    return boxes, 0
+
+
+def _sideways(boxes: list[TextBox]) -> bool:
+    """The page's lines run up or down: of its boxes of SIDEWAYS_CHARACTERS characters or more, at least two and
+    SIDEWAYS_SHARE of them are more than SIDEWAYS_ASPECT times as tall as they are wide."""
+    lines = [box for box in boxes if len(box.text) >= SIDEWAYS_CHARACTERS and box.right is not None]
+    tall = sum(
+        box.bottom - box.top > SIDEWAYS_ASPECT * (box.right - box.left) for box in lines if box.right is not None
+    )
+    return tall >= 2 and tall >= SIDEWAYS_SHARE * len(lines)
 
 
 def _import_rapidocr() -> type[RapidOCR]:
