@@ -51,6 +51,14 @@ MEDIAN_TARGET = 0.03
 MEAN_TARGET = 0.08
 TWO_COLUMN_TARGET = 0.10
 TURN_POINTS = 2.0  # CER percentage points a turned page may differ from the same page upright
+# The tables of the table pages, counted on the rendered pages: (rows, columns) of each, in reading order, rows being
+# the table's lines of text (a header set on two lines is two rows). Google Docs' export: one table of a header and
+# four rows by six columns. The HASYv2 paper, page 3: Table II (two header lines, ten classifiers; four columns) and
+# Table III (two header lines, four networks; five columns).
+TABLES: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {
+    ("google-doc-document.pdf", 1): ((5, 6),),
+    ("hasyv2-paper.pdf", 3): ((12, 4), (6, 5)),
+}
 
 _DEFAULTS = Settings.model_fields
 # What the pipeline passes to render_page (pagescribe.transcription), at the default settings.
@@ -66,6 +74,7 @@ BUDGET_SECONDS: float = _DEFAULTS["provider_timeout_seconds"].default
 PROVIDER_OPTIONS: dict[str, Any] = {
     "language": _DEFAULTS["ocr_language"].default,
     "page_numbers": _DEFAULTS["page_numbers"].default,
+    "orient": _DEFAULTS["detect_orientation"].default,
 }
 
 
@@ -88,10 +97,11 @@ class PageResult:
     blank: bool  # the render has no mark at all (a font that does not render): no engine can read it
     cer: float
     seconds: float
-    rotation: int  # the engine's own turn of the upright image (it reads a page again turned when unsure): 0
+    rotation: int  # the engine's own turn of the upright image (it reads a page again turned when unsure): 0 here
     turned: tuple[Turned, ...]
     tesseract_cer: float | None
     tesseract_seconds: float | None
+    tables: tuple[tuple[int, int], ...] = ()  # (rows, columns) of each markdown table in the upright reading
 
 
 @dataclass(frozen=True)
@@ -205,12 +215,40 @@ def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
                     turned=_turned(reader, path, page, truth, scratch),
                     tesseract_cer=tesseract_cer,
                     tesseract_seconds=tesseract_seconds,
+                    tables=markdown_tables(answer.text),
                 )
                 results.append(result)
                 note(f"[{index}/{len(pages)}] {_row(result)}")
         finally:
             reader.close()
     return Run(results, skipped, reader.engine, _tesseract_version(binary) if binary else None, quick, commit)
+
+
+def markdown_tables(text: str) -> tuple[tuple[int, int], ...]:
+    """(rows, columns) of each markdown table in the text, in order; its rule line is not a row."""
+    tables: list[list[str]] = []
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+        previous = line
+    return tuple((len(rows) - 1, rows[0].count("|") - 1) for rows in tables)
+
+
+def tables_found(pages: Sequence[PageResult]) -> tuple[int, int]:
+    """How many of the TABLES of the measured pages were read as a markdown table of their rows and columns, of
+    how many."""
+    found = expected = 0
+    for page in pages:
+        shapes = list(page.tables)
+        for shape in TABLES.get((page.document, page.page), ()):
+            expected += 1
+            if shape in shapes:
+                shapes.remove(shape)
+                found += 1
+    return found, expected
 
 
 # --- the markdown section -----------------------------------------------------------------------------------------
@@ -234,7 +272,11 @@ def _row(result: PageResult) -> str:
     tesseract = _pct(result.tesseract_cer) if result.tesseract_seconds is not None else "not installed"
     columns = "two" if result.two_column else "one"
     upright = _pct(result.cer) + (f" ({result.rotation}°)" if result.rotation else "")
-    return " | ".join([name, str(result.page), columns, upright, *turned, tesseract])
+    tables = ", ".join(f"{rows}x{cols}" for rows, cols in result.tables) or "-"
+    expected = TABLES.get((result.document, result.page))
+    if expected:
+        tables += " (expected " + ", ".join(f"{rows}x{cols}" for rows, cols in expected) + ")"
+    return " | ".join([name, str(result.page), columns, upright, *turned, tesseract, tables])
 
 
 def _spread(values: Sequence[float]) -> str:
@@ -261,8 +303,9 @@ def section(run: Run) -> str:
         + ") and scored (CER) against the page's own text layer. Turned: the same "
         "render turned counter-clockwise by 90, 180 or 270° (`Image.rotate(angle, expand=True)`), then taken "
         "as a scan (a PNG document: orientation detection, the default rendering) and read again; in brackets the "
-        "clockwise turn the pipeline made (the renderer's orientation detection, then the engine's own 180° "
-        "turn of a page it reads with low confidence, added up), which is right when it equals the column's angle; "
+        "clockwise turn the pipeline made (the renderer's orientation detection, then the engine's own turn "
+        "of a page whose lines stand sideways or that it reads with low confidence, added up), which is right when "
+        "it equals the column's angle; "
         "an upright page shows a turn only when the engine made one. Tesseract "
         "(`tesseract IMAGE - -l eng`, default page segmentation) reads the same upright image, as information. "
         "Seconds are the engine's call per upright page (tesseract's include starting its process).",
@@ -307,6 +350,12 @@ def section(run: Run) -> str:
             f"(points) | {within[angle]} of {len(pages)} / {detected} of {len(pages)} / "
             f"{_points(statistics.mean(differences))} | - |"
         )
+    tables, expected_tables = tables_found(pages)
+    if expected_tables:
+        lines.append(
+            f"| tables read as markdown tables of their rows x columns | {tables} of {expected_tables} | "
+            "(reads no tables) |"
+        )
     tesseract_seconds = [page.tesseract_seconds for page in pages if page.tesseract_seconds is not None]
     lines.append(
         f"| seconds per page, median | {statistics.median(page.seconds for page in pages):.2f} | "
@@ -326,6 +375,11 @@ def section(run: Run) -> str:
             f"- every page turned {angle}° within {TURN_POINTS:g} points of upright: {within[angle]} of "
             f"{len(pages)}, {_verdict(within[angle] == len(pages))}"
         )
+    if expected_tables:
+        lines.append(
+            f"- table pages give a markdown table with the right number of rows and columns: {tables} of "
+            f"{expected_tables} tables, {_verdict(tables == expected_tables)}"
+        )
     if tesseract:
         lines.append(
             f"- beat tesseract (information): median {_pct(median)} vs {_pct(statistics.median(tesseract))}, "
@@ -337,8 +391,8 @@ def section(run: Run) -> str:
         "",
         "| document | page | columns | CER upright | "
         + " | ".join(f"CER {a}° (turned back)" for a in TURNS)
-        + " | tesseract CER |",
-        "| --- | ---: | --- | ---: | " + " | ".join("---:" for _ in TURNS) + " | ---: |",
+        + " | tesseract CER | tables (rows x columns) |",
+        "| --- | ---: | --- | ---: | " + " | ".join("---:" for _ in TURNS) + " | ---: | --- |",
         *(f"| {_row(page)} |" for page in pages),
         "",
     ]

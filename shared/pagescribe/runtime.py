@@ -94,7 +94,9 @@ class Runtime:
         if settings.uses_offline_provider:
             from pagescribe.providers.offline import RapidOcrProvider  # an optional extra
 
-            return RapidOcrProvider(language=settings.ocr_language, page_numbers=settings.page_numbers)
+            return RapidOcrProvider(
+                language=settings.ocr_language, page_numbers=settings.page_numbers, orient=settings.detect_orientation
+            )
         from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 
         if settings.provider_api_key is not None:

@@ -334,32 +334,29 @@ def test_a_language_whose_model_does_not_ship_is_refused_naming_those_that_do() 
 
 @pytest.mark.offline_ocr
 @pytest.mark.parametrize(("page_number", "turned"), [(3, 180), (4, 90)])
-def test_a_turned_scan_sent_as_it_is_reads_with_low_confidence_and_upright_it_does_not(
+def test_a_turned_scan_read_as_it_is_has_low_confidence_and_turned_it_reads_upright(
     page_number: int, turned: int
 ) -> None:
-    # Given a real scan whose page is turned (cardinal.pdf: the same brochure page at 0, 90, 180 and 270 degrees)
+    # Given a real scan whose page is turned (cardinal.pdf: the same brochure page at 0, 90, 180 and 270 degrees),
+    # rendered as it is
     scan = Path(__file__).resolve().parents[1] / "data" / "documents" / "cardinal.pdf"
     as_it_is = render_page(scan, DocumentKind.PDF, page_number, orient=False)
-    upright = render_page(scan, DocumentKind.PDF, page_number)
-    # When the offline engine reads it as it is, and as the renderer turned it
-    sideways, straight = asyncio.run(
-        transcribe_all(
-            RapidOcrProvider(),
-            PageImage(as_it_is.data, as_it_is.media_type),
-            PageImage(upright.data, upright.media_type),
-        )
-    )
+    image = PageImage(as_it_is.data, as_it_is.media_type)
+    # When the offline engine reads it as it is (DETECT_ORIENTATION=false), and turning it where it must
+    [sideways] = asyncio.run(transcribe_all(RapidOcrProvider(orient=False), image))
+    [straight] = asyncio.run(transcribe_all(RapidOcrProvider(), image))
     thresholds = Thresholds()
 
-    def flags(result: Transcription, rotation: int) -> list[Flag]:
+    def flags(result: Transcription) -> list[Flag]:
         answer = Answer(result.text, result.finish_reason, confidence=result.confidence)
-        evidence = PageEvidence(ink=0.1, rotation=rotation)
+        evidence = PageEvidence(ink=0.1, rotation=result.rotation)
         return [flag.flag for flag in check_answer(answer, evidence, thresholds, max_output_tokens=4096)]
 
-    # Then the turned page's scrambled reading is flagged low_confidence; upright it is read with confidence,
-    # and flagged only as rotated
-    assert upright.rotation == turned
+    # Then the turned page's scrambled reading is flagged low_confidence; turned upright it is read with
+    # confidence, and flagged only as rotated, by the turn the renderer would have made
+    assert sideways.rotation == 0
     assert sideways.confidence is not None and sideways.confidence < thresholds.low_confidence
-    assert flags(sideways, 0) == [Flag.LOW_CONFIDENCE]
+    assert flags(sideways) == [Flag.LOW_CONFIDENCE]
+    assert straight.rotation == turned == render_page(scan, DocumentKind.PDF, page_number).rotation
     assert straight.confidence is not None and straight.confidence > 0.95
-    assert flags(straight, upright.rotation) == [Flag.ROTATED]
+    assert flags(straight) == [Flag.ROTATED]

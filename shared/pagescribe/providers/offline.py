@@ -64,7 +64,9 @@ class RapidOcrProvider:
     and later pages wait for a free worker within their own budgets.
     """
 
-    def __init__(self, *, max_workers: int = 1, language: str = "ch", page_numbers: PageNumbers = "mark") -> None:
+    def __init__(
+        self, *, max_workers: int = 1, language: str = "ch", page_numbers: PageNumbers = "mark", orient: bool = True
+    ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, not {max_workers}")
         self._engine_class = _import_rapidocr()
@@ -78,6 +80,7 @@ class RapidOcrProvider:
         }
         self._max_workers = max_workers
         self._page_numbers: PageNumbers = page_numbers
+        self._orient = orient  # read a page again turned when it reads sideways or unsure (DETECT_ORIENTATION)
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pagescribe-ocr")
         self._idle: queue.SimpleQueue[RapidOCR] = queue.SimpleQueue()
         self._loads_lock = threading.Lock()
@@ -138,7 +141,7 @@ class RapidOcrProvider:
         except queue.Empty:
             engine = self._build_engine()
         try:
-            return _read_upright(engine, image)
+            return _read_upright(engine, image) if self._orient else (_text_boxes(engine(image)), 0)
         except Exception as exc:
             raise ProviderError(f"offline OCR failed: {type(exc).__name__}: {exc}", retryable=False) from exc
         finally:
