@@ -34,7 +34,7 @@ from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPag
 from pagescribe.evaluation import text_layer_truth
 from pagescribe.providers.base import PageImage, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
-from pagescribe.scoring import cer
+from pagescribe.scoring import cer, markdown_tables
 from pagescribe.settings import Settings
 from PIL import Image
 
@@ -215,26 +215,13 @@ def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
                     turned=_turned(reader, path, page, truth, scratch),
                     tesseract_cer=tesseract_cer,
                     tesseract_seconds=tesseract_seconds,
-                    tables=markdown_tables(answer.text),
+                    tables=tuple(markdown_tables(answer.text)),
                 )
                 results.append(result)
                 note(f"[{index}/{len(pages)}] {_row(result)}")
         finally:
             reader.close()
     return Run(results, skipped, reader.engine, _tesseract_version(binary) if binary else None, quick, commit)
-
-
-def markdown_tables(text: str) -> tuple[tuple[int, int], ...]:
-    """(rows, columns) of each markdown table in the text, in order; its rule line is not a row."""
-    tables: list[list[str]] = []
-    previous = ""
-    for line in text.splitlines():
-        if line.startswith("|"):
-            if not previous.startswith("|"):
-                tables.append([])
-            tables[-1].append(line)
-        previous = line
-    return tuple((len(rows) - 1, rows[0].count("|") - 1) for rows in tables)
 
 
 def tables_found(pages: Sequence[PageResult]) -> tuple[int, int]:

@@ -380,9 +380,9 @@ Written by `{context["command"]}` on {context["date"]} ({context["machine"]}); p
 
 Each page went through the same pipeline as `pagescribe transcribe` (upload, render, model call, checks), sent to the
 model as an image only. Its truth is a truth file beside the document where there is one (the source's own ground
-truth), else the PDF's own text layer. CER and WER are computed on NFKC, whitespace-normalised text with page markers
-and comments removed; recall and precision are order-insensitive word overlaps. A page without truth is listed, not
-scored.
+truth), else the PDF's own text layer. CER and WER are computed on NFKC, whitespace-normalised text with page markers,
+comments and markdown block markup (heading markers, list bullets, table rules and pipes) removed; recall and
+precision are order-insensitive word overlaps. A page without truth is listed, not scored.
 
 ## Summary
 

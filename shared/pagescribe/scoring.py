@@ -149,6 +149,20 @@ def split_pages(text: str) -> list[str]:
     return [page.strip() for page in pages]
 
 
+def markdown_tables(text: str) -> list[tuple[int, int]]:
+    """(rows, columns) of each markdown table in the text, in order: runs of lines opening with ``|``, the rule line
+    not counted as a row, the columns those of the first line."""
+    tables: list[list[str]] = []
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+        previous = line
+    return [(len(rows) - 1, rows[0].count("|") - 1) for rows in tables]
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (q in [0, 100]) with linear interpolation between the two nearest ranks (numpy's
     default): ``percentile(v, 50)`` is the median. Raises ValueError on no values or q out of range."""

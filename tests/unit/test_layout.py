@@ -15,6 +15,7 @@ from pagescribe.documents import DocumentKind, render_page
 from pagescribe.layout import TextBox, boxes_to_text, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
+from pagescribe.scoring import markdown_tables
 
 from tests.support import CORPUS
 
@@ -241,19 +242,6 @@ def test_a_number_in_the_text_or_a_last_line_close_to_it_is_no_page_number() -> 
     # Then neither has a page number
     assert "<!--" not in boxes_to_text(close)
     assert boxes_to_text(words).splitlines()[-1] == "Thank you for reading"
-
-
-def markdown_tables(text: str) -> list[tuple[int, int]]:
-    """The markdown tables of a text: (rows, columns) of each, its rule line not counted."""
-    tables: list[list[str]] = []
-    previous = ""
-    for row in text.splitlines():
-        if row.startswith("|"):
-            if not previous.startswith("|"):
-                tables.append([])
-            tables[-1].append(row)
-        previous = row
-    return [(len(rows) - 1, rows[0].count("|") - 1) for rows in tables]
 
 
 @pytest.mark.offline_ocr

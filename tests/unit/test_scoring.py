@@ -10,6 +10,7 @@ import pytest
 from pagescribe.scoring import (
     cer,
     edit_distance,
+    markdown_tables,
     normalize,
     percentile,
     plain,
@@ -339,3 +340,12 @@ def test_markdown_block_markup_does_not_count_but_a_misread_word_does() -> None:
     assert cer(reference, markdown) == 0.0
     assert wer(reference, markdown) == 0.0
     assert cer(reference, markdown.replace("Alpha", "Alpah")) > 0.0
+
+
+def test_markdown_tables_are_counted_by_rows_and_columns() -> None:
+    # Given a text with a table of a header and two rows by three columns, a paragraph, and a one-row table
+    text = "Intro\n\n| a | b | c |\n| --- | --- | --- |\n| 1 | 2 | 3 |\n| 4 | 5 | 6 |\n\nText\n| x | y |\n| --- | --- |"
+    # When its tables are counted
+    # Then each is its rows (the rule not counted) by its columns, in order
+    assert markdown_tables(text) == [(3, 3), (1, 2)]
+    assert markdown_tables("no table | here") == []
