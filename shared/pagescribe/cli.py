@@ -462,12 +462,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: take a PDF page's own text where it has one; fallback (default): only for a page that renders "
         "blank; off: never",
     )
-    transcribe.add_argument(
-        "--ocr-language",
-        choices=sorted(OCR_LANGUAGES),
-        help="the offline engine's recognition language (default: OCR_LANGUAGE; only those whose model ships: ch, "
-        "for Chinese, English and other Latin-script languages)",
-    )
     transcribe.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     transcribe.set_defaults(run=_transcribe)
 
@@ -484,14 +478,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", metavar="OUT", help="write every figure and every page's scores as JSON")
     evaluate.add_argument("--report", metavar="FILE", help="write the whole run as markdown (docs/accuracy.md)")
     evaluate.add_argument("--olmocr-bench", metavar="DIR", help="run olmOCR-bench's JSONL tests and PDFs in DIR")
-    evaluate.add_argument(
-        "--ocr-language",
-        choices=sorted(OCR_LANGUAGES),
-        help="the offline engine's recognition language (default: OCR_LANGUAGE; only those whose model ships: ch, "
-        "for Chinese, English and other Latin-script languages)",
-    )
     evaluate.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     evaluate.set_defaults(run=_eval)
+
+    for command in (transcribe, evaluate):
+        command.add_argument(
+            "--ocr-language",
+            choices=sorted(OCR_LANGUAGES),
+            help="the offline engine's recognition language (default: OCR_LANGUAGE; only those whose model ships: "
+            "ch, for Chinese, English and other Latin-script languages)",
+        )
 
     serve = commands.add_parser("serve", help="run the API, S3/SQS and the functions locally")
     serve.add_argument("--host", default="127.0.0.1")
