@@ -212,6 +212,15 @@ def _write_outputs(stack: LocalStack, doc: Tracked, out: str, with_json: bool) -
     return [str(p) for p in written]
 
 
+def _pipeline_environment(args: argparse.Namespace) -> None:
+    """The settings the local pipeline of transcribe and eval starts with: the command's --ocr-language, and the
+    handlers' JSON logs at warnings and their metrics off (stdout may carry the markdown, or the report)."""
+    if args.ocr_language:
+        os.environ["OCR_LANGUAGE"] = args.ocr_language
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+
+
 def _transcribe(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.files]
     missing = [str(p) for p in paths if not p.is_file()]
@@ -219,11 +228,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CommandError(f"no such file: {', '.join(missing)}")
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
-    if args.ocr_language:
-        os.environ["OCR_LANGUAGE"] = args.ocr_language
-    # stdout may carry the markdown (--out -): keep the handlers' JSON logs to warnings and metrics off.
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    _pipeline_environment(args)
     with local_stack(data_dir=Path(args.data_dir), host="127.0.0.1", aws_port=0, sweep_every=10.0) as stack:
         settings = stack.runtime.settings
         model = args.model or settings.model
@@ -298,10 +303,7 @@ def _eval(args: argparse.Namespace) -> int:
     except evaluation.EvaluationError as exc:
         raise CommandError(str(exc)) from exc
     os.environ["TEXT_LAYER"] = "off"  # the model is what is measured: every page goes to it as an image
-    if args.ocr_language:
-        os.environ["OCR_LANGUAGE"] = args.ocr_language
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    _pipeline_environment(args)
     with local_stack(data_dir=Path(args.data_dir), host="127.0.0.1", aws_port=0, sweep_every=10.0) as stack:
         settings = stack.runtime.settings
         context = {
