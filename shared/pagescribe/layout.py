@@ -17,6 +17,7 @@ import itertools
 import math
 import re
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -94,6 +95,19 @@ class _Line:
         return " ".join(box.text for box in sorted(self.boxes, key=lambda box: box.left))
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A figure's extent on the page, in pixels (y grows downwards): ink that no text box accounts for."""
+
+    left: float
+    top: float
+    right: float
+    bottom: float
+
+
+FIGURE = "[figure]"  # the placeholder line of a figure, in the square brackets the vision prompt asks for
+
+
 _Band = tuple[float, float]  # a horizontal stretch of the page, left to right
 
 
@@ -144,15 +158,37 @@ class _Gutter:
         return sides
 
 
-def boxes_to_text(boxes: Iterable[TextBox], *, page_numbers: PageNumbers = "mark") -> str:
-    """The boxes as markdown, their lines in reading order (:func:`_markdown`)."""
+def boxes_to_text(
+    boxes: Iterable[TextBox], *, page_numbers: PageNumbers = "mark", figures: Sequence[Figure] = ()
+) -> str:
+    """The boxes as markdown, their lines in reading order (:func:`_markdown`), with a :data:`FIGURE` line where
+    each of ``figures`` falls in that order."""
     boxes = [replace(box, text=latin_punctuation(box.text)) for box in boxes]
     lines = _reading_order(boxes) if all(box.right is not None for box in boxes) else _rows(boxes)
-    return _markdown(lines, page_numbers)
+    return _markdown(lines, page_numbers, figures)
 
 
-def _markdown(lines: Sequence[_Line], page_numbers: PageNumbers) -> str:
-    """Lines in reading order as markdown; :data:`BLANK_PAGE` for none.
+def _figure_places(lines: Sequence[_Line], figures: Sequence[Figure]) -> Counter[int]:
+    """How many figures go before each line: a figure goes before the first line in reading order that starts no
+    higher than the figure and has a box beside or under it (the column it stands in), or after the last line."""
+    places: Counter[int] = Counter()
+    for figure in figures:
+        places[
+            next(
+                (
+                    index
+                    for index, line in enumerate(lines)
+                    if line.top >= figure.top
+                    and any(box.left < figure.right and _end(box) > figure.left for box in line.boxes)
+                ),
+                len(lines),
+            )
+        ] += 1
+    return places
+
+
+def _markdown(lines: Sequence[_Line], page_numbers: PageNumbers, figures: Sequence[Figure] = ()) -> str:
+    """Lines in reading order as markdown; :data:`BLANK_PAGE` for none and no figure.
 
     - A gap over PARAGRAPH_GAP median line heights becomes a blank line (never from one column to the next: the
       next column starts higher up).
@@ -163,17 +199,27 @@ def _markdown(lines: Sequence[_Line], page_numbers: PageNumbers) -> str:
     - A word hyphenated at a line's end is joined with its end on the next line of the same paragraph.
     - The page number (:func:`_furniture`) is marked as an HTML comment, ``<!-- page number: 7 -->``, or dropped
       (``page_numbers="drop"``).
+    - A figure is a :data:`FIGURE` line of its own (:func:`_figure_places`; before a table it falls into).
     """
     if not lines:
-        return BLANK_PAGE
+        return "\n\n".join([FIGURE] * len(figures)) or BLANK_PAGE
     height = statistics.median(line.bottom - line.top for line in lines)
     tables = _tables(lines, height)
     levels = _heading_levels(lines, height, tables)
     furniture = _furniture(lines, height, tables, levels)
+    places = _figure_places(lines, figures)
+    for start, (_, rows) in tables.items():
+        places[start] += sum(places.pop(index, 0) for index in range(start + 1, start + rows))
     parts: list[str] = []
     previous: _Line | None = None
     index = 0
-    while index < len(lines):
+    while index <= len(lines):
+        for _ in range(places[index]):
+            if parts and parts[-1]:
+                parts.append("")
+            parts += [FIGURE, ""]
+        if index == len(lines):
+            break
         line = lines[index]
         if previous is not None and parts[-1] and line.top - previous.bottom > PARAGRAPH_GAP * height:
             parts.append("")

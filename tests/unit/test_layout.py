@@ -1,4 +1,4 @@
-"""Markdown structure of a laid-out page: headings, lists, tables, joined hyphenation, Latin punctuation.
+"""Markdown structure of a laid-out page: headings, lists, tables, joined hyphenation, Latin punctuation, figures.
 
 The synthetic cases pin each rule; the real pages (documents nobody here wrote, rendered and read by the offline
 engine) show the rules on what the engine really returns.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from pagescribe.documents import DocumentKind, render_page
-from pagescribe.layout import TextBox, boxes_to_text, latin_punctuation
+from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.scoring import markdown_tables
@@ -255,3 +255,67 @@ def test_a_real_papers_tables_read_with_their_rows_and_columns(read) -> None:
     assert [shape for shape in markdown_tables(text) if shape[0] > 4] == [(12, 4), (6, 5)], text
     [forest] = [row for row in text.splitlines() if row.startswith("| Random Forest |")]
     assert [cell.replace(" ", "") for cell in forest.strip("| ").split(" | ")][1:] == ["96.41%", "62.4%", "62.1%-62.8%"]
+
+
+def test_a_figure_is_a_placeholder_line_where_it_stands_in_reading_order() -> None:
+    # Given two columns of running text, with a figure at the top of the right column above its text
+    left = [line(f"The left column runs on with its words {row}", 100, 100 + 24 * row, right=480) for row in range(8)]
+    right = [line(f"The right column runs on with its words {row}", 520, 400 + 24 * row, right=900) for row in range(8)]
+    figure = Figure(left=520, top=100, right=900, bottom=380)
+
+    # When the page is laid out with the figure
+    lines = boxes_to_text([*left, *right], figures=[figure]).splitlines()
+
+    # Then the figure is a line of its own between the left column and the right one
+    at = lines.index(FIGURE)
+    assert lines[at - 2 : at + 3] == [left[-1].text, "", "[figure]", "", right[0].text], lines
+    assert lines.count(FIGURE) == 1
+
+
+def test_a_page_of_a_figure_and_no_text_reads_as_the_figure_not_as_blank() -> None:
+    # Given a page with a picture and no text
+    # When it is laid out
+    # Then it reads as the figure's placeholder
+    assert boxes_to_text([], figures=[Figure(10, 10, 500, 700)]) == "[figure]"
+
+
+def test_a_figure_inside_a_table_goes_before_the_table() -> None:
+    # Given a table of three rows whose middle row stands level with a small figure in its last column
+    rows = [[line(f"name {row}", 100, 100 + 30 * row), line(f"{row}.5", 400, 100 + 30 * row)] for row in range(3)]
+    figure = Figure(left=380, top=125, right=460, bottom=160)
+
+    # When it is laid out
+    lines = boxes_to_text([box for row in rows for box in row], figures=[figure]).splitlines()
+
+    # Then the table stays whole and the figure's line comes before it
+    assert lines[:2] == [FIGURE, ""], lines
+    assert [row for row in lines if row.startswith("|")] == lines[2:], lines
+
+
+@pytest.mark.offline_ocr
+def test_a_real_papers_figures_are_placeholders_in_its_reading_order(read) -> None:
+    # Given page 2 of a two-column paper: a histogram at the top of the right column and a heat map at its bottom
+    # When the page is read
+    lines = read(DOCUMENTS / "hasyv2-paper.pdf", 2).splitlines()
+
+    # Then each figure is a placeholder line: the first after the left column's last line, the second after the
+    # right column's paragraph above the heat map
+    assert lines.count(FIGURE) == 2, lines
+    first, second = (at for at, text in enumerate(lines) if text == FIGURE)
+    assert "The block-like structure" in lines[first - 2], lines
+    assert any("corner are likely" in text for text in lines[second - 4 : second]), lines
+
+
+@pytest.mark.offline_ocr
+def test_a_real_pictures_are_figures_and_a_real_forms_rules_are_not(read) -> None:
+    # Given a page of a picture only, a Google Docs page with a small drawing beside its text, and a form of ruled
+    # boxes, shaded bars and a frame
+    picture = read(CORPUS / "grayscale-image.pdf", 1)
+    drawing = read(CORPUS / "google-doc-document.pdf", 1)
+    form = read(DOCUMENTS / "SF424_page2.pdf", 1)
+
+    # When they are read
+    # Then the picture and the drawing are a figure each, and the form has none
+    assert picture == FIGURE
+    assert drawing.count(FIGURE) == 1, drawing
+    assert FIGURE not in form, form

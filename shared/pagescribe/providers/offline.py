@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from pagescribe.layout import PageNumbers, TextBox, boxes_to_text, mean_confidence
+from pagescribe.figures import find_figures
+from pagescribe.layout import Figure, PageNumbers, TextBox, boxes_to_text, mean_confidence
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError
 
@@ -105,13 +106,15 @@ class RapidOcrProvider:
         started = loop.time()
         try:
             async with asyncio.timeout(budget_seconds):
-                boxes, rotation = await loop.run_in_executor(self._executor, self._recognise, request.image.data)
+                boxes, rotation, figures = await loop.run_in_executor(
+                    self._executor, self._recognise, request.image.data
+                )
         except TimeoutError:
             raise ProviderError(
                 f"offline OCR did not finish within the {budget_seconds:g} s budget", retryable=True
             ) from None
         return Transcription(
-            text=boxes_to_text(boxes, page_numbers=self._page_numbers),
+            text=boxes_to_text(boxes, page_numbers=self._page_numbers, figures=figures),
             finish_reason="stop",
             model=self._model,
             prompt_tokens=None,
@@ -129,9 +132,10 @@ class RapidOcrProvider:
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
         self._idle = queue.SimpleQueue()
 
-    def _recognise(self, data: bytes) -> tuple[list[TextBox], int]:
-        """Runs in a worker thread: decode, OCR with an engine no other thread is using, and the degrees clockwise
-        the image was turned to read it (:func:`_sideways`, :data:`UPSIDE_DOWN_BELOW`)."""
+    def _recognise(self, data: bytes) -> tuple[list[TextBox], int, list[Figure]]:
+        """Runs in a worker thread: decode, OCR with an engine no other thread is using, the degrees clockwise the
+        image was turned to read it (:func:`_sideways`, :data:`UPSIDE_DOWN_BELOW`), and the figures of the image
+        so turned (:func:`pagescribe.figures.find_figures`)."""
         try:
             with Image.open(io.BytesIO(data)) as encoded:
                 image = encoded.convert("RGB")
@@ -142,11 +146,12 @@ class RapidOcrProvider:
         except queue.Empty:
             engine = self._build_engine()
         try:
-            return _read_upright(engine, image) if self._orient else (_text_boxes(engine(image)), 0)
+            boxes, rotation = _read_upright(engine, image) if self._orient else (_text_boxes(engine(image)), 0)
         except Exception as exc:
             raise ProviderError(f"offline OCR failed: {type(exc).__name__}: {exc}", retryable=False) from exc
         finally:
             self._idle.put(engine)
+        return boxes, rotation, find_figures(image.rotate(-rotation, expand=True) if rotation else image, boxes)
 
     def _build_engine(self) -> RapidOCR:
         try:
