@@ -265,9 +265,10 @@ def _furniture(
     """The page's page number: its line's index to ``page number``; empty without one.
 
     It is the page's top line, first in reading order, or its bottom line, last in reading order, that reads as a
-    page number (``7``, ``- 7 -``, ``Page 7 of 9``, ``vii``), is no heading and no table's, and lies more than
-    FURNITURE_GAP median line heights away from the rest of the page's lines. Other running headers and footers are
-    not told apart: a slide's top and bottom lines are set off in the same way and are its title and its message.
+    page number (:func:`is_page_number`), is no heading and no table's, and lies more than FURNITURE_GAP median line
+    heights away from the rest of the page's lines. Running headers and footers are not told apart here: a slide's
+    top and bottom lines are set off in the same way and are its title and its message; the transcript finds them
+    by what recurs across the document's pages (:func:`pagescribe.transcripts.running_furniture`).
     """
     if len(lines) < 2:
         return {}
@@ -280,10 +281,15 @@ def _furniture(
             index not in in_tables
             and index not in levels
             and gap > FURNITURE_GAP * height
-            and _PAGE_NUMBER.fullmatch(line.text().strip())
+            and is_page_number(line.text())
         ):
             return {index: "page number"}
     return {}
+
+
+def is_page_number(text: str) -> bool:
+    """The text reads as a page number alone: ``7``, ``- 7 -``, ``Page 7 of 9``, ``vii``."""
+    return _PAGE_NUMBER.fullmatch(text.strip()) is not None
 
 
 def latin_punctuation(text: str) -> str:

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from pagescribe.aws import DocumentStore
 from pagescribe.callbacks import CallbackNotifier
 from pagescribe.checks import PageFlag, describe_flags
+from pagescribe.layout import is_page_number
 from pagescribe.settings import Settings
 from pagescribe.storage import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord, Storage
 
 log = logging.getLogger(__name__)
+
+RUNNING_EDGE = 2  # running headers and footers are among a page's first and last this many lines of text
+_HEADING_MARK = re.compile(r"^#{1,6}\s+")
+_NUMBER = re.compile(r"\d+")
 
 
 def _comment_safe(text: str) -> str:
@@ -32,13 +40,61 @@ def _page_marker(page: PageRecord, page_count: int) -> str:
     return f"<!-- page {page.page_number} of {page_count}{_comment_safe(said)} -->"
 
 
+def _running_key(line: str) -> str:
+    """What a line has in common with itself on other pages: no heading marker, numbers as ``#`` (``Page 2 of 4``),
+    whitespace collapsed, case folded."""
+    return _NUMBER.sub("#", " ".join(_HEADING_MARK.sub("", line).split())).casefold()
+
+
+def _edges(text: str) -> list[tuple[int, str]]:
+    """The page's first and last RUNNING_EDGE lines of text (no blank, comment or table line: a table's header
+    repeated on the next page stays the table's), by index and place."""
+    found = [at for at, line in enumerate(text.splitlines()) if line.strip() and line.lstrip()[:1] not in ("<", "|")]
+    return [(at, "header") for at in found[:RUNNING_EDGE]] + [
+        (at, "footer") for at in found[-RUNNING_EDGE:] if at not in found[:RUNNING_EDGE]
+    ]
+
+
+def running_furniture(texts: Sequence[str | None]) -> list[dict[int, str]]:
+    """Each page's running headers and footers: the index of the line to ``running header`` or ``running footer``
+    (``page number`` for a line that reads as one alone).
+
+    A line is one when, with its numbers taken as any number, it stands among the first (or last) RUNNING_EDGE lines
+    of text of two pages or more and of at least half of the document's pages with text: the pages are transcribed
+    one by one, and only the document shows what comes back on each of them."""
+    edges = [_edges(text or "") for text in texts]
+    lines = [(text or "").splitlines() for text in texts]
+    counts: Counter[tuple[str, str]] = Counter()
+    for page, page_edges in zip(lines, edges, strict=True):
+        counts.update({(place, _running_key(page[at])) for at, place in page_edges})
+    with_text = sum(bool(page_edges) for page_edges in edges)
+    return [
+        {
+            at: "page number" if is_page_number(page[at]) else f"running {place}"
+            for at, place in page_edges
+            if counts[place, _running_key(page[at])] >= 2 and 2 * counts[place, _running_key(page[at])] >= with_text
+        }
+        for page, page_edges in zip(lines, edges, strict=True)
+    ]
+
+
+def _marked(text: str, furniture: dict[int, str]) -> str:
+    """The text with its running headers and footers as comments: ``<!-- running header: CUI -->``."""
+    lines = text.splitlines()
+    for at, kind in furniture.items():
+        lines[at] = f"<!-- {kind}: {_comment_safe(_HEADING_MARK.sub('', lines[at]).strip())} -->"
+    return "\n".join(lines)
+
+
 def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
     """Pages in order, each opened by a marker that counts the file's own pages and names the page's flags; a page
-    that failed says why (its text, if any, is kept)."""
+    that failed says why (its text, if any, is kept). Running headers and footers (:func:`running_furniture`) are
+    marked as comments."""
     parts = [f"<!-- pagescribe document {document.document_id}: {_comment_safe(document.object_key)} -->"]
     page_count = document.source_page_count or document.page_count
-    for page in pages:
-        body = (page.text or "").strip()
+    texts = [page.text or "" for page in pages]
+    for page, text, furniture in zip(pages, texts, running_furniture(texts), strict=True):
+        body = _marked(text, furniture).strip()
         parts.append(_page_marker(page, page_count) + ("\n\n" + body if body else ""))
     return "\n\n".join(parts) + "\n"
 
@@ -62,9 +118,11 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
 def render_json(
     document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord], attempts: list[AttemptRecord]
 ) -> str:
-    """The document, its pages (the kept answer's text, model and flags) and, per page, every paid call: the
-    document's tokens and cost are the sums over all of them, kept or not."""
+    """The document, its pages (the kept answer's text, model, flags and running headers and footers) and, per
+    page, every paid call: the document's tokens and cost are the sums over all of them, kept or not."""
     by_page: dict[int, list[AttemptRecord]] = {}
+    texts = [p.text or "" for p in pages]
+    running = dict(zip((p.page_number for p in pages), running_furniture(texts), strict=True))
     for attempt in attempts:
         by_page.setdefault(attempt.page_number, []).append(attempt)
 
@@ -95,6 +153,10 @@ def render_json(
                     "text": p.text,
                     "error": p.error,
                     "flags": p.flags,
+                    "running": [
+                        {"kind": kind, "text": _HEADING_MARK.sub("", (p.text or "").splitlines()[at]).strip()}
+                        for at, kind in running[p.page_number].items()
+                    ],
                     "model": p.model,
                     "provider": p.provider,
                     "escalated": p.escalation is not None,

@@ -1,0 +1,108 @@
+"""Transcript assembly: running headers and footers are found across a document's pages and marked.
+
+The pages are the text layers of real documents nobody here wrote (a US government form, LaTeX documents), as a
+model or the offline engine would return them, page by page.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pagescribe.documents import extract_text_layer
+from pagescribe.storage import DocumentRecord, DocumentStatus, JobStatus, PageRecord
+from pagescribe.transcripts import render_json, render_markdown, running_furniture
+
+from tests.support import CORPUS
+
+DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
+FORM = DOCUMENTS / "form_dd0293.pdf"  # four pages, each headed "CUI (when filled in)"
+
+
+def pages_of(path: Path, count: int) -> list[PageRecord]:
+    return [
+        PageRecord(
+            page_number=number,
+            status=JobStatus.COMPLETED,
+            attempts=1,
+            text=extract_text_layer(path, number),
+            finish_reason="stop",
+            error=None,
+            prompt_tokens=None,
+            completion_tokens=None,
+            cost=0.0,
+            model="m",
+            provider="p",
+            provider_request_id=None,
+        )
+        for number in range(1, count + 1)
+    ]
+
+
+def document(pages: int) -> DocumentRecord:
+    return DocumentRecord(
+        document_id="doc-1",
+        bucket="b",
+        object_key="uploads/form.pdf",
+        etag="e",
+        version_id="",
+        size_bytes=1,
+        kind="pdf",
+        page_count=pages,
+        status=DocumentStatus.COMPLETED,
+        error=None,
+        model="m",
+        prompt=None,
+        pages_completed=pages,
+        pages_failed=0,
+        transcript_key=None,
+        created_at=datetime.now(UTC),
+        finished_at=None,
+    )
+
+
+def test_a_header_on_every_page_of_a_real_form_is_marked_as_a_running_header() -> None:
+    # Given the four pages of a form whose first line on each is "CUI (when filled in)"
+    pages = pages_of(FORM, 4)
+
+    # When the transcript is assembled
+    markdown = render_markdown(document(4), pages)
+    data = json.loads(render_json(document(4), DocumentStatus.COMPLETED, pages, []))
+
+    # Then that line is a running header on each page, in the markdown and in the JSON, and the body is untouched
+    assert markdown.count("<!-- running header: CUI (when filled in) -->") == 4, markdown
+    assert {"kind": "running header", "text": "CUI (when filled in)"} in data["pages"][0]["running"]
+    assert "INTIMATE PARTNER VIOLENCE/" in markdown.splitlines()
+    assert data["pages"][0]["text"] == pages[0].text  # the page's own text stays as the model gave it
+
+
+def test_a_footer_whose_page_number_changes_is_one_running_footer() -> None:
+    # Given pages whose last line is the same but for its page number, above bodies of their own
+    bodies = ["Alpha opens here\nand goes on", "Beta starts there\nthen stops", "Gamma comes last\nto end it"]
+    texts = [f"{body}\n\nReport 2026 - page {n} of 3" for n, body in enumerate(bodies, start=1)]
+
+    # When the running lines are found
+    found = running_furniture(texts)
+
+    # Then the footer is one on every page, and nothing of the body is
+    assert found == [{3: "running footer"}] * 3
+
+
+def test_page_numbers_and_one_off_lines_are_not_running_headers() -> None:
+    # Given the text layers of a four-page LaTeX document: body text and a page number at each page's end
+    texts = [page.text for page in pages_of(CORPUS / "pdflatex-4-pages.pdf", 4)]
+
+    # When the running lines are found
+    found = running_furniture(texts)
+
+    # Then only the page numbers are found, as page numbers
+    assert [set(page.values()) for page in found] == [{"page number"}] * 4
+    assert all(texts[at].splitlines()[line] == str(at + 1) for at, page in enumerate(found) for line in page)
+
+
+def test_a_single_page_has_no_running_lines() -> None:
+    # Given a document of one page
+    # When the running lines are found
+    # Then there are none: nothing can recur
+    assert running_furniture([extract_text_layer(FORM, 1)]) == [{}]
