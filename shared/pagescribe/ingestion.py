@@ -8,9 +8,10 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
-from pagescribe.documents import InvalidDocumentError, inspect_document
+from pagescribe.documents import DocumentInfo, InvalidDocumentError
 from pagescribe.settings import Settings
 from pagescribe.storage import DocumentRecord, DocumentStatus, NewDocument, Storage
 
@@ -50,12 +51,21 @@ def _selection_error(requested: tuple[int, ...] | None, page_count: int) -> str 
     return f"pages {', '.join(map(str, missing))} were requested but the document has {page_count} pages"
 
 
+class Inspector(Protocol):
+    """Opens a file to find its type and page count, where a bomb cannot take the caller down (the render pool)."""
+
+    def inspect(self, path: Path, *, max_pages: int, max_image_pixels: int) -> DocumentInfo: ...
+
+
 class Ingestor:
-    def __init__(self, settings: Settings, storage: Storage, store: DocumentStore, queue: JobQueue) -> None:
+    def __init__(
+        self, settings: Settings, storage: Storage, store: DocumentStore, queue: JobQueue, inspector: Inspector
+    ) -> None:
         self._settings = settings
         self._storage = storage
         self._store = store
         self._queue = queue
+        self._inspector = inspector
 
     def ingest(self, obj: UploadedObject) -> IngestResult:
         """Record the object as a document with its page jobs, then enqueue them (after commit).
@@ -160,5 +170,5 @@ class Ingestor:
         with tempfile.TemporaryDirectory(prefix="pagescribe-upload-") as scratch:
             path = Path(scratch) / "source"
             self._store.download(obj.bucket, obj.key, path, version_id=obj.version_id)
-            info = inspect_document(path, max_pages=max_pages, max_image_pixels=self._settings.max_image_pixels)
+            info = self._inspector.inspect(path, max_pages=max_pages, max_image_pixels=self._settings.max_image_pixels)
         return info.kind.value, info.page_count

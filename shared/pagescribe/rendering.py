@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from pagescribe.documents import (
+    DocumentInfo,
     DocumentKind,
     InvalidDocumentError,
     RenderedPage,
     TextLayer,
+    inspect_document,
     read_text_layer,
     render_page,
 )
@@ -120,6 +122,9 @@ def _handle(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     if request["op"] == "text":
         layer = read_text_layer(path, request["page_number"])
         return {"ok": {"text": layer.text, "laid_out": layer.laid_out}}, b""
+    if request["op"] == "inspect":
+        info = inspect_document(path, max_pages=request["max_pages"], max_image_pixels=request["max_image_pixels"])
+        return {"ok": {"kind": info.kind.value, "page_count": info.page_count}}, b""
     raise ValueError(f"unknown request {request['op']!r}")
 
 
@@ -354,6 +359,19 @@ class RenderPool:
         request = {"op": "text", "path": os.fspath(path), "page_number": page_number}
         result, _ = await self._request(request, f"the text of page {page_number} could not be read")
         return TextLayer(str(result["text"]), str(result["laid_out"]))
+
+    def inspect(self, path: Path, *, max_pages: int, max_image_pixels: int) -> DocumentInfo:
+        """documents.inspect_document in a worker, from a synchronous caller (the upload function): opening a file
+        to count its pages inflates whatever its cross-reference, object streams or page tree say, so a bomb fails
+        here under the pool's limits with the limit named, never in the caller's process."""
+        request = {
+            "op": "inspect",
+            "path": os.fspath(path),
+            "max_pages": max_pages,
+            "max_image_pixels": max_image_pixels,
+        }
+        result, _ = self._exchange(request, "the document could not be opened")
+        return DocumentInfo(DocumentKind(result["kind"]), int(result["page_count"]))
 
     def close(self) -> None:
         """Stop every worker and reap it. Idempotent; a request in flight fails with RenderWorkerError."""

@@ -143,7 +143,7 @@ class Runtime:
     def ingestor(self) -> Ingestor:
         from pagescribe.ingestion import Ingestor
 
-        return Ingestor(self.settings, self.storage, self.store, self.queue)
+        return Ingestor(self.settings, self.storage, self.store, self.queue, self.renderer)
 
     @cached_property
     def renderer(self) -> RenderPool:

@@ -27,7 +27,18 @@ from tests.fakes.chat_server import FakeChatServer
 from tests.support import CORPUS
 from tests.support.aws_events import LambdaContext, sqs_event
 from tests.support.database import page_rows
-from tests.support.hostile import CATALOG, bilevel_png, decompression_bomb, one_page_pdf, pdf_of, png_chunk
+from tests.support.hostile import (
+    CATALOG,
+    bilevel_png,
+    decompression_bomb,
+    lying_count_pdf,
+    many_frame_tiff,
+    object_stream_bomb,
+    one_page_pdf,
+    pdf_of,
+    png_chunk,
+    xref_stream_bomb,
+)
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -209,6 +220,12 @@ HOPELESS: list[Any] = [
         id="pdf-without-pages",
     ),
     pytest.param(
+        "loop.pdf",
+        lambda: pdf_of(CATALOG, b"<< /Type /Pages /Kids [2 0 R] /Count 1 >>"),
+        "the PDF has no pages that load (it claims 1)",
+        id="pdf-page-tree-that-contains-itself",
+    ),
+    pytest.param(
         "blank.pdf",
         lambda: blank_pdf(2000),
         "the document has 2000 pages; the limit is MAX_PAGES=500",
@@ -277,12 +294,31 @@ def test_the_same_hostile_object_delivered_again_is_recognised_not_reprocessed(
             "huge.png", lambda: bilevel_png(20_000, 20_000), "MAX_IMAGE_PIXELS=60000000", id="20000x20000-png"
         ),
         pytest.param("bomb.pdf", lambda: page_tree_bomb(100_000), "MAX_PAGES=500", id="100000-page-tree"),
+        pytest.param(
+            "objects.pdf",
+            lambda: object_stream_bomb(1536),
+            "could not be opened within RENDER_MEMORY_LIMIT_MB=",
+            id="page-tree-in-an-object-stream-of-1.5-GiB",
+        ),
+        pytest.param(
+            "xref.pdf",
+            lambda: xref_stream_bomb(1536),
+            "could not be opened within RENDER_MEMORY_LIMIT_MB=",
+            id="cross-reference-stream-of-1.5-GiB",
+        ),
+        pytest.param(
+            "frames.tiff",
+            lambda: many_frame_tiff(100_000),
+            "the document has more than 500 pages; the limit is MAX_PAGES=500",
+            id="100000-frame-tiff",
+        ),
     ],
 )
 def test_an_upload_bomb_is_refused_within_bounded_memory(
     pipeline: Pipeline, storage: Storage, name: str, build: Callable[[], bytes], reason: str
 ) -> None:
-    # Given a bomb in uploads/ (400 megapixels in 50 KB; 100,000 pages in 600 KB)
+    # Given a bomb in uploads/ (400 megapixels in 50 KB; 100,000 pages in 600 KB; a page tree in an object stream, or
+    # a cross-reference stream, inflating to 1.5 GiB from 1.5 MB; 100,000 TIFF frames in 10 MB)
     event = pipeline.put(f"uploads/{name}", build())
     # When the upload function handles it in its own execution environment
     [doc] = invoke_in_own_process(pipeline, "upload", event)["documents"]
@@ -290,6 +326,37 @@ def test_an_upload_bomb_is_refused_within_bounded_memory(
     assert doc["status"] == "FAILED" and reason in doc["error"]
     assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
     assert pipeline.receive_all() == []
+
+
+@pytest.mark.parametrize(
+    ("build", "claimed"),
+    [
+        pytest.param(lambda: lying_count_pdf(400), 400, id="one-page-claiming-400"),
+        pytest.param(
+            lambda: pdf_of(
+                CATALOG,
+                b"<< /Type /Pages /Kids [3 0 R 9 0 R] /Count 2 >>",
+                b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>",
+            ),
+            2,
+            id="second-page-dangling",
+        ),
+    ],
+)
+def test_a_page_tree_that_claims_more_pages_than_load_makes_jobs_for_the_pages_that_do(
+    pipeline: Pipeline, storage: Storage, build: Callable[[], bytes], claimed: int
+) -> None:
+    # Given a few hundred bytes of PDF with one page whose page tree claims more (its /Count, or a dangling last kid)
+    data = build()
+    assert len(pdfium.PdfDocument(data)) == claimed  # pdfium takes /Count at its word
+
+    # When it is uploaded
+    [doc] = pipeline.upload("uploads/lying.pdf", data)["documents"]
+
+    # Then it is a document of the one page that loads: one job and one message, not one per claimed page
+    assert (doc["status"], doc["pages"], doc["messages_sent"]) == ("PROCESSING", 1, 1)
+    assert len(page_rows(storage, doc["document_id"])) == 1
+    assert _document(storage, doc["document_id"])["source_page_count"] == 1
 
 
 @pytest.mark.parametrize(
@@ -413,17 +480,11 @@ PAGE_FAILURES: list[Any] = [
         "dangling.pdf",
         lambda: pdf_of(
             CATALOG,
-            b"<< /Type /Pages /Kids [3 0 R 9 0 R] /Count 2 >>",
+            b"<< /Type /Pages /Kids [9 0 R 3 0 R] /Count 2 >>",
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>",
         ),
-        [None, "page 2 could not be rendered"],
-        id="pdf-with-a-dangling-page",
-    ),
-    pytest.param(
-        "loop.pdf",
-        lambda: pdf_of(CATALOG, b"<< /Type /Pages /Kids [2 0 R] /Count 1 >>"),
-        ["page 1 could not be rendered"],
-        id="pdf-page-tree-that-contains-itself",
+        ["page 1 could not be rendered", None],
+        id="pdf-whose-first-page-dangles",
     ),
 ]
 
