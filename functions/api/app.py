@@ -159,11 +159,12 @@ def _error(code: HTTPStatus, message: str, **extra: Any) -> Response[str]:
     )
 
 
-def _gate(event: APIGatewayProxyEvent) -> dict[str, Any] | None:
+def gate(raw_event: dict[str, Any]) -> dict[str, Any] | None:
     """Refuse before any parsing or validation: oversized bodies, and requests without the API key.
 
     API Gateway checks the key in front (usage plan); this checks it again wherever API_KEY is set, so a
-    local run is protected the same way."""
+    local run is protected the same way (``pagescribe serve`` calls it before it reads a request's body)."""
+    event = APIGatewayProxyEvent(raw_event)
     refusal: tuple[HTTPStatus, str] | None = None
     expected = get_settings().api_key
     given = event.headers.get("x-api-key") or event.headers.get("X-Api-Key") or ""
@@ -341,7 +342,7 @@ def openapi_json() -> str:
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    refused = _gate(APIGatewayProxyEvent(event))
+    refused = gate(event)
     return refused if refused is not None else app.resolve(event, context)
 
 

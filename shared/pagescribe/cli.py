@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -68,9 +69,12 @@ class LocalStack:
 
 
 @contextmanager
-def local_stack(*, data_dir: Path, host: str, aws_port: int, sweep_every: float) -> Iterator[LocalStack]:
+def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterator[LocalStack]:
     """PostgreSQL (embedded unless DATABASE_URL is set), migrated; a moto server with the stack's
-    resources; the handlers loaded and their runtime warmed. Everything is stopped on the way out."""
+    resources; the handlers loaded and their runtime warmed. Everything is stopped on the way out.
+
+    The moto server answers any request without credentials, so it listens on the loopback address only, whatever
+    address ``serve`` exposes the API on."""
     embedded = not os.environ.get("DATABASE_URL")
     if embedded:
         try:
@@ -82,7 +86,7 @@ def local_stack(*, data_dir: Path, host: str, aws_port: int, sweep_every: float)
     settings.check_model_call_budget()
     settings.check_escalation()
     upgrade_database(settings.sqlalchemy_url)
-    aws = LocalAws(host=host, port=aws_port)
+    aws = LocalAws(host="127.0.0.1", port=aws_port)
     resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))
     try:
         _reload_settings()
@@ -229,7 +233,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
     _pipeline_environment(args)
-    with local_stack(data_dir=Path(args.data_dir), host="127.0.0.1", aws_port=0, sweep_every=10.0) as stack:
+    with local_stack(data_dir=Path(args.data_dir), aws_port=0, sweep_every=10.0) as stack:
         settings = stack.runtime.settings
         model = args.model or settings.model
         provider = stack.runtime.provider.name
@@ -304,7 +308,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     os.environ["TEXT_LAYER"] = "off"  # the model is what is measured: every page goes to it as an image
     _pipeline_environment(args)
-    with local_stack(data_dir=Path(args.data_dir), host="127.0.0.1", aws_port=0, sweep_every=10.0) as stack:
+    with local_stack(data_dir=Path(args.data_dir), aws_port=0, sweep_every=10.0) as stack:
         settings = stack.runtime.settings
         context = {
             "command": "pagescribe " + " ".join(shlex.quote(arg) for arg in args.argv),
@@ -351,29 +355,58 @@ def _eval(args: argparse.Namespace) -> int:
 # --- serve ------------------------------------------------------------------------------------------------
 
 
+BRIDGE_READ_TIMEOUT_SECONDS = 30.0
+
+
+def _content_length(value: str | None) -> int | None:
+    """The Content-Length header's value; 0 when there is none, None when it is not a size in ASCII digits."""
+    if value is None:
+        return 0
+    value = value.strip()
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 12 else None
+
+
+def _refusal(status: HTTPStatus, message: str) -> dict[str, Any]:
+    body = json.dumps({"message": message})
+    return {"statusCode": int(status), "headers": {"Content-Type": "application/json"}, "body": body}
+
+
 def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
     class ApiGatewayBridge(BaseHTTPRequestHandler):
         """Turns each HTTP request into an API Gateway REST proxy event for the API handler."""
 
         protocol_version = "HTTP/1.1"
+        timeout = BRIDGE_READ_TIMEOUT_SECONDS  # a client that stops sending is dropped, not waited for
 
         def _bridge(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length).decode("utf-8", errors="replace") if length else None
+            """The key is checked (the handler's own gate) before a byte of the body is read, and the body's length
+            before it is read: a refused request's body is never read, and its connection is closed."""
             url = urlsplit(self.path)
-            event = api_gateway_event(
-                self.command,
-                url.path,
-                body=body,
-                headers=dict(self.headers.items()),
-                query=dict(parse_qsl(url.query)) or None,
-            )
-            response = api.handler(event, LambdaContext(29, "pagescribe-api"))
+            headers, query = dict(self.headers.items()), dict(parse_qsl(url.query)) or None
+            refused = api.gate(api_gateway_event(self.command, url.path, headers=headers))
+            length = _content_length(self.headers.get("Content-Length"))
+            if refused is None and length is None:
+                refused = _refusal(HTTPStatus.BAD_REQUEST, "malformed Content-Length: send the body's size in bytes")
+            elif refused is None and length is not None and length > api.MAX_BODY_BYTES:
+                refused = _refusal(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body exceeds {api.MAX_BODY_BYTES} bytes"
+                )
+            if refused is not None:
+                self.close_connection = True
+                self._reply(refused, close=True)
+                return
+            body = self.rfile.read(length).decode("utf-8", errors="replace") if length else None
+            event = api_gateway_event(self.command, url.path, body=body, headers=headers, query=query)
+            self._reply(api.handler(event, LambdaContext(29, "pagescribe-api")))
+
+        def _reply(self, response: dict[str, Any], *, close: bool = False) -> None:
             payload = str(response.get("body") or "").encode("utf-8")
             self.send_response(int(response["statusCode"]))
             for name, value in (response.get("headers") or {}).items():
                 self.send_header(name, str(value))
             self.send_header("Content-Length", str(len(payload)))
+            if close:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(payload)
 
@@ -388,7 +421,7 @@ def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
 def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    with local_stack(data_dir=Path(args.data_dir), host=args.host, aws_port=args.aws_port, sweep_every=60.0) as stack:
+    with local_stack(data_dir=Path(args.data_dir), aws_port=args.aws_port, sweep_every=60.0) as stack:
         api = _handler("api")
         server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(api))
         server.daemon_threads = True
@@ -494,7 +527,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the API, S3/SQS and the functions locally")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=3000)
-    serve.add_argument("--aws-port", type=int, default=0, help="S3/SQS endpoint port (default: any free port)")
+    serve.add_argument(
+        "--aws-port",
+        type=int,
+        default=0,
+        help="S3/SQS endpoint port on 127.0.0.1 (it takes no credentials: never on another address; default: any)",
+    )
     serve.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     serve.set_defaults(run=_serve)
     return parser

@@ -60,14 +60,24 @@ class TranscriptAnswer:
     error: str | None = None
 
 
+MAX_PAGE_NUMBER = 2**31 - 1  # a page number is a PostgreSQL integer
+
+
+def _number(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes ``²`` too), and few enough of them for ``int`` to read."""
+    return text.isascii() and text.isdigit() and len(text) <= 12
+
+
 def parse_page_selection(spec: str, *, max_pages: int) -> tuple[int, ...]:
     """Pages named like "1-3,7" (1-based, inclusive ranges), sorted and without repeats."""
     pages: set[int] = set()
     for part in spec.replace(" ", "").split(","):
         first, dash, last = part.partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
+        if not _number(first) or (dash and not _number(last)):
             raise ValueError(f"invalid page selection {spec!r}: use page numbers and ranges like '1-3,7'")
         start, end = int(first), int(last) if dash else int(first)
+        if end > MAX_PAGE_NUMBER:
+            raise ValueError(f"invalid page {end} in {spec!r}: page numbers go up to {MAX_PAGE_NUMBER}")
         if start < 1 or end < start:
             raise ValueError(f"invalid page range {part!r} in {spec!r}: pages start at 1 and ranges go upwards")
         if end - start + 1 + len(pages) > max_pages:

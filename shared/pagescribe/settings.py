@@ -9,7 +9,7 @@ import types
 from functools import lru_cache
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -401,10 +401,24 @@ def database_url_from_secret(secret: str, *, host: str | None = None) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def _describe_error(error: Any) -> str:
+    """``NAME: message (got 'value')``, the value left out for a secret or a URL with credentials."""
+    name = ".".join(map(str, error["loc"]))
+    field = Settings.model_fields.get(name)
+    secret = name == "database_url" or (field is not None and SecretStr in get_args(field.annotation))
+    shown = "" if secret or name == "" else f" (got {error['input']!r})"
+    return f"{name.upper() or 'the settings'}: {error['msg']}{shown}"
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The settings of this process, validated on first use (cold start) and then reused."""
     try:
         return Settings()
+    except ValidationError as exc:
+        # Each problem by its variable, its message and the value, unless the value is a secret or holds one (a
+        # DATABASE_URL carries its password): the error, and any exception it chained to, ends up in logs.
+        problems = "; ".join(map(_describe_error, exc.errors(include_url=False, include_context=False)))
+        raise ConfigurationError(f"invalid pagescribe configuration: {problems}") from None
     except ValueError as exc:
         raise ConfigurationError(f"invalid pagescribe configuration: {exc}") from exc

@@ -21,11 +21,13 @@ log = logging.getLogger(__name__)
 RUNNING_EDGE = 2  # running headers and footers are among a page's first and last this many lines of text
 _HEADING_MARK = re.compile(r"^#{1,6}\s+")
 _NUMBER = re.compile(r"\d+")
+_DOUBLE_HYPHEN = re.compile(r"-(?=-)")
 
 
 def _comment_safe(text: str) -> str:
-    """Text that cannot end the HTML comment it is written in."""
-    return text.replace("--", "- -")
+    """Text that cannot end the HTML comment it is written in: no two hyphens side by side (``-->`` and ``--!>``
+    end a comment, and replacing ``--`` once leaves ``--->`` as ``- -->``), nor a line break (a marker is one line)."""
+    return _DOUBLE_HYPHEN.sub("- ", " ".join(text.split()))
 
 
 def _page_marker(page: PageRecord, page_count: int) -> str:

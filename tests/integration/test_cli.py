@@ -7,6 +7,7 @@ import io
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -119,6 +120,52 @@ def test_serve_is_used_like_the_deployed_stack(
         assert f"transcripts/{created['document_id']}.md" in keys
     finally:
         # When the user presses Ctrl-C, it stops cleanly
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+
+
+def _raw_request(port: int, head: str) -> bytes:
+    """Send a request's head and no body; what the server answers before the connection ends (or in 60 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
+        connection.sendall(head.encode())
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_serve_checks_the_key_and_the_length_before_reading_a_body_and_keeps_s3_on_loopback(
+    database_url: str, fake_provider: FakeChatServer, tmp_path: Path
+) -> None:
+    # Given pagescribe serve exposed on every address, with an API key
+    env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pagescribe.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        endpoints: dict[str, Any] = json.loads(server.stdout.readline())
+        port = int(endpoints["api"].rsplit(":", 1)[1])
+        post = "POST /documents HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+        # When a client announces a megabyte with a wrong key, a malformed length, or a gigabyte, and sends no body
+        wrong_key = _raw_request(port, post + "x-api-key: nope\r\nContent-Length: 1000000\r\n\r\n")
+        malformed = _raw_request(port, post + "x-api-key: local-key\r\nContent-Length: 12abc\r\n\r\n")
+        huge = _raw_request(port, post + "x-api-key: local-key\r\nContent-Length: 1000000000\r\n\r\n")
+
+        # Then each is answered at once, without waiting for the body, and the connection is closed
+        assert wrong_key.startswith(b"HTTP/1.1 403") and b"invalid API key" in wrong_key, wrong_key
+        assert malformed.startswith(b"HTTP/1.1 400") and b"Content-Length" in malformed, malformed
+        assert huge.startswith(b"HTTP/1.1 413"), huge
+        assert all(b"Connection: close" in answer for answer in (wrong_key, malformed, huge))
+        # And the S3/SQS endpoint, which takes no credentials, listens on the loopback address only
+        assert endpoints["aws_endpoint"].startswith("http://127.0.0.1:"), endpoints
+    finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from pagescribe.settings import ConfigurationError, Settings, get_settings
@@ -45,7 +46,7 @@ def test_a_function_that_never_calls_the_model_may_have_a_short_timeout() -> Non
 def test_a_non_positive_provider_timeout_is_refused(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROVIDER_TIMEOUT_SECONDS", value)
     get_settings.cache_clear()
-    with pytest.raises(ConfigurationError, match="provider_timeout_seconds"):
+    with pytest.raises(ConfigurationError, match=f"PROVIDER_TIMEOUT_SECONDS: .*\\(got '{value}'\\)"):
         get_settings()
     get_settings.cache_clear()
 
@@ -116,20 +117,20 @@ def test_an_empty_escalation_model_is_off(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize(
-    ("variable", "value", "named"),
+    ("variable", "value"),
     [
-        ("TEXT_LAYER", "sometimes", "text_layer"),
-        ("FLAG_REPETITION_THRESHOLD", "1", "flag_repetition_threshold"),
-        ("FLAG_REFUSAL_THRESHOLD", "1.5", "flag_refusal_threshold"),
-        ("FLAG_TEXT_LAYER_RECALL_THRESHOLD", "-0.1", "flag_text_layer_recall_threshold"),
+        ("TEXT_LAYER", "sometimes"),
+        ("FLAG_REPETITION_THRESHOLD", "1"),
+        ("FLAG_REFUSAL_THRESHOLD", "1.5"),
+        ("FLAG_TEXT_LAYER_RECALL_THRESHOLD", "-0.1"),
     ],
 )
-def test_a_bad_check_setting_is_refused_by_name(
-    variable: str, value: str, named: str, monkeypatch: pytest.MonkeyPatch
+def test_a_bad_check_setting_is_refused_by_name_and_value(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(variable, value)
     get_settings.cache_clear()
-    with pytest.raises(ConfigurationError, match=named):
+    with pytest.raises(ConfigurationError, match=f"{variable}: .*\\(got '{re.escape(value)}'\\)"):
         get_settings()
     get_settings.cache_clear()
 
@@ -144,3 +145,18 @@ def test_an_ocr_language_whose_model_does_not_ship_is_refused_naming_it(monkeypa
     get_settings.cache_clear()
     # Then the message names the value and the languages that ship
     assert "OCR_LANGUAGE='latin'" in str(raised.value) and "ship: ch" in str(raised.value)
+
+
+def test_a_database_url_with_a_wrong_scheme_is_refused_without_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a DATABASE_URL of another database, with a password in it
+    monkeypatch.setenv("DATABASE_URL", "mysql://app:hunter2-s3cret@db.internal:3306/pages")
+
+    # When the settings are validated at cold start
+    with pytest.raises(ConfigurationError) as raised:
+        get_settings()
+
+    # Then the error names the variable and the scheme, and neither it nor anything it chains to holds the password
+    message = str(raised.value)
+    assert "DATABASE_URL" in message and "'mysql'" in message, message
+    assert "hunter2" not in message
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

@@ -7,9 +7,11 @@ model or the offline engine would return them, page by page.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from pagescribe.documents import extract_text_layer
 from pagescribe.storage import DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.transcripts import render_json, render_markdown, running_furniture
@@ -106,3 +108,18 @@ def test_a_single_page_has_no_running_lines() -> None:
     # When the running lines are found
     # Then there are none: nothing can recur
     assert running_furniture([extract_text_layer(FORM, 1)]) == [{}]
+
+
+@pytest.mark.parametrize(
+    "key", ["uploads/a-->b.pdf", "uploads/evil--->x.pdf", "uploads/x--!>y.pdf", "uploads/x\n-->.pdf"]
+)
+def test_a_key_that_would_close_the_documents_comment_stays_inside_it(key: str) -> None:
+    # Given a document whose object key holds a comment's end
+    record = replace(document(1), object_key=key)
+
+    # When its markdown is written
+    first = render_markdown(record, pages_of(FORM, 1)).splitlines()[0]
+
+    # Then the document's marker is one comment that ends where it should
+    assert first.startswith("<!-- pagescribe document doc-1: uploads/") and first.endswith(" -->"), first
+    assert first.count("-->") == 1 and "--!>" not in first, first
