@@ -116,10 +116,12 @@ def pipeline(
     s3.create_bucket(Bucket=bucket)
     queue_url = sqs.create_queue(QueueName=f"pagescribe-jobs-{secrets.token_hex(4)}")["QueueUrl"]
     queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    failures_url = sqs.create_queue(QueueName=f"pagescribe-upload-failures-{secrets.token_hex(4)}")["QueueUrl"]
     env = {
         "DATABASE_URL": database_url,
         "BUCKET_NAME": bucket,
         "QUEUE_URL": queue_url,
+        "UPLOAD_FAILURES_QUEUE_URL": failures_url,
         "PROVIDER_BASE_URL": fake_provider.base_url,
         "MODEL": "test/vision-model",
         "FUNCTION_TIMEOUT_SECONDS": "60",
@@ -134,6 +136,14 @@ def pipeline(
     monkeypatch.delenv("PROVIDER_API_KEY", raising=False)
     shutdown_runtime()
     get_settings.cache_clear()
-    yield Pipeline(s3=s3, sqs=sqs, bucket=bucket, queue_url=queue_url, queue_arn=queue_arn, function_timeout=60)
+    yield Pipeline(
+        s3=s3,
+        sqs=sqs,
+        bucket=bucket,
+        queue_url=queue_url,
+        queue_arn=queue_arn,
+        upload_failures_url=failures_url,
+        function_timeout=60,
+    )
     shutdown_runtime()
     get_settings.cache_clear()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,10 @@ _CLIENT_CONFIG = Config(
     read_timeout=30,
     max_pool_connections=20,
 )
+# Presigned URLs signed with SigV4 in every region (botocore still signs them with SigV2 in us-east-1 and eu-west-1
+# unless told, and buckets created since June 2020 refuse SigV2), on the bucket's regional host: a SigV4 signature
+# covers the host, so a URL on the global endpoint that S3 redirects to the region would not verify there.
+_S3_CONFIG = _CLIENT_CONFIG.merge(Config(signature_version="s3v4", s3={"addressing_style": "virtual"}))
 
 
 class ObjectMissingError(LookupError):
@@ -40,7 +45,7 @@ class ObjectMissingError(LookupError):
 
 
 def s3_client() -> S3Client:
-    return boto3.client("s3", config=_CLIENT_CONFIG)
+    return boto3.client("s3", config=_S3_CONFIG)
 
 
 def sqs_client() -> SQSClient:
@@ -53,14 +58,24 @@ class DocumentStore:
     def __init__(self, client: S3Client) -> None:
         self._client = client
 
-    def download(self, bucket: str, key: str, destination: Path, *, version_id: str | None = None) -> None:
+    def download(
+        self, bucket: str, key: str, destination: Path, *, version_id: str | None = None, etag: str | None = None
+    ) -> None:
+        """The object, as it was recorded: its version when the bucket keeps versions, and only while its ETag is
+        still ``etag`` (a presigned URL's second PUT must not swap the file under a recorded document)."""
         extra: dict[str, Any] = {"VersionId": version_id} if version_id else {}
+        if etag:
+            extra["IfMatch"] = etag
         try:
-            self._client.download_file(bucket, key, str(destination), ExtraArgs=extra or None)
+            response = self._client.get_object(Bucket=bucket, Key=key, **extra)
+            with destination.open("wb") as out:
+                shutil.copyfileobj(response["Body"], out, 1 << 20)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in {"404", "NoSuchKey", "NoSuchVersion"}:
                 raise ObjectMissingError(f"s3://{bucket}/{key} no longer exists") from exc
+            if code in {"412", "PreconditionFailed"}:
+                raise ObjectMissingError(f"s3://{bucket}/{key} was replaced after it was uploaded") from exc
             raise
 
     def put_text(self, bucket: str, key: str, body: str, *, content_type: str) -> None:
@@ -138,6 +153,62 @@ class JobQueue:
                     extra={"job_id": chunk[int(failed["Id"])].job_id, "error": failed.get("Message", "")},
                 )
         return sent
+
+
+@dataclass(frozen=True)
+class FailedInvocation:
+    """One record of an asynchronously invoked function's on-failure destination: the event it gave up on."""
+
+    receipt: str
+    event: dict[str, Any]
+    error: str  # why Lambda gave up: the function's last error, or the condition (retries exhausted, too old)
+
+
+class FailedInvocations:
+    """An on-failure destination queue: Lambda writes a record there once an asynchronous invocation has failed
+    its retries (``requestContext.condition``, ``requestPayload``: the event, ``responsePayload``: the error)."""
+
+    def __init__(self, client: SQSClient, queue_url: str) -> None:
+        self._client = client
+        self._queue_url = queue_url
+
+    def receive(self, limit: int) -> list[FailedInvocation]:
+        """Up to ``limit`` records, each hidden from other readers for a minute; an unreadable one is logged and
+        given with an empty event, so that it is deleted rather than read again for ever."""
+        received: list[FailedInvocation] = []
+        while len(received) < limit:
+            response = self._client.receive_message(
+                QueueUrl=self._queue_url, MaxNumberOfMessages=min(10, limit - len(received)), VisibilityTimeout=60
+            )
+            messages = response.get("Messages", [])
+            if not messages:
+                break
+            for message in messages:
+                received.append(_failed_invocation(message["ReceiptHandle"], message.get("Body", "")))
+        return received
+
+    def delete(self, receipts: Sequence[str]) -> None:
+        for start in range(0, len(receipts), SQS_BATCH_LIMIT):
+            chunk = receipts[start : start + SQS_BATCH_LIMIT]
+            entries = [{"Id": str(i), "ReceiptHandle": receipt} for i, receipt in enumerate(chunk)]
+            response = self._client.delete_message_batch(QueueUrl=self._queue_url, Entries=entries)  # type: ignore[arg-type]
+            for failed in response.get("Failed", []):  # read again after a minute: recording it is idempotent
+                log.warning("a failed-invocation record could not be deleted", extra={"error": failed.get("Message")})
+
+
+def _failed_invocation(receipt: str, body: str) -> FailedInvocation:
+    try:
+        record = json.loads(body)
+        event = record["requestPayload"]
+        condition = str(record.get("requestContext", {}).get("condition") or "failed")
+        response = record.get("responsePayload") or {}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        log.warning("an on-failure record is not a Lambda destination record", extra={"body": body[:500]})
+        return FailedInvocation(receipt, {}, "unreadable record")
+    error = condition
+    if isinstance(response, dict) and response.get("errorMessage"):
+        error = f"{condition}: {response.get('errorType') or 'Error'}: {response['errorMessage']}"
+    return FailedInvocation(receipt, event if isinstance(event, dict) else {}, error)
 
 
 def respond_to_cloudformation(response_url: str, body: dict[str, Any]) -> None:

@@ -8,7 +8,10 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import unquote_plus
+
+from aws_lambda_powertools.utilities.data_classes import S3Event
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
 from pagescribe.documents import DocumentInfo, InvalidDocumentError
@@ -38,6 +41,22 @@ class IngestResult:
     pages: int = 0
     messages_sent: int = 0
     error: str | None = None
+
+
+def uploaded_objects(event: dict[str, Any]) -> list[UploadedObject]:
+    """The objects an S3 ``ObjectCreated`` event names, their keys URL-decoded (S3 sends them encoded: a space is
+    ``+``); a record that is not S3's is left out."""
+    return [
+        UploadedObject(
+            bucket=record.s3.bucket.name,
+            key=unquote_plus(record.s3.get_object.key),
+            size=record.s3.get_object.size,
+            etag=record.s3.get_object.etag,
+            version_id=record.s3.get_object.version_id,
+        )
+        for record in S3Event(event).records
+        if record.get("s3")
+    ]
 
 
 def _megabytes(size: int) -> str:
@@ -76,21 +95,15 @@ class Ingestor:
         if not obj.key.startswith(self._settings.upload_prefix):
             log.info("ignoring an object outside %s", self._settings.upload_prefix, extra={"key": obj.key})
             return IngestResult(obj.bucket, obj.key, None, "IGNORED")
-        pending = self._pending_document(obj)
-        new = NewDocument(
-            bucket=obj.bucket,
-            object_key=obj.key,
-            etag=obj.etag,
-            version_id=obj.version_id or "",
-            size_bytes=obj.size,
-            model=pending.model if pending else self._settings.model,
-            prompt=pending.prompt if pending else None,
-            escalation_model=pending.escalation_model if pending else self._settings.escalation_model,
-        )
+        named = self._named_document(obj)
+        pending = named if self._awaits(named, obj) else None
+        new = self._new_document(obj, pending)
         existing = self._storage.find_document(new)
         if existing is not None:
             log.info("duplicate S3 event: the object is already recorded", extra={"document_id": existing})
             return IngestResult(obj.bucket, obj.key, existing, "DUPLICATE")
+        if named is not None and pending is None:
+            return self._refused(obj, named)
 
         requested = pending.requested_pages if pending else None
         kind: str | None = None
@@ -138,21 +151,71 @@ class Ingestor:
         )
         return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.PROCESSING, len(pages), len(sent))
 
-    def _pending_document(self, obj: UploadedObject) -> DocumentRecord | None:
-        """The API-created document this upload belongs to (keys look like uploads/<document-id>/<name>)."""
+    def reject(self, obj: UploadedObject, reason: str) -> IngestResult:
+        """Record the object as a FAILED document with ``reason`` (an API document awaiting it ends FAILED), unless it
+        is already recorded: the upload function gave up on it, and its user must see why."""
+        if not obj.key.startswith(self._settings.upload_prefix):
+            return IngestResult(obj.bucket, obj.key, None, "IGNORED")
+        named = self._named_document(obj)
+        pending = named if self._awaits(named, obj) else None
+        new = self._new_document(obj, pending)
+        existing = self._storage.find_document(new)
+        if existing is not None:
+            return IngestResult(obj.bucket, obj.key, existing, "DUPLICATE")
+        if named is not None and pending is None:
+            return self._refused(obj, named)
+        created = self._storage.create_document(
+            new,
+            kind=None,
+            pages=[],
+            source_page_count=None,
+            error=reason,
+            pending_id=pending.document_id if pending else None,
+        )
+        if created.duplicate:
+            return IngestResult(obj.bucket, obj.key, created.document_id, "DUPLICATE")
+        log.error("upload failed for good: %s", reason, extra={"document_id": created.document_id, "key": obj.key})
+        return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.FAILED, error=reason)
+
+    def _new_document(self, obj: UploadedObject, pending: DocumentRecord | None) -> NewDocument:
+        return NewDocument(
+            bucket=obj.bucket,
+            object_key=obj.key,
+            etag=obj.etag,
+            version_id=obj.version_id or "",
+            size_bytes=obj.size,
+            model=pending.model if pending else self._settings.model,
+            prompt=pending.prompt if pending else None,
+            escalation_model=pending.escalation_model if pending else self._settings.escalation_model,
+        )
+
+    def _named_document(self, obj: UploadedObject) -> DocumentRecord | None:
+        """The API-created document whose prefix the object is under (uploads/<document-id>/<name>), if any."""
         candidate = obj.key[len(self._settings.upload_prefix) :].split("/", 1)[0]
         try:
             document_id = str(uuid.UUID(candidate))
         except ValueError:
             return None
-        document = self._storage.get_document(document_id)
-        if (
-            document is None
-            or document.status is not DocumentStatus.AWAITING_UPLOAD
-            or (document.bucket, document.object_key) != (obj.bucket, obj.key)
-        ):
-            return None
-        return document
+        return self._storage.get_document(document_id)
+
+    @staticmethod
+    def _awaits(document: DocumentRecord | None, obj: UploadedObject) -> bool:
+        """The document is waiting for this very object: its presigned upload has not been used yet."""
+        return (
+            document is not None
+            and document.status is DocumentStatus.AWAITING_UPLOAD
+            and (document.bucket, document.object_key) == (obj.bucket, obj.key)
+        )
+
+    def _refused(self, obj: UploadedObject, document: DocumentRecord) -> IngestResult:
+        """An object under an API document's prefix that the document does not await: its upload URL was used
+        already (or it never was the document's key, or the document has ended). It never becomes a document."""
+        error = (
+            f"{obj.key} is under the prefix of document {document.document_id}, which does not await it "
+            f"({document.status.value}): a presigned upload makes one document, once"
+        )
+        log.warning("upload refused: %s", error, extra={"document_id": document.document_id, "key": obj.key})
+        return IngestResult(obj.bucket, obj.key, document.document_id, "REFUSED", error=error)
 
     def _precheck(self, obj: UploadedObject) -> str | None:
         if obj.size == 0:
@@ -169,6 +232,6 @@ class Ingestor:
         max_pages = sys.maxsize if selected else self._settings.max_pages
         with tempfile.TemporaryDirectory(prefix="pagescribe-upload-") as scratch:
             path = Path(scratch) / "source"
-            self._store.download(obj.bucket, obj.key, path, version_id=obj.version_id)
+            self._store.download(obj.bucket, obj.key, path, version_id=obj.version_id, etag=obj.etag or None)
             info = self._inspector.inspect(path, max_pages=max_pages, max_image_pixels=self._settings.max_image_pixels)
         return info.kind.value, info.page_count

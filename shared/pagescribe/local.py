@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -132,6 +133,7 @@ class LocalResources:
     queue_url: str
     queue_arn: str
     notifications_url: str
+    upload_failures_url: str  # the upload function's on-failure destination
 
 
 class LocalAws:
@@ -167,6 +169,7 @@ class LocalAws:
             },
         )["QueueUrl"]
         notifications_url = sqs.create_queue(QueueName="pagescribe-uploads")["QueueUrl"]
+        failures_url = sqs.create_queue(QueueName="pagescribe-upload-failures")["QueueUrl"]
         s3.put_bucket_notification_configuration(
             Bucket=self._bucket,
             NotificationConfiguration={
@@ -179,11 +182,35 @@ class LocalAws:
                 ]
             },
         )
-        os.environ.update({"BUCKET_NAME": self._bucket, "QUEUE_URL": queue_url})
-        return LocalResources(endpoint, self._bucket, queue_url, _queue_arn(sqs, queue_url), notifications_url)
+        os.environ.update(
+            {"BUCKET_NAME": self._bucket, "QUEUE_URL": queue_url, "UPLOAD_FAILURES_QUEUE_URL": failures_url}
+        )
+        return LocalResources(
+            endpoint, self._bucket, queue_url, _queue_arn(sqs, queue_url), notifications_url, failures_url
+        )
 
     def stop(self) -> None:
         self._server.stop()
+
+
+UPLOAD_INVOCATIONS = 3  # Lambda's asynchronous invocation: the first and two retries (MaximumRetryAttempts 2)
+
+
+def destination_record(event: dict[str, Any], error: BaseException, invocations: int, function: str) -> dict[str, Any]:
+    """What Lambda sends to an on-failure destination when it gives up on an asynchronous invocation."""
+    return {
+        "version": "1.0",
+        "timestamp": datetime.now(UTC).isoformat(),
+        "requestContext": {
+            "requestId": str(uuid.uuid4()),
+            "functionArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{function}:$LATEST",
+            "condition": "RetriesExhausted",
+            "approximateInvokeCount": invocations,
+        },
+        "requestPayload": event,
+        "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+        "responsePayload": {"errorMessage": str(error), "errorType": type(error).__name__, "stackTrace": []},
+    }
 
 
 def _queue_arn(sqs: Any, queue_url: str) -> str:
@@ -231,7 +258,9 @@ class LambdaService:
                 log.warning("a handled message could not be deleted: %s", failure.get("Message"))
 
     def deliver_uploads(self) -> int:
-        """S3 notifications → the upload function (asynchronous invocation: a failure is retried later)."""
+        """S3 notifications → the upload function, invoked asynchronously as Lambda does: a failed invocation is
+        tried again later, and after UPLOAD_INVOCATIONS failed ones the event goes to the on-failure destination
+        as a destination record."""
         messages = self._receive(self._resources.notifications_url, 0)
         for message in messages:
             event = json.loads(message["Body"])
@@ -240,9 +269,14 @@ class LambdaService:
                 continue
             try:
                 self._upload(event, LambdaContext(120, "pagescribe-upload"))
-            except Exception:
-                log.exception("the upload function failed; the notification will be delivered again")
-                continue
+            except Exception as exc:
+                invocations = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+                if invocations < UPLOAD_INVOCATIONS:
+                    log.exception("the upload function failed; the event will be tried again")
+                    continue
+                log.exception("the upload function failed %d times; the event goes to its destination", invocations)
+                record = destination_record(event, exc, invocations, "pagescribe-upload")
+                self._sqs.send_message(QueueUrl=self._resources.upload_failures_url, MessageBody=json.dumps(record))
             self._delete(self._resources.notifications_url, [message])
         return len(messages)
 

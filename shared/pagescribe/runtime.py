@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType
 
-from pagescribe.aws import DocumentStore, JobQueue, read_secret, read_secure_parameter, s3_client, sqs_client
+from pagescribe.aws import (
+    DocumentStore,
+    FailedInvocations,
+    JobQueue,
+    read_secret,
+    read_secure_parameter,
+    s3_client,
+    sqs_client,
+)
 from pagescribe.settings import ConfigurationError, Settings, database_url_from_secret, get_settings
 
 # Each function builds only the parts it uses, so each part's module is imported where it is built: the sweeper
@@ -176,7 +184,11 @@ class Runtime:
     def sweeper(self) -> Sweeper:
         from pagescribe.sweeping import Sweeper
 
-        return Sweeper(self.settings, self.storage, self.queue, self.transcripts, self.notifier)
+        failures = self.settings.upload_failures_queue_url
+        failed_uploads = FailedInvocations(sqs_client(), failures) if failures else None
+        return Sweeper(
+            self.settings, self.storage, self.queue, self.transcripts, self.notifier, self.ingestor, failed_uploads
+        )
 
     @cached_property
     def batch_processor(self) -> WarmLoopBatchProcessor:

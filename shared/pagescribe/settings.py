@@ -131,6 +131,18 @@ class Settings(BaseSettings):
         default=None, description="When set, every API request but /health must carry it in x-api-key."
     )
     upload_url_expiry_seconds: int = Field(default=900, ge=60, le=7 * 24 * 3600)
+    upload_grace_seconds: int = Field(
+        default=900,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="A document created through the API whose file has not arrived this long after its upload URL "
+        "expired ends FAILED ('upload never arrived').",
+    )
+    upload_failures_queue_url: str | None = Field(
+        default=None,
+        description="The upload function's on-failure destination (an SQS queue), drained by the sweeper: each "
+        "event the function gave up on becomes a FAILED document with the reason.",
+    )
     callback_secret: SecretStr | None = Field(default=None, description="HMAC-SHA256 key for callbacks.")
     callback_secret_parameter: str | None = Field(
         default=None, description="SSM SecureString holding the callback HMAC key."

@@ -423,6 +423,24 @@ CLAIM_UNFINISHED_DOCUMENTS = """
     RETURNING id
     """
 
+# A document created through the API whose file never came: FAILED once its upload URL has long expired (the partial
+# index ix_documents_awaiting_upload serves it), its callback armed as for any finished document.
+EXPIRE_AWAITING_UPLOADS = """
+    WITH due AS (
+        SELECT id FROM documents
+        WHERE status = 'AWAITING_UPLOAD' AND created_at < now() - make_interval(secs => %(after_seconds)s)
+        ORDER BY created_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE documents
+    SET status = 'FAILED', error = %(error)s, finished_at = now(), updated_at = now(),
+        callback_status = CASE WHEN callback_url IS NOT NULL THEN 'PENDING' END,
+        callback_attempts = 0, callback_next_at = now(), callback_error = NULL
+    WHERE id IN (SELECT id FROM due)
+    RETURNING id
+    """
+
 
 # --- records ----------------------------------------------------------------------------------------------
 
@@ -957,6 +975,11 @@ class Storage:
     def release_unsent_jobs(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             self._rows(RELEASE_UNSENT_JOBS, {"ids": list(job_ids)})
+
+    def expire_awaiting_uploads(self, *, after_seconds: float, error: str, limit: int) -> list[str]:
+        """End as FAILED with ``error`` the documents still awaiting their upload ``after_seconds`` after creation."""
+        rows = self._rows(EXPIRE_AWAITING_UPLOADS, {"after_seconds": after_seconds, "error": error, "limit": limit})
+        return [str(r.id) for r in rows]
 
     def claim_unfinished_documents(self, *, grace_seconds: float, limit: int) -> list[str]:
         rows = self._rows(CLAIM_UNFINISHED_DOCUMENTS, {"grace_seconds": grace_seconds, "limit": limit})

@@ -1,12 +1,14 @@
-"""Sweeper: recover pages whose worker died, send jobs whose message was lost, finish orphaned documents."""
+"""Sweeper: recover pages whose worker died, send jobs whose message was lost, finish orphaned documents, and
+account for uploads that failed for good or never came."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
 
-from pagescribe.aws import JobMessage, JobQueue
+from pagescribe.aws import FailedInvocations, JobMessage, JobQueue
 from pagescribe.callbacks import CallbackNotifier
+from pagescribe.ingestion import Ingestor, uploaded_objects
 from pagescribe.settings import Settings
 from pagescribe.storage import Storage
 from pagescribe.transcripts import TranscriptWriter
@@ -22,6 +24,8 @@ class SweepReport:
     jobs_unsent: int
     documents_finished: int
     callbacks_delivered: int
+    uploads_failed: int  # objects the upload function gave up on, now FAILED documents
+    uploads_expired: int  # API documents whose file never arrived, now FAILED
 
 
 class Sweeper:
@@ -32,12 +36,16 @@ class Sweeper:
         queue: JobQueue,
         transcripts: TranscriptWriter,
         notifier: CallbackNotifier,
+        ingestor: Ingestor,
+        failed_uploads: FailedInvocations | None,
     ) -> None:
         self._settings = settings
         self._storage = storage
         self._queue = queue
         self._transcripts = transcripts
         self._notifier = notifier
+        self._ingestor = ingestor
+        self._failed_uploads = failed_uploads
 
     def sweep(self) -> SweepReport:
         """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap."""
@@ -58,7 +66,32 @@ class Sweeper:
         stuck = self._storage.claim_unfinished_documents(grace_seconds=settings.finish_grace_seconds, limit=limit)
         finished += sum(self._transcripts.finish(document_id) is not None for document_id in stuck)
 
+        uploads_failed = self._account_for_failed_uploads(limit)
+        expired = self._storage.expire_awaiting_uploads(
+            after_seconds=settings.upload_url_expiry_seconds + settings.upload_grace_seconds,
+            error="the upload never arrived: no file came before the upload URL expired "
+            f"(UPLOAD_URL_EXPIRY_SECONDS={settings.upload_url_expiry_seconds}, "
+            f"UPLOAD_GRACE_SECONDS={settings.upload_grace_seconds})",
+            limit=limit,
+        )
+
         delivered = self._notifier.deliver_due(limit=limit)
-        report = SweepReport(requeued, failed, len(sent), len(unsent), finished, delivered)
+        report = SweepReport(
+            requeued, failed, len(sent), len(unsent), finished, delivered, uploads_failed, len(expired)
+        )
         log.info("sweep done", extra=asdict(report))
         return report
+
+    def _account_for_failed_uploads(self, limit: int) -> int:
+        """Each object of each event the upload function gave up on (its on-failure destination) becomes a FAILED
+        document naming the error, unless it was recorded after all; then the record is deleted."""
+        if self._failed_uploads is None:
+            return 0
+        records = self._failed_uploads.receive(limit)
+        failed = 0
+        for record in records:
+            for uploaded in uploaded_objects(record.event):
+                reason = f"the upload function failed on this file and gave up ({record.error})"
+                failed += self._ingestor.reject(uploaded, reason).status == "FAILED"
+        self._failed_uploads.delete([record.receipt for record in records])
+        return failed

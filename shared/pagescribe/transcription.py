@@ -167,6 +167,7 @@ class SourceCache:
                 document.object_key,
                 path,
                 version_id=document.version_id or None,
+                etag=document.etag or None,
             )
             self._entries[key] = path
             self._evict()

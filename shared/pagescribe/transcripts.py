@@ -22,12 +22,13 @@ RUNNING_EDGE = 2  # running headers and footers are among a page's first and las
 _HEADING_MARK = re.compile(r"^#{1,6}\s+")
 _NUMBER = re.compile(r"\d+")
 _DOUBLE_HYPHEN = re.compile(r"-(?=-)")
+_WHITESPACE = re.compile(r"\s+")
 
 
 def _comment_safe(text: str) -> str:
     """Text that cannot end the HTML comment it is written in: no two hyphens side by side (``-->`` and ``--!>``
     end a comment, and replacing ``--`` once leaves ``--->`` as ``- -->``), nor a line break (a marker is one line)."""
-    return _DOUBLE_HYPHEN.sub("- ", " ".join(text.split()))
+    return _DOUBLE_HYPHEN.sub("- ", _WHITESPACE.sub(" ", text))
 
 
 def _page_marker(page: PageRecord, page_count: int) -> str:

@@ -16,6 +16,7 @@ import pytest
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
+from sqlalchemy import text
 
 from functions.api import app as api_app
 from tests.fakes.chat_server import FakeChatServer, Ok, Status
@@ -238,3 +239,31 @@ def test_the_committed_openapi_document_matches_the_code() -> None:
     assert json.loads(committed) == json.loads(api_app.openapi_json()), (
         "docs/openapi.json is stale: regenerate it with `.venv/bin/python -m functions.api.app > docs/openapi.json`"
     )
+
+
+def test_a_presigned_url_makes_one_document_and_a_second_put_never_swaps_its_file(
+    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+) -> None:
+    # Given a document created through the API and its file PUT to the presigned URL
+    code, created = call("POST", "/documents", body={"filename": "a.pdf", "content_type": "application/pdf"})
+    assert code == 201
+    [first] = upload_through_presigned_url(api, created, (corpus / "pdflatex-4-pages.pdf").read_bytes())["documents"]
+    assert first["status"] == "PROCESSING"
+
+    # When the same URL is used again, twice, with other files, before the pages are transcribed
+    again = [
+        upload_through_presigned_url(api, created, (corpus / name).read_bytes())["documents"][0]
+        for name in ("multicolumn.pdf", "minimal-document.pdf")
+    ]
+
+    # Then neither PUT becomes a document: each is refused, naming the document that owns the prefix
+    assert [doc["status"] for doc in again] == ["REFUSED", "REFUSED"]
+    assert {doc["document_id"] for doc in again} == {created["document_id"]}
+    with storage.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
+    # And the recorded document is never transcribed from the file that replaced its own: its pages fail, saying so
+    api.run_until_idle()
+    status = call("GET", f"/documents/{created['document_id']}")[1]
+    assert status["status"] == "FAILED" and status["pages"]["FAILED"] == 4, status
+    assert "was replaced after it was uploaded" in json.dumps(status)
+    assert fake_provider.calls == 0

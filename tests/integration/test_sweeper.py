@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pagescribe.local import SCHEDULED_EVENT
+from pagescribe.local import SCHEDULED_EVENT, UPLOAD_INVOCATIONS, LambdaService, LocalResources
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import PageOutcome, Storage
+from sqlalchemy import text
 
+from functions.api import app as api_app
+from functions.upload import app as upload_app
 from tests.conftest import both_servers
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok
-from tests.support.aws_events import sqs_event
+from tests.support.aws_events import LambdaContext, api_event, sqs_event
 from tests.support.database import page_rows
 from tests.support.pipeline import Pipeline
 
@@ -145,3 +151,83 @@ def test_a_document_whose_finisher_died_is_finished(
     markdown, js = pipeline.transcript(doc["document_id"])
     assert js["status"] == "COMPLETED" and "hello" in markdown
     assert pipeline.sweep()["documents_finished"] == 0
+
+
+def test_an_upload_the_function_gave_up_on_becomes_a_failed_document_not_a_lost_one(
+    pipeline: Pipeline, storage: Storage, database_url: str, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an S3 notification for an upload, delivered as Lambda delivers asynchronous events (three tries, then
+    # the on-failure destination), while the upload function cannot reach its database
+    event = pipeline.put("uploads/during the outage.pdf", corpus / "pdflatex-4-pages.pdf")
+    notifications = pipeline.sqs.create_queue(QueueName="notifications", Attributes={"VisibilityTimeout": "0"})
+    pipeline.sqs.send_message(QueueUrl=notifications["QueueUrl"], MessageBody=json.dumps(event))
+    resources = LocalResources(
+        os.environ["AWS_ENDPOINT_URL"],
+        pipeline.bucket,
+        pipeline.queue_url,
+        pipeline.queue_arn,
+        notifications["QueueUrl"],
+        pipeline.upload_failures_url,
+    )
+    service = LambdaService(
+        resources, upload=upload_app.handler, transcribe=_unused, sweeper=_unused, transcribe_timeout=60
+    )
+    with socket.socket() as unused_port:
+        unused_port.bind(("127.0.0.1", 0))
+        dead = f"postgresql://postgres@127.0.0.1:{unused_port.getsockname()[1]}/none?connect_timeout=2"
+    _reconfigure(monkeypatch, DATABASE_URL=dead)
+
+    # When the function fails on it every time, until Lambda gives up
+    for _ in range(UPLOAD_INVOCATIONS):
+        assert service.deliver_uploads() == 1
+    assert service.deliver_uploads() == 0  # given up: nothing is delivered again
+
+    # And the database is back and the sweeper runs
+    _reconfigure(monkeypatch, DATABASE_URL=database_url)
+    report = pipeline.sweep()
+
+    # Then the upload is a FAILED document that says the function gave up and why, and the record is gone
+    assert report["uploads_failed"] == 1
+    with storage.engine.connect() as conn:
+        row = conn.execute(text("SELECT status, error, object_key FROM documents")).mappings().one()
+    assert (row["status"], row["object_key"]) == ("FAILED", "uploads/during the outage.pdf")
+    assert "the upload function failed on this file and gave up (RetriesExhausted: OperationalError" in row["error"]
+    assert pipeline.sqs.receive_message(QueueUrl=pipeline.upload_failures_url).get("Messages", []) == []
+    # And sweeping again records nothing twice
+    assert pipeline.sweep()["uploads_failed"] == 0
+
+
+def test_a_document_whose_file_never_arrives_ends_failed_and_a_late_file_is_refused(
+    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a document created through the API whose upload URL has expired, and the grace after it gone by
+    _reconfigure(monkeypatch, UPLOAD_URL_EXPIRY_SECONDS="60", UPLOAD_GRACE_SECONDS="30")
+    created = api_app.handler(
+        api_event("POST", "/documents", body=json.dumps({"filename": "late.pdf", "content_type": "application/pdf"})),
+        LambdaContext(29),
+    )
+    document_id = json.loads(created["body"])["document_id"]
+    with storage.engine.begin() as conn:  # the clock moves on: the document was created 91 s ago
+        conn.execute(
+            text("UPDATE documents SET created_at = now() - interval '91 seconds' WHERE id = :id"), {"id": document_id}
+        )
+
+    # When the sweeper runs
+    report = pipeline.sweep()
+
+    # Then the document is FAILED, saying that the upload never arrived
+    assert report["uploads_expired"] == 1
+    document = storage.get_document(document_id)
+    assert document is not None and document.status.value == "FAILED"
+    assert "the upload never arrived" in (document.error or "")
+
+    # And a file PUT under its key afterwards is refused: no second, hidden document is made of it
+    [late] = pipeline.upload(f"uploads/{document_id}/late.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
+    assert late["status"] == "REFUSED" and late["document_id"] == document_id
+    with storage.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
+    assert pipeline.receive_all() == []
+
+
+def _unused(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    raise AssertionError("only the upload function is invoked here")

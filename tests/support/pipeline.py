@@ -26,6 +26,7 @@ class Pipeline:
     bucket: str
     queue_url: str
     queue_arn: str
+    upload_failures_url: str  # the upload function's on-failure destination, which the sweeper drains
     function_timeout: float = 60.0
 
     def put(self, key: str, data: bytes | Path) -> dict[str, Any]:

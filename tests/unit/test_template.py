@@ -1237,3 +1237,34 @@ def test_the_dashboard_shows_a_metric_per_flag(template: dict[str, Any]) -> None
     shown = {fields[1] for _, fields, _ in _dashboard_metrics(body) if fields[0] == "Pagescribe"}
     # Then every flag's metric, as the code names it, is on it, with escalations and rejections
     assert {flag_metric(flag) for flag in Flag} | {"PagesEscalated", "PagesRejected"} <= shown
+
+
+def test_an_upload_event_the_function_gives_up_on_goes_to_a_queue_the_sweeper_drains_under_an_alarm(
+    template: dict[str, Any],
+) -> None:
+    # Given the upload function's asynchronous invocation settings
+    invoke = _properties(template, "UploadFunction")["EventInvokeConfig"]
+
+    # Then a failed event goes, after its retries, to the failures queue
+    assert invoke["DestinationConfig"]["OnFailure"] == {
+        "Type": "SQS",
+        "Destination": {"Fn::GetAtt": ["UploadFailuresQueue", "Arn"]},
+    }
+    assert _resource(template, "UploadFailuresQueue")["Type"] == "AWS::SQS::Queue"
+    # And the sweeper is told that queue and may read and delete from it
+    assert _environment(template, "SweeperFunction")["UPLOAD_FAILURES_QUEUE_URL"] == {"Ref": "UploadFailuresQueue"}
+    drains = [
+        s
+        for p in _properties(template, "SweeperFunction")["Policies"]
+        if isinstance(p, dict)
+        for s in p.get("Statement", [])
+        if s.get("Resource") == {"Fn::GetAtt": ["UploadFailuresQueue", "Arn"]}
+    ]
+    assert [set(s["Action"]) for s in drains] == [{"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:DeleteMessageBatch"}]
+    # And an alarm fires whenever a record lands there
+    [alarm] = [
+        a
+        for a in _alarms(template)
+        if a.get("Dimensions") == [{"Name": "QueueName", "Value": {"Fn::GetAtt": ["UploadFailuresQueue", "QueueName"]}}]
+    ]
+    assert (alarm["MetricName"], alarm["Statistic"], alarm["Threshold"]) == ("NumberOfMessagesSent", "Sum", 0)

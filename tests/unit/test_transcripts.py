@@ -100,7 +100,7 @@ def test_page_numbers_and_one_off_lines_are_not_running_headers() -> None:
 
     # Then only the page numbers are found, as page numbers
     assert [set(page.values()) for page in found] == [{"page number"}] * 4
-    assert all(texts[at].splitlines()[line] == str(at + 1) for at, page in enumerate(found) for line in page)
+    assert all((texts[at] or "").splitlines()[line] == str(at + 1) for at, page in enumerate(found) for line in page)
 
 
 def test_a_single_page_has_no_running_lines() -> None:
