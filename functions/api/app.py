@@ -19,7 +19,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pagescribe.runtime import get_runtime
-from pagescribe.service import NewUpload, RequestError, TranscriptFormat
+from pagescribe.service import NewUpload, RequestError, RetryLimitError, TranscriptFormat
 from pagescribe.settings import get_settings
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
@@ -274,11 +274,15 @@ def get_transcript(
     responses={
         202: {"description": "Requeued", "content": {"application/json": {"model": RetryResponse}}},
         409: {"description": "No failed pages", "content": _ERROR_CONTENT},
+        429: {"description": "The document has used its retries (MAX_DOCUMENT_RETRIES)", "content": _ERROR_CONTENT},
         **_NOT_FOUND,
     },
 )
 def retry_document(document_id: str) -> RetryResponse:
-    pages = get_runtime().documents.retry(document_id)
+    try:
+        pages = get_runtime().documents.retry(document_id)
+    except RetryLimitError as exc:
+        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
     if pages is None:
         raise _not_found()
     if not pages:

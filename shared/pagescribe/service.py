@@ -26,6 +26,10 @@ class RequestError(ValueError):
         self.field = field
 
 
+class RetryLimitError(Exception):
+    """The document has used its retries (MAX_DOCUMENT_RETRIES)."""
+
+
 @dataclass(frozen=True)
 class NewUpload:
     filename: str
@@ -137,6 +141,14 @@ class DocumentService:
                 "so that callbacks can be signed",
                 field="callback_url",
             )
+        allowed = self._settings.model_allow_list
+        for name, chosen in (("model", upload.model), ("escalation_model", upload.escalation_model)):
+            if chosen and chosen not in allowed:
+                raise RequestError(
+                    f"{name} {chosen!r} is not allowed on this stack; allowed: {', '.join(sorted(allowed))} "
+                    "(the operator sets ALLOWED_MODELS)",
+                    field=name,
+                )
         escalation_model = self._escalation_model(upload)
         bucket = self._settings.require("bucket_name")
         document_id = str(uuid.uuid4())
@@ -198,7 +210,13 @@ class DocumentService:
         document = self._document(document_id)
         if document is None:
             return None
-        retried = self._storage.retry_failed_pages(document.document_id)
+        limit = self._settings.max_document_retries
+        if document.retries >= limit:
+            raise RetryLimitError(
+                f"the document's failed pages were retried {document.retries} times; the limit is "
+                f"MAX_DOCUMENT_RETRIES={limit}"
+            )
+        retried = self._storage.retry_failed_pages(document.document_id, max_retries=limit)
         sent = self._queue.send([JobMessage(job_id, document.document_id, page) for job_id, page in retried])
         self._storage.mark_enqueued(sent)
         return [page for _, page in retried]

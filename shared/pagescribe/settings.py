@@ -115,6 +115,14 @@ class Settings(BaseSettings):
     page_concurrency: int = Field(default=10, ge=1, le=100)
 
     max_attempts: int = Field(default=3, ge=1)
+    max_document_retries: int = Field(
+        default=3, ge=0, le=100, description="How many times POST /retry may requeue one document's failed pages."
+    )
+    allowed_models: str | None = Field(
+        default=None,
+        description="Models an API caller may name (model, escalation_model), comma-separated; by default MODEL "
+        "and ESCALATION_MODEL only: every other model on the provider account is refused.",
+    )
     resend_after_seconds: float = Field(
         default=1800.0, gt=900, description="A QUEUED job sent this long ago without progress is sent again."
     )
@@ -276,6 +284,13 @@ class Settings(BaseSettings):
                 f"ESCALATION_MODEL={self.escalation_model!r} needs a vision model provider (PROVIDER_API_KEY or "
                 "PROVIDER_BASE_URL); the offline OCR engine has no stronger model to ask"
             )
+
+    @property
+    def model_allow_list(self) -> frozenset[str]:
+        """The models API callers may name: ALLOWED_MODELS, else MODEL and ESCALATION_MODEL."""
+        if self.allowed_models:
+            return frozenset(name.strip() for name in self.allowed_models.split(",") if name.strip())
+        return frozenset(name for name in (self.model, self.escalation_model) if name)
 
     def render_worker_count(self) -> int:
         """RENDER_WORKERS, or the default: what the function's memory holds beside the handler's own process."""

@@ -243,7 +243,7 @@ REQUEUE_JOB = """
 GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
-           filename, requested_pages, callback_url, callback_status, callback_error
+           filename, requested_pages, callback_url, callback_status, callback_error, retries
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
 
@@ -269,21 +269,26 @@ PAGE_ISSUES = """
     """
 
 # Only FAILED pages go back, with a fresh set of attempts; the document is unfinished again.
+# Bounded per document: the document's row is locked first (a concurrent retry waits, then finds the count moved on
+# and no FAILED page left), and the count goes up only when pages were requeued.
 RETRY_FAILED_PAGES = (
     """
-    WITH retried AS (
+    WITH allowed AS (
+        SELECT id FROM documents WHERE id = %(document_id)s AND retries < %(max_retries)s FOR UPDATE
+    ),
+    retried AS (
         UPDATE jobs
         SET status = 'QUEUED', attempts = 0, error = NULL,"""
     + ",".join(f" {column} = NULL" for column in _ANSWER_COLUMNS)
     + """, flags = '[]'::jsonb, lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
             completed_at = NULL, updated_at = now()
-        WHERE document_id = %(document_id)s AND status = 'FAILED'
+        WHERE document_id = %(document_id)s AND status = 'FAILED' AND EXISTS (SELECT 1 FROM allowed)
         RETURNING id, page_number
     ),
     reopened AS (
         UPDATE documents
         SET pages_failed = pages_failed - (SELECT count(*) FROM retried), status = 'PROCESSING', error = NULL,
-            finished_at = NULL, callback_status = NULL, updated_at = now()
+            finished_at = NULL, callback_status = NULL, retries = retries + 1, updated_at = now()
         WHERE id = %(document_id)s AND EXISTS (SELECT 1 FROM retried)
         RETURNING id
     )
@@ -505,6 +510,7 @@ class DocumentRecord:
     callback_error: str | None = None
     escalation_model: str | None = None
     source_page_count: int | None = None  # pages in the file; page_count counts the pages asked for
+    retries: int = 0  # how many times POST /retry requeued its failed pages
 
 
 @dataclass(frozen=True)
@@ -725,6 +731,7 @@ def _document(row: Any) -> DocumentRecord:
         callback_url=row.callback_url,
         callback_status=row.callback_status,
         callback_error=row.callback_error,
+        retries=row.retries,
     )
 
 
@@ -870,9 +877,10 @@ class Storage:
         rows = self._rows(PAGE_ISSUES, {"document_id": document_id, "limit": limit})
         return [PageIssue(r.page_number, JobStatus(r.status), r.attempts, r.error, r.flags, r.escalated) for r in rows]
 
-    def retry_failed_pages(self, document_id: str) -> list[tuple[str, int]]:
-        """Requeue the FAILED pages of a document: (job id, page) of each, to be sent after this commit."""
-        rows = self._rows(RETRY_FAILED_PAGES, {"document_id": document_id})
+    def retry_failed_pages(self, document_id: str, *, max_retries: int) -> list[tuple[str, int]]:
+        """Requeue the FAILED pages of a document retried fewer than ``max_retries`` times: (job id, page) of each, to
+        be sent after this commit; none when it has none or has used its retries."""
+        rows = self._rows(RETRY_FAILED_PAGES, {"document_id": document_id, "max_retries": max_retries})
         return [(str(r.id), r.page_number) for r in rows]
 
     def claim_due_callbacks(self, *, limit: int, document_id: str | None = None) -> list[DueCallback]:

@@ -267,3 +267,61 @@ def test_a_presigned_url_makes_one_document_and_a_second_put_never_swaps_its_fil
     assert status["status"] == "FAILED" and status["pages"]["FAILED"] == 4, status
     assert "was replaced after it was uploaded" in json.dumps(status)
     assert fake_provider.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "model"),
+    [("model", "anthropic/claude-opus-4"), ("escalation_model", "openai/o3-pro")],
+)
+def test_a_caller_cannot_name_a_model_the_operator_did_not_allow(api: Pipeline, field: str, model: str) -> None:
+    # Given a stack with its configured model (test/vision-model) and no ALLOWED_MODELS
+    # When a caller names another model on the operator's provider account
+    code, answer = call(
+        "POST", "/documents", body={"filename": "a.pdf", "content_type": "application/pdf", field: model}
+    )
+
+    # Then the request is refused, naming the field, the model and what is allowed; nothing is recorded
+    assert code == 422, answer
+    assert field in json.dumps(answer) and model in json.dumps(answer) and "test/vision-model" in json.dumps(answer)
+
+
+def test_models_the_operator_allows_may_be_named(api: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given ALLOWED_MODELS naming a second model
+    monkeypatch.setenv("ALLOWED_MODELS", "test/vision-model, test/bigger-model")
+    shutdown_runtime()
+    get_settings.cache_clear()
+
+    # When a caller names it
+    body = {"filename": "a.pdf", "content_type": "application/pdf", "model": "test/bigger-model"}
+    code, created = call("POST", "/documents", body=body)
+
+    # Then the document is created
+    assert code == 201, created
+
+
+def test_a_document_is_retried_at_most_max_document_retries_times(
+    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a stack allowing two retries per document, and a page the provider always refuses
+    monkeypatch.setenv("MAX_DOCUMENT_RETRIES", "2")
+    shutdown_runtime()
+    get_settings.cache_clear()
+    fake_provider.set_default(Status(400, "unreadable page"))
+    code, created = call("POST", "/documents", body={"filename": "a.png", "content_type": "image/png"})
+    assert code == 201
+    upload_through_presigned_url(api, created, (corpus / "smile.png").read_bytes())
+    api.run_until_idle()
+    document_id = created["document_id"]
+
+    # When the caller retries it again and again
+    answers = []
+    for _ in range(3):
+        answers.append(call("POST", f"/documents/{document_id}/retry"))
+        api.run_until_idle()
+
+    # Then the first two are accepted, the third refused with 429 naming the limit, and no more model calls follow
+    assert [code for code, _ in answers] == [202, 202, 429]
+    assert "MAX_DOCUMENT_RETRIES=2" in answers[2][1]["message"]
+    assert fake_provider.calls == 3  # the first delivery and two retries, each one attempt (a 400 is not retried)
+    document = storage.get_document(document_id)
+    assert document is not None and document.retries == 2

@@ -368,6 +368,48 @@ def test_a_pending_escalation_survives_a_requeue_and_is_claimed_with_its_flags(s
     assert again is not None and again.escalation_pending and again.flags == (REPETITION,)
     # And a user's retry of a failed page starts its answer afresh but never its escalation
     assert storage.fail_job(again, "still looping", _flagged("loop", REPETITION)) is not None
-    assert storage.retry_failed_pages(job.document_id) == [(job_id, 1)]
+    assert storage.retry_failed_pages(job.document_id, max_retries=3) == [(job_id, 1)]
     [page] = storage.load_pages(job.document_id)
     assert (page.status, page.escalation, page.text, page.flags) == (JobStatus.QUEUED, "DONE", None, [])
+
+
+def test_concurrent_retries_of_a_document_requeue_its_pages_once_and_count_once(storage: Storage) -> None:
+    # Given a document with three failed pages
+    created = storage.create_document(_new("uploads/retry.pdf"), kind="pdf", pages=[1, 2, 3])
+    for job_id in created.job_ids:
+        job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+        assert job is not None and storage.fail_job(job, "refused") is not None
+
+    # When eight callers retry it at once
+    start = threading.Barrier(8)
+    results: list[list[tuple[str, int]]] = []
+
+    def retry() -> None:
+        start.wait()
+        results.append(storage.retry_failed_pages(created.document_id, max_retries=5))
+
+    threads = [threading.Thread(target=retry) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    # Then exactly one requeued the three pages, the count of retries went up once, and the page counts add up
+    assert sorted(len(result) for result in results) == [0] * 7 + [3]
+    document = storage.get_document(created.document_id)
+    assert document is not None and (document.retries, document.pages_failed) == (1, 0)
+
+
+def test_a_document_that_used_its_retries_is_not_requeued(storage: Storage) -> None:
+    # Given a document with a failed page, retried once already under a limit of one
+    created = storage.create_document(_new("uploads/limit.pdf"), kind="pdf", pages=[1])
+    [job_id] = created.job_ids
+    for _ in range(2):
+        job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=9)
+        assert job is not None and storage.fail_job(job, "refused") is not None
+        retried = storage.retry_failed_pages(created.document_id, max_retries=1)
+
+    # Then the second retry requeued nothing, and the page stays FAILED
+    assert retried == []
+    [page] = storage.load_pages(created.document_id)
+    assert page.status is JobStatus.FAILED
