@@ -1,18 +1,33 @@
 """Completion callbacks: a signed JSON summary POSTed to the document's callback_url, retried with backoff.
 
-The body is signed with HMAC-SHA256 under the configured secret; the hex digest travels in
-``X-Pagescribe-Signature: sha256=<hex>``. A callback that keeps failing is recorded as FAILED on the
-document; it never changes the document's own status.
+Each delivery carries ``X-Pagescribe-Timestamp`` (Unix seconds) and ``X-Pagescribe-Delivery`` (an id unique to the
+attempt), and ``X-Pagescribe-Signature: sha256=<hex>``, the HMAC-SHA256 under the secret of ``<timestamp>.<delivery
+id>.<body>``: a receiver checks the signature, refuses a timestamp more than a few minutes old and a delivery id it
+has seen (docs/security.md has the check). A callback that keeps failing is recorded as FAILED on the document; it
+never changes the document's own status.
+
+What a receiver can do to the sender is bounded: the host is resolved once, checked (no loopback, private,
+link-local or transition addresses that embed them, unless CALLBACK_ALLOW_PRIVATE_NETWORKS), and the connection goes
+to the address that was checked; the answer is read up to MAX_ANSWER_BYTES and the connection dropped; the whole
+delivery, from resolving to the last byte read, has CALLBACK_DEADLINE_SECONDS; the deliveries of a round run
+concurrently, CALLBACK_CONCURRENCY at a time, so a slow receiver delays nobody else's; and a callback is tried at most
+CALLBACK_MAX_ATTEMPTS times, even when the process delivering it dies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import httpx
 
@@ -23,85 +38,181 @@ from pagescribe.storage import DueCallback, Storage
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Pagescribe-Signature"
+TIMESTAMP_HEADER = "X-Pagescribe-Timestamp"
+DELIVERY_HEADER = "X-Pagescribe-Delivery"
 RETRY_BASE_SECONDS = 30.0
+MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer, read before the connection is dropped
+# IPv6 forms that carry an IPv4 address or reach one through a gateway: NAT64 (well-known and local-use prefixes),
+# IPv4-compatible (deprecated), IPv4-mapped, 6to4 and Teredo. A callback to any of them could reach an internal
+# IPv4 address however public the IPv6 address looks.
+_TRANSITION_NETWORKS = tuple(
+    ipaddress.IPv6Network(network)
+    for network in ("64:ff9b::/96", "64:ff9b:1::/48", "::/96", "::ffff:0:0/96", "2002::/16", "2001::/32")
+)
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+def sign(secret: bytes, timestamp: str, delivery: str, body: bytes) -> str:
+    """The signature header's value: HMAC-SHA256 of ``<timestamp>.<delivery id>.<body>``."""
+    message = timestamp.encode() + b"." + delivery.encode() + b"." + body
+    return "sha256=" + hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def public_address(address: str) -> bool:
+    """The address is on the public internet: global, and no IPv6 transition form that embeds an IPv4 one."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and any(ip in network for network in _TRANSITION_NETWORKS):
+        return False
+    return ip.is_global
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """The host's addresses (an address given as the host is itself), once."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+@dataclass(frozen=True)
+class _Delivery:
+    callback: DueCallback
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    error: str | None  # None: delivered
+    final: bool = False  # trying again cannot help (a refused address)
 
 
 class CallbackNotifier:
-    def __init__(self, settings: Settings, storage: Storage, secret: bytes | None, client: httpx.Client) -> None:
+    def __init__(
+        self, settings: Settings, storage: Storage, secret: bytes | None, *, resolver: Resolver = resolve
+    ) -> None:
         self._settings = settings
         self._storage = storage
         self._secret = secret
-        self._client = client
+        self._resolve = resolver
 
     def deliver_due(self, *, document_id: str | None = None, limit: int = 50) -> int:
-        """Deliver the callbacks that are due (or just this document's); return how many were delivered."""
-        due = self._storage.claim_due_callbacks(limit=limit, document_id=document_id)
-        return sum(self._deliver(callback) for callback in due)
+        """Deliver the callbacks that are due (or just this document's), concurrently; return how many were
+        delivered. Callbacks claimed CALLBACK_MAX_ATTEMPTS times and never recorded (their deliverer died) end
+        FAILED first."""
+        settings = self._settings
+        self._storage.abandon_callbacks(max_attempts=settings.callback_max_attempts)
+        due = self._storage.claim_due_callbacks(
+            limit=limit, document_id=document_id, max_attempts=settings.callback_max_attempts
+        )
+        deliveries = [delivery for delivery in map(self._prepare, due) if delivery is not None]
+        if not deliveries:
+            return 0
+        outcomes = _run(self._deliver_all(deliveries))
+        for delivery, outcome in zip(deliveries, outcomes, strict=True):
+            self._record(delivery.callback, outcome)
+        return sum(outcome.error is None for outcome in outcomes)
 
-    def _deliver(self, callback: DueCallback) -> bool:
+    def _prepare(self, callback: DueCallback) -> _Delivery | None:
         document = self._storage.get_document(callback.document_id)
         if document is None:
-            return False
+            return None
         body = json.dumps(
             {"event": "document.finished", **describe_document(self._storage, document)}, ensure_ascii=False
         ).encode("utf-8")
-        headers = {"Content-Type": "application/json", "User-Agent": "pagescribe-callback"}
+        timestamp, delivery = str(int(time.time())), str(uuid.uuid4())
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "pagescribe-callback",
+            TIMESTAMP_HEADER: timestamp,
+            DELIVERY_HEADER: delivery,
+        }
         if self._secret is not None:
-            headers[SIGNATURE_HEADER] = sign(self._secret, body)
+            headers[SIGNATURE_HEADER] = sign(self._secret, timestamp, delivery, body)
+        return _Delivery(callback, body, headers)
+
+    async def _deliver_all(self, deliveries: Sequence[_Delivery]) -> list[_Outcome]:
+        settings = self._settings
+        slots = asyncio.Semaphore(settings.callback_concurrency)
+        timeout = httpx.Timeout(settings.callback_timeout_seconds)
+        async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
+
+            async def one(delivery: _Delivery) -> _Outcome:
+                async with slots:
+                    try:
+                        async with asyncio.timeout(settings.callback_deadline_seconds):
+                            return await self._deliver(client, delivery)
+                    except TimeoutError:
+                        return _Outcome(
+                            "no complete answer within "
+                            f"CALLBACK_DEADLINE_SECONDS={settings.callback_deadline_seconds:g}"
+                        )
+
+            return list(await asyncio.gather(*(one(delivery) for delivery in deliveries)))
+
+    async def _deliver(self, client: httpx.AsyncClient, delivery: _Delivery) -> _Outcome:
+        url = httpx.URL(delivery.callback.url)
+        host = url.host
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            addresses = await self._resolve(host, port)
+        except OSError as exc:
+            return _Outcome(f"callback host {host!r} cannot be resolved: {exc}")
+        if not addresses:
+            return _Outcome(f"callback host {host!r} has no address")
+        if not self._settings.callback_allow_private_networks:
+            for address in addresses:
+                if not public_address(address):
+                    return _Outcome(
+                        f"callback host {host!r} resolves to {address}, which is not a public address; "
+                        "set CALLBACK_ALLOW_PRIVATE_NETWORKS=true to allow it",
+                        final=True,
+                    )
+        # The connection goes to the address just checked: resolving the name again could answer otherwise.
+        pinned = url.copy_with(host=addresses[0])
+        headers = {**delivery.headers, "Host": url.netloc.decode("ascii")}
+        extensions = {"sni_hostname": host} if url.scheme == "https" else {}
+        try:
+            async with client.stream(
+                "POST", pinned, content=delivery.body, headers=headers, extensions=extensions
+            ) as response:
+                read = 0
+                async for chunk in response.aiter_raw():
+                    read += len(chunk)
+                    if read >= MAX_ANSWER_BYTES:
+                        break  # leaving the block drops the connection: the rest is never read
+        except httpx.HTTPError as exc:
+            return _Outcome(f"{type(exc).__name__}: {exc}")
+        return _Outcome(None if response.is_success else f"HTTP {response.status_code}")
+
+    def _record(self, callback: DueCallback, outcome: _Outcome) -> None:
         extra = {"document_id": callback.document_id, "attempt": callback.attempts}
-        refused = self._refusal(callback.url)
-        if refused is not None:  # the same answer on every attempt: give up at once
-            self._storage.record_callback(callback.document_id, status="FAILED", error=refused)
-            log.warning("callback refused: %s", refused, extra=extra)
-            return False
-        error = self._post(callback.url, body, headers)
-        if error is None:
+        if outcome.error is None:
             self._storage.record_callback(callback.document_id, status="DELIVERED", error=None)
             log.info("callback delivered", extra=extra)
-            return True
-        if callback.attempts >= self._settings.callback_max_attempts:
-            self._storage.record_callback(callback.document_id, status="FAILED", error=error)
-            log.warning("callback abandoned after %d attempts: %s", callback.attempts, error, extra=extra)
+        elif outcome.final or callback.attempts >= self._settings.callback_max_attempts:
+            self._storage.record_callback(callback.document_id, status="FAILED", error=outcome.error)
+            log.warning("callback given up after %d attempts: %s", callback.attempts, outcome.error, extra=extra)
         else:
             retry_in = RETRY_BASE_SECONDS * 2.0 ** (callback.attempts - 1)
             self._storage.record_callback(
-                callback.document_id, status="PENDING", error=error, retry_in_seconds=retry_in
+                callback.document_id, status="PENDING", error=outcome.error, retry_in_seconds=retry_in
             )
-            log.warning("callback failed, retrying in %.0f s: %s", retry_in, error, extra=extra)
-        return False
+            log.warning("callback failed, retrying in %.0f s: %s", retry_in, outcome.error, extra=extra)
 
-    def close(self) -> None:
-        self._client.close()
 
-    def _refusal(self, url: str) -> str | None:
-        """Why this URL must not be called: a host that resolves to a non-public address (loopback, private,
-        link-local such as the instance metadata service) unless CALLBACK_ALLOW_PRIVATE_NETWORKS is set."""
-        if self._settings.callback_allow_private_networks:
-            return None
-        host = httpx.URL(url).host
-        try:
-            addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
-        except OSError as exc:
-            return f"callback host {host!r} cannot be resolved: {exc}"
-        for address in sorted(addresses):
-            if not ipaddress.ip_address(address.split("%", 1)[0]).is_global:
-                return (
-                    f"callback host {host!r} resolves to {address}, which is not a public address; "
-                    "set CALLBACK_ALLOW_PRIVATE_NETWORKS=true to allow it"
-                )
-        return None
+def _run(work: Awaitable[list[_Outcome]]) -> list[_Outcome]:
+    """Run the round on an event loop of its own: in a thread of its own when this one already runs a loop."""
 
-    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> str | None:
-        try:
-            response = self._client.post(
-                url, content=body, headers=headers, timeout=self._settings.callback_timeout_seconds
-            )
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if response.is_success:
-            return None
-        return f"HTTP {response.status_code}"
+    async def wrapped() -> list[_Outcome]:
+        return await work
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wrapped())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as executor:
+        return executor.submit(asyncio.run, wrapped()).result()

@@ -122,8 +122,6 @@ class Runtime:
 
     @cached_property
     def notifier(self) -> CallbackNotifier:
-        import httpx
-
         from pagescribe.callbacks import CallbackNotifier
 
         settings = self.settings
@@ -133,7 +131,7 @@ class Runtime:
             secret = read_secure_parameter(settings.callback_secret_parameter).encode()
         else:
             secret = None
-        return CallbackNotifier(settings, self.storage, secret, httpx.Client(follow_redirects=False))
+        return CallbackNotifier(settings, self.storage, secret)
 
     @cached_property
     def sources(self) -> SourceCache:
@@ -200,8 +198,6 @@ class Runtime:
         built = self.__dict__
         if "provider" in built and not self.loop.is_running():
             self.run(self.provider.aclose())
-        if "notifier" in built:
-            self.notifier.close()
         if "storage" in built:
             self.storage.engine.dispose()
         if "sources" in built:

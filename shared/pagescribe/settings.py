@@ -155,7 +155,18 @@ class Settings(BaseSettings):
     callback_secret_parameter: str | None = Field(
         default=None, description="SSM SecureString holding the callback HMAC key."
     )
-    callback_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    callback_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=60, description="Longest wait for each step of a callback (connect, write, read)."
+    )
+    callback_deadline_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        le=120,
+        description="Longest a whole callback delivery may take, from resolving its host to its answer's last byte.",
+    )
+    callback_concurrency: int = Field(
+        default=8, ge=1, le=100, description="Callbacks delivered at once in one round (the sweeper's)."
+    )
     callback_max_attempts: int = Field(default=5, ge=1, le=20)
     callback_allow_private_networks: bool = Field(
         default=False,

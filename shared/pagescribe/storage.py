@@ -326,7 +326,7 @@ FINISH_DOCUMENT = """
 CLAIM_DUE_CALLBACKS = """
     WITH due AS (
         SELECT id FROM documents
-        WHERE callback_status = 'PENDING' AND callback_next_at <= now()
+        WHERE callback_status = 'PENDING' AND callback_next_at <= now() AND callback_attempts < %(max_attempts)s
           AND (CAST(%(document_id)s AS uuid) IS NULL OR id = CAST(%(document_id)s AS uuid))
         ORDER BY callback_next_at
         LIMIT %(limit)s
@@ -336,6 +336,15 @@ CLAIM_DUE_CALLBACKS = """
     SET callback_attempts = callback_attempts + 1, callback_next_at = now() + interval '5 minutes'
     WHERE id IN (SELECT id FROM due)
     RETURNING id, callback_url, callback_attempts
+    """
+
+# A callback claimed as often as it may be and never recorded since (its deliverer died mid-delivery): given up.
+ABANDON_CALLBACKS = """
+    UPDATE documents
+    SET callback_status = 'FAILED',
+        callback_error = concat_ws('; last error: ', 'no delivery recorded after '
+                                   || callback_attempts || ' attempts', callback_error)
+    WHERE callback_status = 'PENDING' AND callback_attempts >= %(max_attempts)s AND callback_next_at <= now()
     """
 
 RECORD_CALLBACK = """
@@ -883,9 +892,18 @@ class Storage:
         rows = self._rows(RETRY_FAILED_PAGES, {"document_id": document_id, "max_retries": max_retries})
         return [(str(r.id), r.page_number) for r in rows]
 
-    def claim_due_callbacks(self, *, limit: int, document_id: str | None = None) -> list[DueCallback]:
-        rows = self._rows(CLAIM_DUE_CALLBACKS, {"limit": limit, "document_id": document_id})
+    def claim_due_callbacks(
+        self, *, limit: int, max_attempts: int, document_id: str | None = None
+    ) -> list[DueCallback]:
+        """Claim callbacks due and tried fewer than ``max_attempts`` times (or just this document's)."""
+        rows = self._rows(
+            CLAIM_DUE_CALLBACKS, {"limit": limit, "document_id": document_id, "max_attempts": max_attempts}
+        )
         return [DueCallback(str(r.id), r.callback_url, r.callback_attempts) for r in rows]
+
+    def abandon_callbacks(self, *, max_attempts: int) -> None:
+        """End as FAILED the callbacks claimed ``max_attempts`` times whose last claim ran out unrecorded."""
+        self._rows(ABANDON_CALLBACKS, {"max_attempts": max_attempts})
 
     def record_callback(self, document_id: str, *, status: str, error: str | None, retry_in_seconds: float = 0) -> None:
         self._rows(

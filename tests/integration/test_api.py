@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -128,8 +129,10 @@ def test_the_full_flow_create_upload_transcribe_status_transcript_retry(
     assert code == 200 and [p["page"] for p in as_json["pages"]] == [1, 2, 4]
     # And the signed callback arrived once
     [(headers, raw)] = receiver.received
-    expected = "sha256=" + hmac.new(CALLBACK_SECRET.encode(), raw, hashlib.sha256).hexdigest()
+    signed = f"{headers['X-Pagescribe-Timestamp']}.{headers['X-Pagescribe-Delivery']}.".encode() + raw
+    expected = "sha256=" + hmac.new(CALLBACK_SECRET.encode(), signed, hashlib.sha256).hexdigest()
     assert headers["X-Pagescribe-Signature"] == expected
+    assert abs(int(headers["X-Pagescribe-Timestamp"]) - time.time()) < 600
     assert json.loads(raw)["status"] == "PARTIAL" and json.loads(raw)["document_id"] == document_id
     # When the failed page is retried and the provider has recovered
     fake_provider.set_default(Ok())

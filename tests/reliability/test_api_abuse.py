@@ -333,9 +333,14 @@ def test_a_filename_with_no_usable_name_gets_422(api: Pipeline, storage: Storage
     assert _counts(storage) == before
 
 
-def test_sql_in_stored_fields_is_stored_as_text(api: Pipeline, storage: Storage) -> None:
-    # Given SQL-looking values in every free-text field
+def test_sql_in_stored_fields_is_stored_as_text(
+    api: Pipeline, storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given SQL-looking values in every free-text field (the model one allowed by an operator who allows anything)
     body = {**VALID, "model": "x'; DROP TABLE jobs; --", "prompt": "'); DELETE FROM documents; --"}
+    monkeypatch.setenv("ALLOWED_MODELS", f"test/vision-model,{body['model']}")
+    shutdown_runtime()
+    get_settings.cache_clear()
     # When the document is created and read back
     code, created = call("POST", "/documents", body=body)
     assert code == 201

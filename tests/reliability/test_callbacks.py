@@ -1,0 +1,275 @@
+"""Callbacks against hostile receivers: real sockets on this machine, the real notifier and PostgreSQL.
+
+Each attack once held a delivery (or the sweeper) for as long as the receiver liked, filled memory, reached an
+address that had not been checked, or was replayable; each must now end within the delivery's bounds with the
+reason recorded on the document, and never delay another document's callback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from pagescribe.callbacks import MAX_ANSWER_BYTES, CallbackNotifier, public_address
+from pagescribe.settings import Settings
+from pagescribe.storage import NewDocument, Storage
+from sqlalchemy import text
+
+pytestmark = pytest.mark.integration
+
+SECRET = b"receiver-shared-secret"
+
+
+@dataclass
+class RawReceiver:
+    """A TCP server that reads one request per connection, then answers as ``answer`` says."""
+
+    answer: str  # "ok", "huge" (200 and 800 MiB of body, sent until the client goes), "trickle" (a byte a second)
+    requests: list[bytes] = field(default_factory=list)
+    body_bytes_sent: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def serve(self) -> tuple[str, int]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(0.2)
+        threading.Thread(target=self._loop, args=(listener,), daemon=True).start()
+        host, port = listener.getsockname()[:2]
+        return str(host), int(port)
+
+    def _loop(self, listener: socket.socket) -> None:
+        with listener:
+            while not self.stop.is_set():
+                try:
+                    connection, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+
+    def _answer(self, connection: socket.socket) -> None:
+        with connection:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += connection.recv(65536)
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = int(
+                next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+            )
+            while len(body) < length:
+                body += connection.recv(65536)
+            self.requests.append(head + b"\r\n\r\n" + body)
+            try:
+                if self.answer == "ok":
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                elif self.answer == "huge":
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (800 << 20))
+                    chunk = b"\0" * (1 << 20)
+                    while self.body_bytes_sent < 800 << 20 and not self.stop.is_set():
+                        connection.sendall(chunk)
+                        self.body_bytes_sent += len(chunk)
+                else:
+                    for byte in b"HTTP/1.1 200 OK\r\n" * 1000:
+                        if self.stop.wait(1.0):
+                            return
+                        connection.sendall(bytes([byte]))
+            except OSError:  # the client dropped the connection
+                return
+
+
+@pytest.fixture
+def receivers() -> Iterator[list[RawReceiver]]:
+    made: list[RawReceiver] = []
+    yield made
+    for receiver in made:
+        receiver.stop.set()
+
+
+def start(receivers: list[RawReceiver], answer: str) -> tuple[RawReceiver, str]:
+    receiver = RawReceiver(answer)
+    receivers.append(receiver)
+    host, port = receiver.serve()
+    return receiver, f"http://{host}:{port}/hooks/pagescribe"
+
+
+def document_awaiting_callback(storage: Storage, url: str) -> str:
+    """A finished document whose callback to ``url`` is due."""
+    created = storage.create_document(
+        NewDocument(bucket="b", object_key=f"uploads/{uuid.uuid4()}", etag="e", version_id="", size_bytes=1, model="m"),
+        kind=None,
+        pages=[],
+        error="the file is empty (0 bytes)",
+    )
+    with storage.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE documents SET callback_url = :url, callback_status = 'PENDING', callback_attempts = 0, "
+                "callback_next_at = now() WHERE id = :id"
+            ),
+            {"url": url, "id": created.document_id},
+        )
+    return created.document_id
+
+
+def callback_state(storage: Storage, document_id: str) -> tuple[str, str | None]:
+    document = storage.get_document(document_id)
+    assert document is not None
+    return document.callback_status or "", document.callback_error
+
+
+def notifier(storage: Storage, **settings: object) -> CallbackNotifier:
+    return CallbackNotifier(
+        Settings(callback_allow_private_networks=True, **settings),  # type: ignore[arg-type]
+        storage,
+        SECRET,
+    )
+
+
+def test_a_huge_answer_is_read_to_64_kib_and_the_connection_dropped(
+    storage: Storage, receivers: list[RawReceiver]
+) -> None:
+    # Given a receiver that answers 200 with an 800 MiB body
+    receiver, url = start(receivers, "huge")
+    document_id = document_awaiting_callback(storage, url)
+
+    # When the callback is delivered
+    delivered = notifier(storage).deliver_due()
+
+    # Then it counts as delivered, and the receiver could send only what the socket buffers held before the
+    # connection was dropped, a sliver of its 800 MiB
+    assert delivered == 1 and callback_state(storage, document_id) == ("DELIVERED", None)
+    receiver.stop.set()
+    assert receiver.body_bytes_sent < 64 << 20, receiver.body_bytes_sent
+    assert MAX_ANSWER_BYTES == 64 * 1024
+
+
+def test_a_trickling_receiver_is_cut_off_at_the_deadline_and_delays_no_one_else(
+    storage: Storage, receivers: list[RawReceiver]
+) -> None:
+    # Given a receiver that answers a byte a second, for ever (each read is within the per-step timeout), and
+    # another document whose receiver answers at once
+    _, slow_url = start(receivers, "trickle")
+    fast, fast_url = start(receivers, "ok")
+    slow_document = document_awaiting_callback(storage, slow_url)
+    fast_document = document_awaiting_callback(storage, fast_url)
+
+    # When one round delivers both
+    delivered = notifier(storage, callback_deadline_seconds=3.0, callback_timeout_seconds=5.0).deliver_due()
+
+    # Then the trickle is cut at the delivery's deadline, to be retried later, and the other was delivered
+    assert delivered == 1
+    status, error = callback_state(storage, slow_document)
+    assert status == "PENDING" and error == "no complete answer within CALLBACK_DEADLINE_SECONDS=3", error
+    assert callback_state(storage, fast_document) == ("DELIVERED", None)
+    assert len(fast.requests) == 1
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(storage: Storage, receivers: list[RawReceiver]) -> None:
+    # Given a name whose first answer is this machine and every later one another address (DNS rebinding)
+    receiver, url = start(receivers, "ok")
+    port = url.split(":")[2].split("/")[0]
+    answers: list[str] = []
+
+    async def rebinding(host: str, port: int) -> list[str]:
+        answers.append(host)
+        return ["127.0.0.1"] if len(answers) == 1 else ["10.255.255.1"]
+
+    document_id = document_awaiting_callback(storage, f"http://callbacks.example:{port}/hooks/pagescribe")
+    notifier_ = CallbackNotifier(Settings(callback_allow_private_networks=True), storage, SECRET, resolver=rebinding)
+
+    # When the callback is delivered
+    assert notifier_.deliver_due() == 1
+
+    # Then the name was resolved once, and the POST reached the address of that answer, naming the host
+    assert answers == ["callbacks.example"]
+    assert callback_state(storage, document_id) == ("DELIVERED", None)
+    [request] = receiver.requests
+    assert f"host: callbacks.example:{port}".encode() in request.lower()
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254, the instance metadata service
+        "64:ff9b:1::a00:1",  # local-use NAT64 of 10.0.0.1
+        "::7f00:1",  # IPv4-compatible ::127.0.0.1
+        "::a9fe:a9fe",  # IPv4-compatible ::169.254.169.254
+        "::ffff:7f00:1",  # IPv4-mapped ::ffff:127.0.0.1
+        "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "fd00::1",
+        "169.254.169.254",
+    ],
+)
+def test_transition_and_private_addresses_are_not_public(address: str) -> None:
+    assert not public_address(address)
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700:4700::1111", "2a00:1450:4001:82b::200e"])
+def test_public_addresses_are_public(address: str) -> None:
+    assert public_address(address)
+
+
+def test_a_callback_to_a_nat64_literal_is_refused_without_a_connection(storage: Storage) -> None:
+    # Given the default policy and a callback URL naming the metadata service through NAT64
+    document_id = document_awaiting_callback(storage, "http://[64:ff9b::a9fe:a9fe]/latest/meta-data/")
+
+    # When it is due
+    CallbackNotifier(Settings(), storage, SECRET).deliver_due()
+
+    # Then it is refused for good, naming the address
+    status, error = callback_state(storage, document_id)
+    assert status == "FAILED" and "64:ff9b::a9fe:a9fe, which is not a public address" in (error or ""), error
+
+
+def test_the_signature_covers_a_timestamp_and_a_delivery_id_so_a_receiver_can_refuse_replays(
+    storage: Storage, receivers: list[RawReceiver]
+) -> None:
+    # Given two documents' callbacks to one receiver
+    receiver, url = start(receivers, "ok")
+    for _ in range(2):
+        document_awaiting_callback(storage, url)
+
+    # When they are delivered
+    assert notifier(storage).deliver_due() == 2
+
+    # Then each carries a fresh timestamp and its own delivery id, and the signature verifies over both and the body
+    # as docs/security.md tells a receiver to check it; changing any of the three breaks it
+    seen: set[str] = set()
+    for request in receiver.requests:
+        head, _, body = request.partition(b"\r\n\r\n")
+        headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.decode().partition(":") for line in head.split(b"\r\n")[1:])
+        }
+        timestamp, delivery = headers["x-pagescribe-timestamp"], headers["x-pagescribe-delivery"]
+        assert abs(int(timestamp) - time.time()) < 300 and delivery not in seen
+        seen.add(delivery)
+        signed = f"{timestamp}.{delivery}.".encode() + body
+        assert headers["x-pagescribe-signature"] == "sha256=" + hmac.new(SECRET, signed, hashlib.sha256).hexdigest()
+        replayed = f"{int(timestamp) + 1}.{delivery}.".encode() + body
+        assert headers["x-pagescribe-signature"] != "sha256=" + hmac.new(SECRET, replayed, hashlib.sha256).hexdigest()
+
+
+def test_a_callback_whose_deliverer_keeps_dying_is_given_up_after_its_attempts(storage: Storage) -> None:
+    # Given a callback claimed CALLBACK_MAX_ATTEMPTS times whose deliverer died each time (never recorded)
+    document_id = document_awaiting_callback(storage, "http://127.0.0.1:9/never")
+    with storage.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE documents SET callback_attempts = 5, callback_next_at = now() WHERE id = :id"),
+            {"id": document_id},
+        )
+
+    # When the next round comes
+    delivered = notifier(storage, callback_max_attempts=5).deliver_due()
+
+    # Then it is not claimed again but given up, saying why
+    assert delivered == 0
+    status, error = callback_state(storage, document_id)
+    assert status == "FAILED" and (error or "").startswith("no delivery recorded after 5 attempts"), error
