@@ -394,11 +394,11 @@ def section(run: Run) -> str:
     return "\n".join(lines)
 
 
-def replace_section(document: str, text: str) -> str:
-    """``document`` with its section under HEADING (up to the next ``## `` heading) replaced by ``text``, or with
-    ``text`` appended when it has none."""
+def replace_section(document: str, text: str, heading: str = HEADING) -> str:
+    """``document`` with its section under ``heading`` (up to the next ``## `` heading) replaced by ``text``, or
+    with ``text`` appended when it has none."""
     lines = document.splitlines(keepends=True)
-    start = next((index for index, line in enumerate(lines) if line.rstrip() == HEADING), None)
+    start = next((index for index, line in enumerate(lines) if line.rstrip() == heading), None)
     if start is None:
         return (document.rstrip("\n") + "\n\n" if document.strip() else "") + text
     end = next((index for index in range(start + 1, len(lines)) if lines[index].startswith("## ")), len(lines))
