@@ -413,3 +413,41 @@ def test_a_document_that_used_its_retries_is_not_requeued(storage: Storage) -> N
     assert retried == []
     [page] = storage.load_pages(created.document_id)
     assert page.status is JobStatus.FAILED
+
+
+def test_a_stale_write_is_refused_by_its_lease_token_while_the_newer_claim_is_still_in_flight(
+    storage: Storage,
+) -> None:
+    # Given a job whose first claim's lease expired, and a newer claim of it still in flight (PROCESSING): the row's
+    # status is what the stale worker last saw, so only the lease token tells the two claims apart
+    [job_id] = storage.create_document(_new("uploads/fence.pdf"), kind="pdf", pages=[1]).job_ids
+    stale = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert stale is not None
+    _expire_lease(storage, job_id)
+    newer = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert newer is not None and newer.lease_token != stale.lease_token
+
+    # When the stale worker writes before the newer one has answered
+    completed = storage.complete_job(stale, _outcome("stale result"))
+    failed = storage.fail_job(stale, "stale failure")
+    requeued = storage.requeue_job(stale, "stale retry", delay_seconds=0)
+    escalated = storage.escalate_job(stale, _flagged("stale loop", REPETITION))
+
+    # Then every write is refused, and the page is still the newer claim's, untouched
+    assert (completed, failed, requeued, escalated) == (None, None, False, False)
+    with storage.engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT status, lease_token, result_text, error, attempts FROM jobs WHERE id = :id"), {"id": job_id}
+        ).one()
+    assert (row.status, str(row.lease_token), row.result_text, row.error, row.attempts) == (
+        "PROCESSING",
+        newer.lease_token,
+        None,
+        None,
+        2,
+    )
+    # And the newer claim completes the page; the stale worker's two answered calls are recorded as LEASE_LOST
+    assert storage.complete_job(newer, _outcome("newer result")) is not None
+    [page] = storage.load_pages(newer.document_id)
+    assert (page.status, page.text) == (JobStatus.COMPLETED, "newer result")
+    assert [a.outcome for a in storage.load_attempts(newer.document_id)] == ["LEASE_LOST", "LEASE_LOST", "KEPT"]

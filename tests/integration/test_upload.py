@@ -13,7 +13,9 @@ from sqlalchemy import text
 
 from functions.upload import app as upload_app
 from tests.support.aws_events import LambdaContext
+from tests.support.database import page_rows
 from tests.support.pipeline import Pipeline
+from tests.support.sqs_watch import SqsSendWatch
 
 pytestmark = pytest.mark.integration
 
@@ -144,3 +146,33 @@ def test_a_failed_send_leaves_the_jobs_queued_and_unsent(
     # Then its jobs are recorded, QUEUED with no enqueued_at, for the sweeper to send
     assert doc["status"] == "PROCESSING" and doc["messages_sent"] == 0
     assert _jobs(storage, doc["document_id"]) == [(p, "QUEUED", False) for p in range(1, 5)]
+
+
+def test_page_messages_are_sent_only_after_their_jobs_are_committed(
+    pipeline: Pipeline,
+    storage: Storage,
+    corpus: Path,
+    moto_endpoint: str,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given the functions' AWS calls going through a relay that, as each page message is sent, asks PostgreSQL over
+    # its own connection whether the job the message names is committed
+    with SqsSendWatch(moto_endpoint, database_url.replace("postgresql+psycopg://", "postgresql://")) as watch:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", watch.url)
+        shutdown_runtime()
+        get_settings.cache_clear()
+
+        # When a 4-page document is uploaded, and the sweeper sends again a job whose message was lost
+        [doc] = pipeline.upload("uploads/committed.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
+        [first] = [row["id"] for row in page_rows(storage, doc["document_id"]) if row["page_number"] == 1]
+        with storage.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE jobs SET enqueued_at = NULL WHERE id = :id"),
+                {"id": first},
+            )
+        assert pipeline.sweep()["jobs_sent"] == 1
+
+    # Then every message named a job that another connection could already see
+    assert [len(send.job_ids) for send in watch.sends] == [4, 1]
+    assert all(send.visible == frozenset(send.job_ids) for send in watch.sends), watch.sends

@@ -283,8 +283,10 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_page_that_was_taken
     [doc] = pipeline.upload("uploads/paused.png", corpus / "smile.png")["documents"]
     [message] = pipeline.receive_all()
     fake_provider.script(Ok(text="the paused worker's answer", delay=1), Ok(text="the newer worker's answer"))
-    # When a worker (its own process, an 8 s invocation) claims the page and calls the model
-    zombie = start_environment("transcribe", sqs_event([message], pipeline.queue_arn), timeout=8)
+    # When a worker (its own process, a 20 s invocation) claims the page and calls the model. The invocation is long
+    # enough that, after the result reserve (5 s) and a process start that takes seconds on a loaded 2-core machine,
+    # the call still gets its minimum budget: with 8 s it often got none and put the page back before calling.
+    zombie = start_environment("transcribe", sqs_event([message], pipeline.queue_arn), timeout=20)
     job_id = job_id_of(message)
     wait_until(
         lambda: fake_provider.calls == 1 and _statuses(storage, [job_id]) == {"PROCESSING": 1},
