@@ -1268,3 +1268,31 @@ def test_an_upload_event_the_function_gives_up_on_goes_to_a_queue_the_sweeper_dr
         if a.get("Dimensions") == [{"Name": "QueueName", "Value": {"Fn::GetAtt": ["UploadFailuresQueue", "QueueName"]}}]
     ]
     assert (alarm["MetricName"], alarm["Statistic"], alarm["Threshold"]) == ("NumberOfMessagesSent", "Sum", 0)
+
+
+def test_api_access_logging_is_on_by_default(template: dict[str, Any]) -> None:
+    assert template["Parameters"]["ApiAccessLogging"]["Default"] == "Enabled"
+    settings = _properties(template, "Api")["AccessLogSetting"]
+    assert settings["Fn::If"][0] == "EnableApiAccessLogging"
+
+
+@pytest.mark.parametrize("function", SCHEMA_DEPENDENT_FUNCTIONS)
+def test_without_rds_proxy_the_functions_that_open_connections_have_reserved_concurrency(
+    template: dict[str, Any], function: str
+) -> None:
+    # Given a function that talks to the database
+    reserved = _properties(template, function)["ReservedConcurrentExecutions"]
+
+    # Then its concurrency is left to RDS Proxy when the stack creates the database, and capped by a parameter when
+    # it connects straight to an existing one
+    condition, with_proxy, direct = reserved["Fn::If"]
+    assert (condition, with_proxy) == ("CreateDatabase", {"Ref": "AWS::NoValue"})
+    assert direct["Ref"] in template["Parameters"] and direct["Ref"].startswith("DirectDatabase")
+
+
+def test_bucket_versioning_is_an_option_with_noncurrent_versions_expiring(template: dict[str, Any]) -> None:
+    bucket = _properties(template, "DocumentsBucket")
+    assert bucket["VersioningConfiguration"] == {"Status": {"Ref": "BucketVersioning"}}
+    assert set(template["Parameters"]["BucketVersioning"]["AllowedValues"]) == {"Enabled", "Suspended"}
+    [rule] = [r for r in bucket["LifecycleConfiguration"]["Rules"] if "NoncurrentVersionExpiration" in r]
+    assert rule["Status"] == {"Fn::If": ["VersionedBucket", "Enabled", "Disabled"]}
