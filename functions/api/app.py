@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 from datetime import datetime
 from http import HTTPStatus
@@ -21,6 +20,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pagescribe.runtime import get_runtime
 from pagescribe.service import NewUpload, RequestError, RetryLimitError, TranscriptFormat
 from pagescribe.settings import get_settings
+from pagescribe.tenancy import KeyRefused
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 get_settings()  # validate the configuration at cold start
@@ -159,30 +159,41 @@ def _error(code: HTTPStatus, message: str, **extra: Any) -> Response[str]:
     )
 
 
-def gate(raw_event: dict[str, Any]) -> dict[str, Any] | None:
-    """Refuse before any parsing or validation: oversized bodies, and requests without the API key.
+def authenticate(raw_event: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """Before any parsing or validation: the refusal of an oversized body or a request whose key names no caller,
+    else the caller's tenant (None on the unauthenticated paths).
 
-    API Gateway checks the key in front (usage plan); this checks it again wherever API_KEY is set, so a
-    local run is protected the same way (``pagescribe serve`` calls it before it reads a request's body)."""
+    API Gateway checks the key in front (usage plan); this finds the key's tenant (API_KEY is the default tenant's,
+    other keys are looked up hashed in PostgreSQL and remembered briefly: pagescribe.tenancy), so a local run is
+    protected the same way and every read is the caller's own."""
     event = APIGatewayProxyEvent(raw_event)
     refusal: tuple[HTTPStatus, str] | None = None
-    expected = get_settings().api_key
-    given = event.headers.get("x-api-key") or event.headers.get("X-Api-Key") or ""
-    if expected is not None and event.path not in UNAUTHENTICATED_PATHS:
-        if not given:
-            refusal = HTTPStatus.UNAUTHORIZED, "missing API key: send it in the x-api-key header"
-        elif not hmac.compare_digest(given.encode(), expected.get_secret_value().encode()):
-            refusal = HTTPStatus.FORBIDDEN, "invalid API key"
+    tenant: str | None = None
+    if event.path not in UNAUTHENTICATED_PATHS:
+        given = event.headers.get("x-api-key") or event.headers.get("X-Api-Key") or None
+        try:
+            tenant = get_runtime().keyring.tenant_for(given)
+        except KeyRefused as exc:
+            refusal = (HTTPStatus.UNAUTHORIZED if exc.missing else HTTPStatus.FORBIDDEN), str(exc)
     if refusal is None and len((event.body or "").encode()) > MAX_BODY_BYTES:
         refusal = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body exceeds {MAX_BODY_BYTES} bytes"
     if refusal is None:
-        return None
+        return None, tenant
     return {
         "statusCode": int(refusal[0]),
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
         "body": json.dumps({"message": refusal[1]}),
         "isBase64Encoded": False,
-    }
+    }, None
+
+
+def gate(raw_event: dict[str, Any]) -> dict[str, Any] | None:
+    """The refusal of the request (``pagescribe serve`` asks before it reads a request's body), or None."""
+    return authenticate(raw_event)[0]
+
+
+def _tenant() -> str:
+    return str(app.context["tenant"])
 
 
 _ERROR_CONTENT: dict[str, OpenAPIResponseContentSchema | OpenAPIResponseContentModel] = {
@@ -219,9 +230,10 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             escalation_model=request.escalation_model,
             prompt=request.prompt,
             callback_url=str(request.callback_url) if request.callback_url else None,
-        )
+        ),
+        _tenant(),
     )
-    logger.info("document created", extra={"document_id": created.document_id, "key": created.key})
+    logger.info("document created", extra={"document_id": created.document_id, "key": created.key, "tenant": _tenant()})
     return CreateDocumentResponse(
         document_id=created.document_id,
         status="AWAITING_UPLOAD",
@@ -233,7 +245,7 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
 
 @app.get("/documents/<document_id>", summary="Status, progress, per-page errors, tokens and cost", responses=_NOT_FOUND)
 def get_document(document_id: str) -> DocumentStatusResponse:
-    described = get_runtime().documents.describe(document_id)
+    described = get_runtime().documents.describe(document_id, _tenant())
     if described is None:
         raise _not_found()
     return DocumentStatusResponse.model_validate(described)
@@ -251,7 +263,7 @@ def get_document(document_id: str) -> DocumentStatusResponse:
 def get_transcript(
     document_id: str, format: Annotated[TranscriptFormat, Query()] = TranscriptFormat.MARKDOWN
 ) -> Response[str]:
-    answer = get_runtime().documents.transcript(document_id, format)
+    answer = get_runtime().documents.transcript(document_id, format, _tenant())
     if answer is None:
         raise _not_found()
     if answer.body is None:
@@ -280,7 +292,7 @@ def get_transcript(
 )
 def retry_document(document_id: str) -> RetryResponse:
     try:
-        pages = get_runtime().documents.retry(document_id)
+        pages = get_runtime().documents.retry(document_id, _tenant())
     except RetryLimitError as exc:
         raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
     if pages is None:
@@ -346,8 +358,11 @@ def openapi_json() -> str:
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    refused = gate(event)
-    return refused if refused is not None else app.resolve(event, context)
+    refused, tenant = authenticate(event)
+    if refused is not None:
+        return refused
+    app.context.update(tenant=tenant)  # cleared by resolve() when it is done
+    return app.resolve(event, context)
 
 
 if __name__ == "__main__":

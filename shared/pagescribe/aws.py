@@ -211,6 +211,31 @@ def _failed_invocation(receipt: str, body: str) -> FailedInvocation:
     return FailedInvocation(receipt, event if isinstance(event, dict) else {}, error)
 
 
+def apigateway_client() -> Any:
+    return boto3.client("apigateway", config=_CLIENT_CONFIG)
+
+
+class ApiGatewayKeys:
+    """A tenant's key in the stack's API Gateway usage plan: the same value, so that API Gateway lets it in and
+    throttles it by the plan, while the API function finds its tenant by its hash."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def add(self, key: str, *, name: str, plan: str) -> str:
+        created = self._client.create_api_key(name=name, value=key, enabled=True)
+        self._client.create_usage_plan_key(usagePlanId=plan, keyId=created["id"], keyType="API_KEY")
+        return str(created["id"])
+
+    def remove(self, *, name: str) -> int:
+        """Delete the keys of this name; how many."""
+        found = self._client.get_api_keys(nameQuery=name, includeValues=False).get("items", [])
+        for item in found:
+            if item.get("name") == name:
+                self._client.delete_api_key(apiKey=item["id"])
+        return sum(item.get("name") == name for item in found)
+
+
 def respond_to_cloudformation(response_url: str, body: dict[str, Any]) -> None:
     """Answer a CloudFormation custom resource request: a PUT of the JSON result to its presigned URL."""
     import httpx  # only the migrate function answers CloudFormation (and loads httpx at its cold start)

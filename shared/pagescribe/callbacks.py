@@ -1,10 +1,11 @@
 """Completion callbacks: a signed JSON summary POSTed to the document's callback_url, retried with backoff.
 
 Each delivery carries ``X-Pagescribe-Timestamp`` (Unix seconds) and ``X-Pagescribe-Delivery`` (an id unique to the
-attempt), and ``X-Pagescribe-Signature: sha256=<hex>``, the HMAC-SHA256 under the secret of ``<timestamp>.<delivery
-id>.<body>``: a receiver checks the signature, refuses a timestamp more than a few minutes old and a delivery id it
-has seen (docs/security.md has the check). A callback that keeps failing is recorded as FAILED on the document; it
-never changes the document's own status.
+attempt), and ``X-Pagescribe-Signature: sha256=<hex>``, the HMAC-SHA256 of ``<timestamp>.<delivery id>.<body>``
+under the document's tenant's callback secret (``pagescribe tenants callback-secret``), else the stack's: a receiver
+checks the signature, refuses a timestamp more than a few minutes old and a delivery id it has seen
+(docs/security.md has the check). A callback that keeps failing is recorded as FAILED on the document; it never
+changes the document's own status.
 
 What a receiver can do to the sender is bounded: the host is resolved once, checked (no loopback, private,
 link-local or transition addresses that embed them, unless CALLBACK_ALLOW_PRIVATE_NETWORKS), and the connection goes
@@ -130,8 +131,10 @@ class CallbackNotifier:
             TIMESTAMP_HEADER: timestamp,
             DELIVERY_HEADER: delivery,
         }
-        if self._secret is not None:
-            headers[SIGNATURE_HEADER] = sign(self._secret, timestamp, delivery, body)
+        tenant_secret = self._storage.callback_secret(document.tenant_id)
+        secret = tenant_secret.encode() if tenant_secret else self._secret
+        if secret is not None:
+            headers[SIGNATURE_HEADER] = sign(secret, timestamp, delivery, body)
         return _Delivery(callback, body, headers)
 
     async def _deliver_all(self, deliveries: Sequence[_Delivery]) -> list[_Outcome]:

@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from pagescribe import evaluation
+from pagescribe.aws import ApiGatewayKeys, apigateway_client
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.documents import InvalidDocumentError, detect_kind
 from pagescribe.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
@@ -38,6 +39,8 @@ from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import FINISHED, NewUpload, RequestError, TranscriptFormat
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
+from pagescribe.storage import Storage, create_database_engine
+from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -152,7 +155,9 @@ def _upload(stack: LocalStack, path: Path, options: NewUpload) -> Tracked:
     except InvalidDocumentError:
         content_type = "application/pdf"  # the upload function will record what is really wrong
     try:
-        created = stack.runtime.documents.create(replace(options, filename=path.name, content_type=content_type))
+        created = stack.runtime.documents.create(
+            replace(options, filename=path.name, content_type=content_type), stack.runtime.settings.default_tenant
+        )
     except RequestError as exc:
         raise CommandError(f"{path}: {exc}") from exc
     response = httpx.put(created.upload_url, content=data, headers={"Content-Type": created.content_type})
@@ -161,7 +166,7 @@ def _upload(stack: LocalStack, path: Path, options: NewUpload) -> Tracked:
 
 
 def _refresh(stack: LocalStack, tracked: Tracked) -> None:
-    described = stack.runtime.documents.describe(tracked.document_id)
+    described = stack.runtime.documents.describe(tracked.document_id, stack.runtime.settings.default_tenant)
     if described is None:
         return
     tracked.status = described["status"]
@@ -198,7 +203,8 @@ class Progress:
 
 def _write_outputs(stack: LocalStack, doc: Tracked, out: str, with_json: bool) -> list[str]:
     documents = stack.runtime.documents
-    markdown = documents.transcript(doc.document_id, TranscriptFormat.MARKDOWN)
+    tenant = stack.runtime.settings.default_tenant
+    markdown = documents.transcript(doc.document_id, TranscriptFormat.MARKDOWN, tenant)
     if markdown is None or markdown.body is None:
         return []
     if out == "-":
@@ -209,7 +215,7 @@ def _write_outputs(stack: LocalStack, doc: Tracked, out: str, with_json: bool) -
     written = [directory / f"{doc.path.stem}.md"]
     written[0].write_text(markdown.body, encoding="utf-8")
     if with_json:
-        as_json = documents.transcript(doc.document_id, TranscriptFormat.JSON)
+        as_json = documents.transcript(doc.document_id, TranscriptFormat.JSON, tenant)
         if as_json is not None and as_json.body is not None:
             written.append(directory / f"{doc.path.stem}.json")
             written[1].write_text(as_json.body, encoding="utf-8")
@@ -217,10 +223,16 @@ def _write_outputs(stack: LocalStack, doc: Tracked, out: str, with_json: bool) -
 
 
 def _pipeline_environment(args: argparse.Namespace) -> None:
-    """The settings the local pipeline of transcribe and eval starts with: the command's --ocr-language, and the
-    handlers' JSON logs at warnings and their metrics off (stdout may carry the markdown, or the report)."""
+    """The settings the local pipeline of transcribe and eval starts with: the command's --ocr-language, its
+    --model and --escalation-model allowed (whoever runs the command is the operator: ALLOWED_MODELS binds API
+    callers), and the handlers' JSON logs at warnings and their metrics off (stdout may carry the markdown, or the
+    report)."""
     if args.ocr_language:
         os.environ["OCR_LANGUAGE"] = args.ocr_language
+    named = [model for model in (args.model, args.escalation_model) if model]
+    if named:
+        allowed = get_settings().model_allow_list
+        os.environ["ALLOWED_MODELS"] = ",".join(sorted({*allowed, *named}))
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 
@@ -338,7 +350,9 @@ def _eval(args: argparse.Namespace) -> int:
         _run_until_finished(stack, tracked)
         scores = []
         for document, doc in zip(documents, tracked, strict=True):
-            answer = stack.runtime.documents.transcript(doc.document_id, TranscriptFormat.JSON)
+            answer = stack.runtime.documents.transcript(
+                doc.document_id, TranscriptFormat.JSON, stack.runtime.settings.default_tenant
+            )
             transcript = json.loads(answer.body) if answer is not None and answer.body is not None else None
             scores += evaluation.score_document(document, transcript, doc.error)
     summary = evaluation.summarize(scores)
@@ -472,6 +486,121 @@ def _migrate(_: argparse.Namespace) -> int:
     return 0
 
 
+# --- keys and tenants ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _database(data_dir: Path) -> Iterator[Storage]:
+    """DATABASE_URL's database (the deployed one, reached from here), or the embedded server of the local commands,
+    migrated."""
+    embedded = not os.environ.get("DATABASE_URL")
+    if embedded:
+        try:
+            os.environ["DATABASE_URL"] = embedded_database_url(data_dir)
+        except EmbeddedDatabaseError as exc:
+            raise CommandError(str(exc)) from exc
+    _reload_settings()
+    try:
+        url = get_settings().sqlalchemy_url
+        upgrade_database(url)
+        engine = create_database_engine(url)
+        try:
+            yield Storage(engine)
+        finally:
+            engine.dispose()
+    finally:
+        if embedded:
+            stop_embedded_database()
+            del os.environ["DATABASE_URL"]
+
+
+def _tenant_argument(value: str) -> str:
+    try:
+        return check_tenant_id(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _keys_create(args: argparse.Namespace) -> int:
+    with _database(Path(args.data_dir)) as storage:
+        key_id, key = create_key(storage, args.tenant)
+    if args.usage_plan:
+        ApiGatewayKeys(apigateway_client()).add(
+            key, name=f"pagescribe-{args.tenant}-{key_label(key)}", plan=args.usage_plan
+        )
+    print(json.dumps({"tenant": args.tenant, "key_id": key_id, "label": key_label(key), "api_key": key}))
+    print(
+        "pagescribe: the key is shown this once and stored only as its SHA-256; give it to the tenant now",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _keys_list(args: argparse.Namespace) -> int:
+    with _database(Path(args.data_dir)) as storage:
+        keys = storage.list_api_keys(args.tenant)
+    for record in keys:
+        state = f"revoked {record.revoked_at:%Y-%m-%d %H:%M}" if record.revoked_at else "live"
+        created = f"{record.created_at:%Y-%m-%d %H:%M}" if record.created_at else "-"
+        print(f"{record.tenant_id}\t{record.label}\t{record.key_id}\tcreated {created}\t{state}")
+    return 0
+
+
+def _keys_revoke(args: argparse.Namespace) -> int:
+    with _database(Path(args.data_dir)) as storage:
+        revoked = storage.revoke_api_key(args.key, args.tenant)
+    if not revoked:
+        raise CommandError(f"no live key {args.key!r}" + (f" of tenant {args.tenant!r}" if args.tenant else ""))
+    if args.usage_plan:
+        gateway = ApiGatewayKeys(apigateway_client())
+        for record in revoked:
+            gateway.remove(name=f"pagescribe-{record.tenant_id}-{record.label}")
+    for record in revoked:
+        print(f"revoked {record.label} ({record.key_id}) of tenant {record.tenant_id}")
+    return 0
+
+
+def _tenant_callback_secret(args: argparse.Namespace) -> int:
+    secret = new_callback_secret()
+    with _database(Path(args.data_dir)) as storage:
+        storage.ensure_tenant(args.tenant)
+        storage.set_callback_secret(args.tenant, secret)
+    print(json.dumps({"tenant": args.tenant, "callback_secret": secret}))
+    print("pagescribe: the tenant's callbacks are signed with this secret from now on", file=sys.stderr)
+    return 0
+
+
+def _add_key_commands(commands: Any, data_dir: str) -> None:
+    keys = commands.add_parser("keys", help="the API keys of tenants (DATABASE_URL, or the local data directory)")
+    actions = keys.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="make a key for a tenant (created if new); shown once")
+    create.add_argument("--tenant", required=True, type=_tenant_argument)
+    create.set_defaults(run=_keys_create)
+    listing = actions.add_parser("list", help="keys by label, never the keys themselves")
+    listing.add_argument("--tenant", type=_tenant_argument)
+    listing.set_defaults(run=_keys_list)
+    revoke = actions.add_parser("revoke", help="revoke a key by its id or label")
+    revoke.add_argument("key", help="the key's id or label (as listed)")
+    revoke.add_argument("--tenant", type=_tenant_argument)
+    revoke.set_defaults(run=_keys_revoke)
+    for action in (create, revoke):
+        action.add_argument(
+            "--usage-plan",
+            metavar="ID",
+            help="also add (or remove) the key in this API Gateway usage plan (the stack's UsagePlanId output)",
+        )
+    for action in (create, listing, revoke):
+        action.add_argument(
+            "--data-dir", default=data_dir, help="the embedded database's directory, without DATABASE_URL"
+        )
+    tenants = commands.add_parser("tenants", help="tenants' settings")
+    tenant_actions = tenants.add_subparsers(dest="action", required=True)
+    secret = tenant_actions.add_parser("callback-secret", help="make (or rotate) a tenant's callback secret")
+    secret.add_argument("--tenant", required=True, type=_tenant_argument)
+    secret.add_argument("--data-dir", default=data_dir, help="the embedded database's directory, without DATABASE_URL")
+    secret.set_defaults(run=_tenant_callback_secret)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagescribe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -535,6 +664,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     serve.set_defaults(run=_serve)
+    _add_key_commands(commands, data_dir)
     return parser
 
 

@@ -17,6 +17,7 @@ from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingErr
 from pagescribe.documents import DocumentInfo, InvalidDocumentError
 from pagescribe.settings import Settings
 from pagescribe.storage import DocumentRecord, DocumentStatus, NewDocument, Storage
+from pagescribe.tenancy import TENANT_ID
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,13 @@ def uploaded_objects(event: dict[str, Any]) -> list[UploadedObject]:
         for record in S3Event(event).records
         if record.get("s3")
     ]
+
+
+def _uuid(text: str) -> str | None:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return None
 
 
 def _megabytes(size: int) -> str:
@@ -179,6 +187,7 @@ class Ingestor:
 
     def _new_document(self, obj: UploadedObject, pending: DocumentRecord | None) -> NewDocument:
         return NewDocument(
+            tenant_id=pending.tenant_id if pending else self._tenant_of(obj),
             bucket=obj.bucket,
             object_key=obj.key,
             etag=obj.etag,
@@ -190,13 +199,25 @@ class Ingestor:
         )
 
     def _named_document(self, obj: UploadedObject) -> DocumentRecord | None:
-        """The API-created document whose prefix the object is under (uploads/<document-id>/<name>), if any."""
-        candidate = obj.key[len(self._settings.upload_prefix) :].split("/", 1)[0]
-        try:
-            document_id = str(uuid.UUID(candidate))
-        except ValueError:
-            return None
-        return self._storage.get_document(document_id)
+        """The API-created document whose prefix the object is under, if any: uploads/<tenant>/<document-id>/<name>
+        (that tenant's document), or uploads/<document-id>/<name> as keys were before tenants."""
+        segments = obj.key[len(self._settings.upload_prefix) :].split("/")
+        if len(segments) >= 3 and (document_id := _uuid(segments[1])) is not None:
+            document = self._storage.get_document(document_id)
+            if document is not None and document.tenant_id == segments[0]:
+                return document
+        if len(segments) >= 2 and (document_id := _uuid(segments[0])) is not None:
+            return self._storage.get_document(document_id)
+        return None
+
+    def _tenant_of(self, obj: UploadedObject) -> str:
+        """The tenant of a file put straight into the bucket: the one its key names (uploads/<tenant>/...) when it
+        exists, else DEFAULT_TENANT."""
+        segments = obj.key[len(self._settings.upload_prefix) :].split("/")
+        if len(segments) > 1 and TENANT_ID.fullmatch(segments[0]) and self._storage.tenant_exists(segments[0]):
+            return segments[0]
+        self._storage.ensure_tenant(self._settings.default_tenant)
+        return self._settings.default_tenant
 
     @staticmethod
     def _awaits(document: DocumentRecord | None, obj: UploadedObject) -> bool:

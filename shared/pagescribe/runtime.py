@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pagescribe.service import DocumentService
     from pagescribe.storage import Storage
     from pagescribe.sweeping import Sweeper
+    from pagescribe.tenancy import KeyRing
     from pagescribe.transcription import SourceCache, Transcriber
     from pagescribe.transcripts import TranscriptWriter
 
@@ -177,6 +178,12 @@ class Runtime:
         settings = self.settings
         signed = settings.callback_secret is not None or settings.callback_secret_parameter is not None
         return DocumentService(settings, self.storage, self.store, self.queue, callbacks_signed=signed)
+
+    @cached_property
+    def keyring(self) -> KeyRing:
+        from pagescribe.tenancy import KeyRing
+
+        return KeyRing(self.settings, self.storage)
 
     @cached_property
     def sweeper(self) -> Sweeper:

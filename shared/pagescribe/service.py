@@ -122,8 +122,9 @@ class DocumentService:
         self._queue = queue
         self._callbacks_signed = callbacks_signed
 
-    def create(self, upload: NewUpload) -> CreatedUpload:
-        """Record a document awaiting its upload and return a presigned PUT URL under uploads/."""
+    def create(self, upload: NewUpload, tenant: str) -> CreatedUpload:
+        """Record the tenant's document awaiting its upload and return a presigned PUT URL under
+        uploads/<tenant>/<document id>/."""
         if upload.content_type not in UPLOAD_CONTENT_TYPES:
             raise RequestError(
                 f"content_type {upload.content_type!r} is not supported; use one of {', '.join(UPLOAD_CONTENT_TYPES)}",
@@ -135,10 +136,10 @@ class DocumentService:
                 requested = parse_page_selection(upload.pages, max_pages=self._settings.max_pages)
             except ValueError as exc:
                 raise RequestError(str(exc), field="pages") from exc
-        if upload.callback_url and not self._callbacks_signed:
+        if upload.callback_url and not (self._callbacks_signed or self._storage.callback_secret(tenant)):
             raise RequestError(
-                "callback_url needs CALLBACK_SECRET (or CALLBACK_SECRET_PARAMETER) configured, "
-                "so that callbacks can be signed",
+                "callback_url needs a callback secret: the tenant's (pagescribe tenants callback-secret) or the "
+                "stack's CALLBACK_SECRET (or CALLBACK_SECRET_PARAMETER), so that callbacks can be signed",
                 field="callback_url",
             )
         allowed = self._settings.model_allow_list
@@ -152,7 +153,7 @@ class DocumentService:
         escalation_model = self._escalation_model(upload)
         bucket = self._settings.require("bucket_name")
         document_id = str(uuid.uuid4())
-        key = f"{self._settings.upload_prefix}{document_id}/{safe_filename(upload.filename)}"
+        key = f"{self._settings.upload_prefix}{tenant}/{document_id}/{safe_filename(upload.filename)}"
         self._storage.create_pending_document(
             PendingDocument(
                 document_id=document_id,
@@ -164,6 +165,7 @@ class DocumentService:
                 prompt=upload.prompt,
                 requested_pages=requested,
                 callback_url=upload.callback_url,
+                tenant_id=tenant,
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds
@@ -183,16 +185,18 @@ class DocumentService:
             )
         return model or None
 
-    def _document(self, document_id: str) -> DocumentRecord | None:
+    def _document(self, document_id: str, tenant: str) -> DocumentRecord | None:
+        """The tenant's document with this id; None for another tenant's, as for an unknown id."""
         canonical = parse_document_id(document_id)
-        return self._storage.get_document(canonical) if canonical else None
+        document = self._storage.get_document(canonical) if canonical else None
+        return document if document is not None and document.tenant_id == tenant else None
 
-    def describe(self, document_id: str) -> dict[str, Any] | None:
-        document = self._document(document_id)
+    def describe(self, document_id: str, tenant: str) -> dict[str, Any] | None:
+        document = self._document(document_id, tenant)
         return describe_document(self._storage, document) if document else None
 
-    def transcript(self, document_id: str, fmt: TranscriptFormat) -> TranscriptAnswer | None:
-        document = self._document(document_id)
+    def transcript(self, document_id: str, fmt: TranscriptFormat, tenant: str) -> TranscriptAnswer | None:
+        document = self._document(document_id, tenant)
         if document is None:
             return None
         if document.status not in FINISHED or document.transcript_key is None:
@@ -205,9 +209,9 @@ class DocumentService:
         except ObjectMissingError:
             return TranscriptAnswer(document.status, None, "the transcript file is missing from the bucket")
 
-    def retry(self, document_id: str) -> list[int] | None:
+    def retry(self, document_id: str, tenant: str) -> list[int] | None:
         """Requeue the FAILED pages and send them (after the commit); the pages retried, or None if unknown."""
-        document = self._document(document_id)
+        document = self._document(document_id, tenant)
         if document is None:
             return None
         limit = self._settings.max_document_retries

@@ -138,6 +138,24 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         default=None, description="When set, every API request but /health must carry it in x-api-key."
     )
+    default_tenant: str = Field(
+        default="default",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$",
+        description="The tenant of API_KEY's callers, and of files put straight into the bucket (unless their key "
+        "starts with uploads/<tenant>/ for an existing tenant).",
+    )
+    tenant_keys_only: bool = Field(
+        default=False,
+        description="Refuse any API key that is neither API_KEY nor a tenant's key in the database (by default an "
+        "unknown key is the default tenant's when API_KEY is unset: API Gateway checked it).",
+    )
+    api_key_cache_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="How long a warm API environment keeps what it looked up about a key: a revoked key is "
+        "refused within this time.",
+    )
     upload_url_expiry_seconds: int = Field(default=900, ge=60, le=7 * 24 * 3600)
     upload_grace_seconds: int = Field(
         default=900,

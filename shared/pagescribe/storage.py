@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+DEFAULT_TENANT = "default"  # the operator's own tenant: API_KEY's, and the bucket's direct uploads by default
+
+
 class JobStatus(StrEnum):
     QUEUED = "QUEUED"
     PROCESSING = "PROCESSING"
@@ -46,9 +49,9 @@ class DocumentStatus(StrEnum):
 
 INSERT_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count,
-                           status, error, model, escalation_model, prompt, finished_at)
+                           status, error, model, escalation_model, prompt, tenant_id, finished_at)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, %(etag)s, %(version_id)s, %(size_bytes)s, %(kind)s, %(page_count)s,
-            %(source_page_count)s, %(status)s, %(error)s, %(model)s, %(escalation_model)s, %(prompt)s,
+            %(source_page_count)s, %(status)s, %(error)s, %(model)s, %(escalation_model)s, %(prompt)s, %(tenant_id)s,
             CASE WHEN %(status)s = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
     RETURNING id
@@ -56,9 +59,9 @@ INSERT_DOCUMENT = """
 
 INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
-                           prompt, filename, requested_pages, callback_url)
+                           prompt, filename, requested_pages, callback_url, tenant_id)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
-            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s)
+            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -243,7 +246,7 @@ REQUEUE_JOB = """
 GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
-           filename, requested_pages, callback_url, callback_status, callback_error, retries
+           filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
 
@@ -456,6 +459,38 @@ EXPIRE_AWAITING_UPLOADS = """
     """
 
 
+# --- tenants and their keys -------------------------------------------------------------------------------
+
+ENSURE_TENANT = "INSERT INTO tenants (id) VALUES (%(tenant_id)s) ON CONFLICT (id) DO NOTHING"
+
+TENANT_EXISTS = "SELECT 1 FROM tenants WHERE id = %(tenant_id)s"
+
+INSERT_API_KEY = """
+    INSERT INTO api_keys (id, tenant_id, key_hash, label) VALUES (%(id)s, %(tenant_id)s, %(key_hash)s, %(label)s)
+    """
+
+LIST_API_KEYS = """
+    SELECT id, tenant_id, label, created_at, revoked_at FROM api_keys
+    WHERE CAST(%(tenant_id)s AS text) IS NULL OR tenant_id = CAST(%(tenant_id)s AS text)
+    ORDER BY tenant_id, created_at
+    """
+
+# By the key's id or its label (the first characters of the key, as listed), within the tenant when one is named.
+REVOKE_API_KEY = """
+    UPDATE api_keys SET revoked_at = now()
+    WHERE (id::text = %(key)s OR label = %(key)s) AND revoked_at IS NULL
+      AND (CAST(%(tenant_id)s AS text) IS NULL OR tenant_id = CAST(%(tenant_id)s AS text))
+    RETURNING id, tenant_id, label
+    """
+
+# The unique index on key_hash serves it.
+FIND_API_KEY = "SELECT tenant_id, revoked_at FROM api_keys WHERE key_hash = %(key_hash)s"
+
+SET_TENANT_CALLBACK_KEY = "UPDATE tenants SET callback_secret = %(secret)s WHERE id = %(tenant_id)s RETURNING id"
+
+GET_TENANT_CALLBACK_KEY = "SELECT callback_secret FROM tenants WHERE id = %(tenant_id)s"
+
+
 # --- records ----------------------------------------------------------------------------------------------
 
 
@@ -469,6 +504,18 @@ class NewDocument:
     model: str
     prompt: str | None = None
     escalation_model: str | None = None
+    tenant_id: str = DEFAULT_TENANT
+
+
+@dataclass(frozen=True)
+class ApiKeyRecord:
+    """A tenant's API key as listed: never the key itself, which is stored only as its SHA-256."""
+
+    key_id: str
+    tenant_id: str
+    label: str  # the key's first characters, to tell keys apart
+    created_at: datetime | None
+    revoked_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -520,6 +567,7 @@ class DocumentRecord:
     escalation_model: str | None = None
     source_page_count: int | None = None  # pages in the file; page_count counts the pages asked for
     retries: int = 0  # how many times POST /retry requeued its failed pages
+    tenant_id: str = DEFAULT_TENANT  # whose document it is: only that tenant's keys read or retry it
 
 
 @dataclass(frozen=True)
@@ -535,6 +583,7 @@ class PendingDocument:
     requested_pages: tuple[int, ...] | None
     callback_url: str | None
     escalation_model: str | None = None
+    tenant_id: str = DEFAULT_TENANT
 
 
 @dataclass(frozen=True)
@@ -741,6 +790,7 @@ def _document(row: Any) -> DocumentRecord:
         callback_status=row.callback_status,
         callback_error=row.callback_error,
         retries=row.retries,
+        tenant_id=row.tenant_id,
     )
 
 
@@ -828,7 +878,12 @@ class Storage:
         else:
             statement = INSERT_DOCUMENT
             insert_params = {**params, "bucket": new.bucket, "object_key": new.object_key}
-            insert_params |= {"model": new.model, "escalation_model": new.escalation_model, "prompt": new.prompt}
+            insert_params |= {
+                "model": new.model,
+                "escalation_model": new.escalation_model,
+                "prompt": new.prompt,
+                "tenant_id": new.tenant_id,
+            }
 
         def record(connection: psycopg.Connection[Any]) -> CreatedDocument:
             with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
@@ -870,6 +925,7 @@ class Storage:
                 "filename": pending.filename,
                 "requested_pages": list(pending.requested_pages) if pending.requested_pages else None,
                 "callback_url": pending.callback_url,
+                "tenant_id": pending.tenant_id,
             },
         )
 
@@ -1001,6 +1057,49 @@ class Storage:
     def release_unsent_jobs(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             self._rows(RELEASE_UNSENT_JOBS, {"ids": list(job_ids)})
+
+    def ensure_tenant(self, tenant_id: str) -> None:
+        self._rows(ENSURE_TENANT, {"tenant_id": tenant_id})
+
+    def tenant_exists(self, tenant_id: str) -> bool:
+        return self._row(TENANT_EXISTS, {"tenant_id": tenant_id}) is not None
+
+    def add_api_key(self, tenant_id: str, key_hash: bytes, label: str) -> str:
+        """Record a key (its hash only) for the tenant, creating the tenant; the key's id."""
+        key_id = str(uuid.uuid4())
+
+        def record(connection: psycopg.Connection[Any]) -> None:
+            with connection.transaction():
+                connection.execute(ENSURE_TENANT, {"tenant_id": tenant_id})
+                connection.execute(
+                    INSERT_API_KEY, {"id": key_id, "tenant_id": tenant_id, "key_hash": key_hash, "label": label}
+                )
+
+        self._with_connection(record)
+        return key_id
+
+    def list_api_keys(self, tenant_id: str | None = None) -> list[ApiKeyRecord]:
+        return [
+            ApiKeyRecord(str(r.id), r.tenant_id, r.label, r.created_at, r.revoked_at)
+            for r in self._rows(LIST_API_KEYS, {"tenant_id": tenant_id})
+        ]
+
+    def revoke_api_key(self, key: str, tenant_id: str | None = None) -> list[ApiKeyRecord]:
+        """Revoke the live keys whose id or label is ``key``; the keys revoked."""
+        rows = self._rows(REVOKE_API_KEY, {"key": key, "tenant_id": tenant_id})
+        return [ApiKeyRecord(str(r.id), r.tenant_id, r.label, None, None) for r in rows]
+
+    def find_api_key(self, key_hash: bytes) -> tuple[str, bool] | None:
+        """The tenant of the key with this hash and whether it was revoked; None for an unknown key."""
+        row = self._row(FIND_API_KEY, {"key_hash": key_hash})
+        return None if row is None else (row.tenant_id, row.revoked_at is not None)
+
+    def set_callback_secret(self, tenant_id: str, secret: str) -> bool:
+        return self._row(SET_TENANT_CALLBACK_KEY, {"tenant_id": tenant_id, "secret": secret}) is not None
+
+    def callback_secret(self, tenant_id: str) -> str | None:
+        row = self._row(GET_TENANT_CALLBACK_KEY, {"tenant_id": tenant_id})
+        return None if row is None else row.callback_secret
 
     def expire_awaiting_uploads(self, *, after_seconds: float, error: str, limit: int) -> list[str]:
         """End as FAILED with ``error`` the documents still awaiting their upload ``after_seconds`` after creation."""

@@ -290,7 +290,7 @@ def test_the_format_query_parameter_takes_only_its_two_values(api: Pipeline) -> 
 
 # Where uploads go
 
-KEY_SHAPE = re.compile(r"^uploads/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/[^/]+$")
+KEY_SHAPE = re.compile(r"^uploads/default/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/[^/]+$")
 
 
 @pytest.mark.parametrize(
@@ -313,12 +313,12 @@ def test_a_hostile_filename_becomes_a_safe_key_under_the_documents_own_prefix(
 ) -> None:
     # When a document is created with a filename that tries to leave its place
     code, created = call("POST", "/documents", body={"filename": filename, "content_type": "application/pdf"})
-    # Then it is created, its key is exactly uploads/<its id>/<one safe name>, within S3's key length limit
+    # Then it is created, its key is exactly uploads/<its tenant>/<its id>/<one safe name>, within S3's key length limit
     assert code == 201
     document = storage.get_document(created["document_id"])
     assert document is not None
     key = document.object_key
-    assert key == f"uploads/{created['document_id']}/{stored_name}"
+    assert key == f"uploads/default/{created['document_id']}/{stored_name}"
     assert KEY_SHAPE.match(key) and ".." not in key.split("/") and len(key.encode()) <= 1024
     # And the presigned URL points at that key in the pipeline's bucket, and nowhere else
     url = urlsplit(created["upload_url"])

@@ -1296,3 +1296,13 @@ def test_bucket_versioning_is_an_option_with_noncurrent_versions_expiring(templa
     assert set(template["Parameters"]["BucketVersioning"]["AllowedValues"]) == {"Enabled", "Suspended"}
     [rule] = [r for r in bucket["LifecycleConfiguration"]["Rules"] if "NoncurrentVersionExpiration" in r]
     assert rule["Status"] == {"Fn::If": ["VersionedBucket", "Enabled", "Disabled"]}
+
+
+def test_the_api_is_told_whether_only_tenant_keys_count_and_which_models_callers_may_name(
+    template: dict[str, Any],
+) -> None:
+    environment = _environment(template, "ApiFunction")
+    assert environment["TENANT_KEYS_ONLY"] == {"Ref": "TenantKeysOnly"}
+    assert environment["ALLOWED_MODELS"] == {"Ref": "AllowedModels"}
+    assert template["Parameters"]["TenantKeysOnly"]["Default"] == "false"
+    assert template["Outputs"]["UsagePlanId"]["Value"] == {"Ref": "ApiUsagePlan"}

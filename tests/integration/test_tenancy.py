@@ -1,0 +1,258 @@
+"""Tenants: each key names its tenant, and a tenant reads, retries and is called back about its own documents only.
+
+Through the real API handler (API Gateway proxy events), the upload handler, moto's S3, PostgreSQL and the `pagescribe
+keys` command run as a user runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import boto3
+import pytest
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import Settings, get_settings
+from pagescribe.storage import Storage
+from pagescribe.tenancy import KeyRefused, KeyRing, create_key, key_hash
+from sqlalchemy import text
+
+from functions.api import app as api_app
+from tests.fakes.chat_server import FakeChatServer
+from tests.support.aws_events import LambdaContext, api_event
+from tests.support.commands import command_environment, pagescribe
+from tests.support.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+OPERATOR_KEY = "operator-key-0123456789"
+
+
+def call(method: str, path: str, key: str | None, body: Any = None) -> tuple[int, Any]:
+    headers = {"x-api-key": key} if key is not None else {}
+    raw = None if body is None else json.dumps(body)
+    response = api_app.handler(api_event(method, path, body=raw, headers=headers), LambdaContext(29))
+    try:
+        return response["statusCode"], json.loads(response["body"])
+    except json.JSONDecodeError:  # a markdown transcript
+        return response["statusCode"], response["body"]
+
+
+@pytest.fixture
+def tenants(pipeline: Pipeline, storage: Storage, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The operator's API_KEY, and a key each for tenants acme and globex (looked up afresh on every request)."""
+    monkeypatch.setenv("API_KEY", OPERATOR_KEY)
+    monkeypatch.setenv("API_KEY_CACHE_SECONDS", "0")
+    monkeypatch.setenv("CALLBACK_ALLOW_PRIVATE_NETWORKS", "true")
+    shutdown_runtime()
+    get_settings.cache_clear()
+    return {tenant: create_key(storage, tenant)[1] for tenant in ("acme", "globex")}
+
+
+def upload(pipeline: Pipeline, created: dict[str, Any], data: bytes) -> dict[str, Any]:
+    import httpx
+
+    from tests.support.aws_events import s3_put_event
+
+    assert httpx.put(created["upload_url"], content=data, headers=created["upload_headers"]).status_code == 200
+    key = httpx.URL(created["upload_url"]).path.split("/", 2)[2]
+    head = pipeline.s3.head_object(Bucket=pipeline.bucket, Key=key)
+    event = s3_put_event(pipeline.bucket, key, size=head["ContentLength"], etag=head["ETag"].strip('"'))
+    from functions.upload import app as upload_app
+
+    [document] = upload_app.handler(event, LambdaContext(120))["documents"]
+    return dict(document)
+
+
+def test_a_tenant_cannot_read_retry_or_see_another_tenants_documents(
+    pipeline: Pipeline, storage: Storage, tenants: dict[str, str], corpus: Path
+) -> None:
+    # Given a document of acme's, uploaded and transcribed, under acme's own prefix
+    code, created = call("POST", "/documents", tenants["acme"], {"filename": "a.png", "content_type": "image/png"})
+    assert code == 201 and f"/uploads/acme/{created['document_id']}/a.png" in created["upload_url"]
+    assert upload(pipeline, created, (corpus / "smile.png").read_bytes())["status"] == "PROCESSING"
+    pipeline.run_until_idle()
+    document_id = created["document_id"]
+
+    # When globex asks for it, its transcript, or a retry; and asks for an id that does not exist
+    theirs = [
+        call("GET", f"/documents/{document_id}", tenants["globex"]),
+        call("GET", f"/documents/{document_id}/transcript", tenants["globex"]),
+        call("POST", f"/documents/{document_id}/retry", tenants["globex"]),
+    ]
+    unknown = call("GET", "/documents/00000000-0000-0000-0000-000000000000", tenants["globex"])
+
+    # Then each answers exactly as for an unknown id: 404, nothing said of the document
+    assert [code for code, _ in theirs] == [404, 404, 404]
+    assert all(body == unknown[1] for _, body in theirs) and unknown[0] == 404
+    # And acme (and nobody else, not even the operator's key) reads it
+    assert call("GET", f"/documents/{document_id}", tenants["acme"])[0] == 200
+    assert call("GET", f"/documents/{document_id}/transcript", tenants["acme"])[0] == 200
+    assert call("GET", f"/documents/{document_id}", OPERATOR_KEY)[0] == 404
+    document = storage.get_document(document_id)
+    assert document is not None and document.tenant_id == "acme"
+
+
+def test_a_revoked_key_is_refused_and_keys_are_stored_only_hashed(
+    pipeline: Pipeline,
+    storage: Storage,
+    tenants: dict[str, str],
+    database_url: str,
+    tmp_path: Path,
+    fake_provider: FakeChatServer,
+) -> None:
+    # Given acme's key, which works
+    assert (
+        call("POST", "/documents", tenants["acme"], {"filename": "a.pdf", "content_type": "application/pdf"})[0] == 201
+    )
+
+    # When the operator lists the keys and revokes acme's by its label, with the command
+    env = command_environment(database_url, fake_provider)
+    listed = pagescribe("keys", "list", env=env, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    [acme_line] = [line for line in listed.stdout.splitlines() if line.startswith("acme\t")]
+    label = acme_line.split("\t")[1]
+    revoked = pagescribe("keys", "revoke", label, "--tenant", "acme", env=env, cwd=tmp_path)
+    assert revoked.returncode == 0, revoked.stderr
+
+    # Then the key is refused, saying so, and globex's still works
+    assert call("POST", "/documents", tenants["acme"], {"filename": "a.pdf", "content_type": "application/pdf"}) == (
+        403,
+        {"message": "revoked API key"},
+    )
+    assert call("GET", "/documents/00000000-0000-0000-0000-000000000000", tenants["globex"])[0] == 404
+    # And neither key is anywhere in the database: only their hashes and labels
+    with storage.engine.connect() as conn:
+        dump = json.dumps([list(map(str, row)) for row in conn.execute(text("SELECT * FROM api_keys"))])
+    assert all(key not in dump and key[12:] not in dump for key in tenants.values())
+    assert listed.stdout.count("\t") and all(key not in listed.stdout for key in tenants.values())
+
+
+def test_keys_create_shows_the_key_once_and_adds_it_to_the_usage_plan(
+    pipeline: Pipeline, storage: Storage, database_url: str, tmp_path: Path, fake_provider: FakeChatServer
+) -> None:
+    # Given the stack's API Gateway usage plan (moto's)
+    gateway = boto3.client("apigateway")
+    plan = gateway.create_usage_plan(name="pagescribe")["id"]
+    env = {**command_environment(database_url, fake_provider), **_aws_env()}
+
+    # When the operator makes a key for a new tenant with the command
+    made = pagescribe("keys", "create", "--tenant", "initech", "--usage-plan", plan, env=env, cwd=tmp_path)
+
+    # Then it prints the key once, the database knows its hash as initech's, and the usage plan has the same key
+    assert made.returncode == 0, made.stderr
+    printed = json.loads(made.stdout)
+    assert printed["tenant"] == "initech" and printed["api_key"].startswith("psk_")
+    assert storage.find_api_key(key_hash(printed["api_key"])) == ("initech", False)
+    keys = gateway.get_usage_plan_keys(usagePlanId=plan)["items"]
+    assert [k["value"] for k in keys] == [printed["api_key"]]
+    # And a tenant id that is not one is refused, naming it
+    bad = pagescribe("keys", "create", "--tenant", "Not A Tenant", env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "invalid tenant 'Not A Tenant'" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "tenant"),
+    [
+        ("uploads/acme/reports/q3.pdf", "acme"),
+        ("uploads/q3.pdf", "default"),
+        ("uploads/nobody/q3.pdf", "default"),
+    ],
+)
+def test_a_file_put_straight_into_the_bucket_belongs_to_the_tenant_its_prefix_names(
+    pipeline: Pipeline, storage: Storage, tenants: dict[str, str], corpus: Path, key: str, tenant: str
+) -> None:
+    [document] = pipeline.upload(key, corpus / "smile.png")["documents"]
+    record = storage.get_document(document["document_id"])
+    assert record is not None and record.tenant_id == tenant
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[dict[str, str], bytes]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((dict(self.headers), body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
+    handler = type("Receiver", (_Receiver,), {"received": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook", handler
+    server.shutdown()
+
+
+def test_callbacks_are_signed_with_the_tenants_own_rotatable_secret(
+    pipeline: Pipeline,
+    storage: Storage,
+    tenants: dict[str, str],
+    corpus: Path,
+    receiver: tuple[str, type[_Receiver]],
+    database_url: str,
+    tmp_path: Path,
+    fake_provider: FakeChatServer,
+) -> None:
+    # Given acme's own callback secret, made with the command (the stack has none)
+    env = command_environment(database_url, fake_provider)
+    made = pagescribe("tenants", "callback-secret", "--tenant", "acme", env=env, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    secret = json.loads(made.stdout)["callback_secret"]
+    url, handler = receiver
+
+    # When acme's document with a callback finishes
+    body = {"filename": "a.png", "content_type": "image/png", "callback_url": url}
+    code, created = call("POST", "/documents", tenants["acme"], body)
+    assert code == 201, created
+    upload(pipeline, created, (corpus / "smile.png").read_bytes())
+    pipeline.run_until_idle()
+
+    # Then the callback verifies under acme's secret
+    [(headers, raw)] = handler.received
+    signed = f"{headers['X-Pagescribe-Timestamp']}.{headers['X-Pagescribe-Delivery']}.".encode() + raw
+    assert (
+        headers["X-Pagescribe-Signature"] == "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    )
+    # And globex, with no secret of its own and none on the stack, cannot ask for unsigned callbacks
+    code, refused = call("POST", "/documents", tenants["globex"], body)
+    assert code == 422 and "callback_url" in json.dumps(refused)
+
+
+def test_a_revoked_key_is_refused_once_its_cached_answer_runs_out(storage: Storage) -> None:
+    # Given a warm environment that looked a key up a moment ago and keeps answers 30 s
+    now = [1000.0]
+    ring = KeyRing(Settings(api_key_cache_seconds=30, tenant_keys_only=True), storage, clock=lambda: now[0])
+    key_id, key = create_key(storage, "acme")
+    assert ring.tenant_for(key) == "acme"
+
+    # When the key is revoked
+    storage.revoke_api_key(key_id)
+
+    # Then the environment refuses it once the 30 s are up, and never an unknown or missing key
+    now[0] += 31
+    with pytest.raises(KeyRefused, match="revoked API key"):
+        ring.tenant_for(key)
+    with pytest.raises(KeyRefused, match="invalid API key"):
+        ring.tenant_for("psk_" + "x" * 43)
+    with pytest.raises(KeyRefused, match="missing API key") as missing:
+        ring.tenant_for(None)
+    assert missing.value.missing
+
+
+def _aws_env() -> dict[str, str]:
+    import os
+
+    return {name: value for name, value in os.environ.items() if name.startswith("AWS_")}
