@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import io
-import logging
 import math
 import os
 import re
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 # pagescribe.checks, pagescribe.layout and pagescribe.orientation are imported where a page is rendered or its text
 # read: the upload function only inspects documents, and keeps them (and their compiled patterns) out of its cold start.
 
-log = logging.getLogger(__name__)
 _PDFIUM_LOCK = threading.Lock()
 _PILLOW_GUARD_LOCK = threading.Lock()
 _SNIFF_BYTES = 1024
@@ -208,8 +206,8 @@ def _frame_count(image: Image.Image, limit: int) -> int | None:
 
 
 def _loadable_pages(pdf: pdfium.PdfDocument, count: int) -> int:
-    """How many of the ``count`` pages the page tree claims really load (its /Count can lie: a one-page file can say
-    400): the last page that loads, found by bisection, as a page tree ends where it ends."""
+    """How many of the ``count`` pages the page tree claims really load (pdfium takes /Count at its word: a one-page
+    file can say 400, and each claimed page would be a job): the last page that loads, found by bisection."""
 
     def loads(index: int) -> bool:
         try:
@@ -250,7 +248,11 @@ def inspect_document(path: Path, *, max_pages: int, max_image_pixels: int) -> Do
             claims = f" that load (it claims {claimed})" if claimed else ""
             raise InvalidDocumentError(f"the PDF has no pages{claims}")
         if pages < claimed:
-            log.warning("the PDF's page tree claims %d pages and %d load: it has %d", claimed, pages, pages)
+            raise InvalidDocumentError(
+                f"the PDF's page tree claims {_pages(claimed)} but only {pages} {'loads' if pages == 1 else 'load'}: "
+                "it is damaged or crafted "
+                "(repair it, e.g. with qpdf, and upload it again)"
+            )
         _check_page_count(pages, max_pages)
     else:
         with _open_image(path, kind) as image:
