@@ -72,47 +72,57 @@ class LocalStack:
 
 
 @contextmanager
-def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterator[LocalStack]:
-    """PostgreSQL (embedded unless DATABASE_URL is set), migrated; a moto server with the stack's
-    resources; the handlers loaded and their runtime warmed. Everything is stopped on the way out.
-
-    The moto server answers any request without credentials, so it listens on the loopback address only, whatever
-    address ``serve`` exposes the API on."""
+def _database_url(data_dir: Path) -> Iterator[bool]:
+    """DATABASE_URL as it is set, or the embedded server's in ``data_dir`` (started now, stopped on the way out);
+    whether it is the embedded one."""
     embedded = not os.environ.get("DATABASE_URL")
     if embedded:
         try:
             os.environ["DATABASE_URL"] = embedded_database_url(data_dir)
         except EmbeddedDatabaseError as exc:
             raise CommandError(str(exc)) from exc
-    _reload_settings()
-    settings = get_settings()
-    settings.check_model_call_budget()
-    settings.check_escalation()
-    upgrade_database(settings.sqlalchemy_url)
-    aws = LocalAws(host="127.0.0.1", port=aws_port)
-    resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))
     try:
-        _reload_settings()
-        runtime = get_runtime()
-        # Build every shared piece now, on this thread, before pollers and request threads use them.
-        for warm in (runtime.storage, runtime.store, runtime.queue, runtime.documents, runtime.transcriber):
-            assert warm is not None
-        lambdas = LambdaService(
-            resources,
-            upload=_handler("upload").handler,
-            transcribe=_handler("transcribe").handler,
-            sweeper=_handler("sweeper").handler,
-            transcribe_timeout=settings.function_timeout_seconds,
-            sweep_every=sweep_every,
-        )
-        database = "embedded PostgreSQL in " + str(data_dir) if embedded else "DATABASE_URL"
-        yield LocalStack(runtime, resources, lambdas, database)
+        yield embedded
     finally:
-        shutdown_runtime()
-        aws.stop()
         if embedded:
             stop_embedded_database()
             del os.environ["DATABASE_URL"]
+
+
+@contextmanager
+def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterator[LocalStack]:
+    """PostgreSQL (embedded unless DATABASE_URL is set), migrated; a moto server with the stack's
+    resources; the handlers loaded and their runtime warmed. Everything is stopped on the way out.
+
+    The moto server answers any request without credentials, so it listens on the loopback address only, whatever
+    address ``serve`` exposes the API on."""
+    with _database_url(data_dir) as embedded:
+        _reload_settings()
+        settings = get_settings()
+        settings.check_model_call_budget()
+        settings.check_escalation()
+        upgrade_database(settings.sqlalchemy_url)
+        aws = LocalAws(host="127.0.0.1", port=aws_port)
+        resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))
+        try:
+            _reload_settings()
+            runtime = get_runtime()
+            # Build every shared piece now, on this thread, before pollers and request threads use them.
+            for warm in (runtime.storage, runtime.store, runtime.queue, runtime.documents, runtime.transcriber):
+                assert warm is not None
+            lambdas = LambdaService(
+                resources,
+                upload=_handler("upload").handler,
+                transcribe=_handler("transcribe").handler,
+                sweeper=_handler("sweeper").handler,
+                transcribe_timeout=settings.function_timeout_seconds,
+                sweep_every=sweep_every,
+            )
+            database = "embedded PostgreSQL in " + str(data_dir) if embedded else "DATABASE_URL"
+            yield LocalStack(runtime, resources, lambdas, database)
+        finally:
+            shutdown_runtime()
+            aws.stop()
 
 
 # --- transcribe -------------------------------------------------------------------------------------------
@@ -493,14 +503,8 @@ def _migrate(_: argparse.Namespace) -> int:
 def _database(data_dir: Path) -> Iterator[Storage]:
     """DATABASE_URL's database (the deployed one, reached from here), or the embedded server of the local commands,
     migrated."""
-    embedded = not os.environ.get("DATABASE_URL")
-    if embedded:
-        try:
-            os.environ["DATABASE_URL"] = embedded_database_url(data_dir)
-        except EmbeddedDatabaseError as exc:
-            raise CommandError(str(exc)) from exc
-    _reload_settings()
-    try:
+    with _database_url(data_dir):
+        _reload_settings()
         url = get_settings().sqlalchemy_url
         upgrade_database(url)
         engine = create_database_engine(url)
@@ -508,10 +512,6 @@ def _database(data_dir: Path) -> Iterator[Storage]:
             yield Storage(engine)
         finally:
             engine.dispose()
-    finally:
-        if embedded:
-            stop_embedded_database()
-            del os.environ["DATABASE_URL"]
 
 
 def _tenant_argument(value: str) -> str:

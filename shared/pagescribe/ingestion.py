@@ -100,6 +100,16 @@ class Ingestor:
         Inputs that can never be transcribed end as a FAILED document with the reason; nothing is raised
         for them, so S3 does not retry a hopeless input. Infrastructure errors are raised: the event is
         retried and the document is recorded once."""
+        return self._record(obj, failure=None)
+
+    def reject(self, obj: UploadedObject, reason: str) -> IngestResult:
+        """Record the object as a FAILED document with ``reason`` (an API document awaiting it ends FAILED), unless it
+        is already recorded: the upload function gave up on it, and its user must see why."""
+        return self._record(obj, failure=reason)
+
+    def _record(self, obj: UploadedObject, *, failure: str | None) -> IngestResult:
+        """The object as a document: FAILED with ``failure`` when given, else opened and counted (under the render
+        pool's limits) and FAILED with what is wrong, or PROCESSING with its jobs enqueued after the commit."""
         if not obj.key.startswith(self._settings.upload_prefix):
             log.info("ignoring an object outside %s", self._settings.upload_prefix, extra={"key": obj.key})
             return IngestResult(obj.bucket, obj.key, None, "IGNORED")
@@ -117,7 +127,7 @@ class Ingestor:
         kind: str | None = None
         pages: list[int] = []
         page_count: int | None = None
-        error = self._precheck(obj)
+        error = failure or self._precheck(obj)
         if error is None:
             try:
                 kind, page_count = self._inspect(obj, selected=requested is not None)
@@ -158,32 +168,6 @@ class Ingestor:
             },
         )
         return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.PROCESSING, len(pages), len(sent))
-
-    def reject(self, obj: UploadedObject, reason: str) -> IngestResult:
-        """Record the object as a FAILED document with ``reason`` (an API document awaiting it ends FAILED), unless it
-        is already recorded: the upload function gave up on it, and its user must see why."""
-        if not obj.key.startswith(self._settings.upload_prefix):
-            return IngestResult(obj.bucket, obj.key, None, "IGNORED")
-        named = self._named_document(obj)
-        pending = named if self._awaits(named, obj) else None
-        new = self._new_document(obj, pending)
-        existing = self._storage.find_document(new)
-        if existing is not None:
-            return IngestResult(obj.bucket, obj.key, existing, "DUPLICATE")
-        if named is not None and pending is None:
-            return self._refused(obj, named)
-        created = self._storage.create_document(
-            new,
-            kind=None,
-            pages=[],
-            source_page_count=None,
-            error=reason,
-            pending_id=pending.document_id if pending else None,
-        )
-        if created.duplicate:
-            return IngestResult(obj.bucket, obj.key, created.document_id, "DUPLICATE")
-        log.error("upload failed for good: %s", reason, extra={"document_id": created.document_id, "key": obj.key})
-        return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.FAILED, error=reason)
 
     def _new_document(self, obj: UploadedObject, pending: DocumentRecord | None) -> NewDocument:
         return NewDocument(

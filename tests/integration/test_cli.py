@@ -66,22 +66,29 @@ def test_transcribe_names_a_missing_file(database_url: str, fake_provider: FakeC
     assert result.returncode == 2 and "no such file: nope.pdf" in result.stderr
 
 
-def test_serve_is_used_like_the_deployed_stack(
-    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
-) -> None:
-    # Given pagescribe serve running, with an API key
+def start_serve(
+    database_url: str, fake_provider: FakeChatServer, cwd: Path, *options: str
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """``pagescribe serve`` with the API key ``local-key``, and the endpoints it printed once it was up."""
     env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "pagescribe.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "pagescribe.cli", "serve", "--port", "0", *options],
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    assert server.stdout is not None
+    return server, json.loads(server.stdout.readline())
+
+
+def test_serve_is_used_like_the_deployed_stack(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given pagescribe serve running, with an API key
+    server, endpoints = start_serve(database_url, fake_provider, tmp_path)
     try:
-        assert server.stdout is not None
-        endpoints: dict[str, Any] = json.loads(server.stdout.readline())
         api, headers = endpoints["api"], {"x-api-key": "local-key"}
         # When a user creates a document over HTTP and PUTs the file to the presigned URL
         assert (
@@ -138,18 +145,8 @@ def test_serve_checks_the_key_and_the_length_before_reading_a_body_and_keeps_s3_
     database_url: str, fake_provider: FakeChatServer, tmp_path: Path
 ) -> None:
     # Given pagescribe serve exposed on every address, with an API key
-    env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pagescribe.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    server, endpoints = start_serve(database_url, fake_provider, tmp_path, "--host", "0.0.0.0")
     try:
-        assert server.stdout is not None
-        endpoints: dict[str, Any] = json.loads(server.stdout.readline())
         port = int(endpoints["api"].rsplit(":", 1)[1])
         post = "POST /documents HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 
