@@ -146,7 +146,7 @@ def local_pipeline(database_url: str, **settings: str) -> Iterator[Pipeline]:
     with (
         environment(**values),
         tempfile.TemporaryDirectory(prefix="bench-stack-") as scratch,
-        local_stack(data_dir=Path(scratch), host="127.0.0.1", aws_port=0, sweep_every=3600.0) as stack,
+        local_stack(data_dir=Path(scratch), aws_port=0, sweep_every=3600.0) as stack,
     ):
         ref: list[Pipeline] = []
         handlers = {name: importlib.import_module(f"functions.{name}.app").handler for name in ("upload", "transcribe")}

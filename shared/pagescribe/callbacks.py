@@ -102,10 +102,11 @@ class CallbackNotifier:
 
     def deliver_due(self, *, document_id: str | None = None, limit: int = 50) -> int:
         """Deliver the callbacks that are due (or just this document's), concurrently; return how many were
-        delivered. Callbacks claimed CALLBACK_MAX_ATTEMPTS times and never recorded (their deliverer died) end
-        FAILED first."""
+        delivered. In a round over all of them, callbacks claimed CALLBACK_MAX_ATTEMPTS times and never recorded
+        (their deliverer died) end FAILED first."""
         settings = self._settings
-        self._storage.abandon_callbacks(max_attempts=settings.callback_max_attempts)
+        if document_id is None:  # a sweeper's round: give up the callbacks whose deliverers died
+            self._storage.abandon_callbacks(max_attempts=settings.callback_max_attempts)
         due = self._storage.claim_due_callbacks(
             limit=limit, document_id=document_id, max_attempts=settings.callback_max_attempts
         )
