@@ -67,7 +67,7 @@ def both_servers(request: pytest.FixtureRequest) -> str:
 def storage(database_url: str) -> Iterator[Storage]:
     engine = create_database_engine(database_url, pool_size=20)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE documents, jobs, attempts, api_keys"))
+        conn.execute(text("TRUNCATE documents, jobs, attempts, api_keys, idempotency_keys"))
         conn.execute(text("DELETE FROM tenants WHERE id <> 'default'"))
         conn.execute(text("UPDATE tenants SET callback_secret = NULL"))
     yield Storage(engine)

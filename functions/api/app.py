@@ -50,6 +50,11 @@ class CreateDocumentRequest(BaseModel):
     callback_url: HttpUrl | None = Field(
         default=None, description="POSTed a signed JSON summary when the document finishes."
     )
+    reuse: bool = Field(
+        default=True,
+        description="When the same bytes were transcribed for the same model, escalation model, prompt and pages, "
+        "reuse that transcript without a model call. false: transcribe again.",
+    )
 
     @field_validator(
         "model", "escalation_model", "prompt"
@@ -192,6 +197,11 @@ def gate(raw_event: dict[str, Any]) -> dict[str, Any] | None:
     return authenticate(raw_event)[0]
 
 
+def _header(name: str) -> str | None:
+    """The request's header of that name, however it is spelled."""
+    return next((value for key, value in app.current_event.headers.items() if key.lower() == name.lower()), None)
+
+
 def _tenant() -> str:
     return str(app.context["tenant"])
 
@@ -230,8 +240,10 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             escalation_model=request.escalation_model,
             prompt=request.prompt,
             callback_url=str(request.callback_url) if request.callback_url else None,
+            reuse=request.reuse,
         ),
         _tenant(),
+        idempotency_key=_header("Idempotency-Key"),
     )
     logger.info("document created", extra={"document_id": created.document_id, "key": created.key, "tenant": _tenant()})
     return CreateDocumentResponse(

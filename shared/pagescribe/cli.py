@@ -271,6 +271,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             model=args.model,
             escalation_model=args.escalation_model,
             prompt=args.prompt,
+            reuse=args.reuse,
         )
         tracked = [_upload(stack, path, options) for path in paths]
         _run_until_finished(stack, tracked)
@@ -353,6 +354,7 @@ def _eval(args: argparse.Namespace) -> int:
                     model=args.model,
                     escalation_model=args.escalation_model,
                     prompt=args.prompt,
+                    reuse=False,  # the model is what is measured: every page is asked again
                 ),
             )
             for document in documents
@@ -614,6 +616,13 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--out", default=".", help="directory for <name>.md (and .json); '-' prints markdown")
     transcribe.add_argument("--pages", help='pages to transcribe, e.g. "1-3,7"')
     transcribe.add_argument("--model", help="model to ask (default: MODEL)")
+    transcribe.add_argument(
+        "--no-reuse",
+        dest="reuse",
+        action="store_false",
+        help="transcribe again even when the same file was transcribed for the same request (by default its "
+        "transcript is reused, with no model call)",
+    )
     transcribe.add_argument(
         "--escalation-model",
         help="stronger model asked once more for a page whose answer is hard-flagged (default: ESCALATION_MODEL)",

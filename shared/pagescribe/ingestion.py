@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote_plus
@@ -86,13 +88,20 @@ class Inspector(Protocol):
 
 class Ingestor:
     def __init__(
-        self, settings: Settings, storage: Storage, store: DocumentStore, queue: JobQueue, inspector: Inspector
+        self,
+        settings: Settings,
+        storage: Storage,
+        store: DocumentStore,
+        queue: JobQueue,
+        inspector: Inspector,
+        finish: Callable[[str], object],
     ) -> None:
         self._settings = settings
         self._storage = storage
         self._store = store
         self._queue = queue
         self._inspector = inspector
+        self._finish = finish  # writes a finished document's transcript (pagescribe.transcripts)
 
     def ingest(self, obj: UploadedObject) -> IngestResult:
         """Record the object as a document with its page jobs, then enqueue them (after commit).
@@ -127,12 +136,16 @@ class Ingestor:
         kind: str | None = None
         pages: list[int] = []
         page_count: int | None = None
+        donor: str | None = None
         error = failure or self._precheck(obj)
         if error is None:
             try:
-                kind, page_count = self._inspect(obj, selected=requested is not None)
+                kind, page_count, digest = self._inspect(obj, selected=requested is not None)
                 pages = list(requested or range(1, page_count + 1))
                 error = _selection_error(requested, page_count)
+                new = replace(new, sha256=digest)
+                if error is None and (pending.reuse if pending else True):
+                    donor = self._storage.find_reusable_document(new, pages)
             except InvalidDocumentError as exc:
                 error = exc.reason
             except ObjectMissingError as exc:
@@ -145,12 +158,20 @@ class Ingestor:
             source_page_count=page_count,
             error=error,
             pending_id=pending.document_id if pending else None,
+            donor_id=donor,
         )
         if created.duplicate:
             return IngestResult(obj.bucket, obj.key, created.document_id, "DUPLICATE")
         if error is not None:
             log.warning("document rejected: %s", error, extra={"document_id": created.document_id, "key": obj.key})
             return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.FAILED, error=error)
+        if created.reused:
+            log.info(
+                "the same file was transcribed for the same request: its pages are reused, no model call",
+                extra={"document_id": created.document_id, "reused_from": donor, "pages": len(pages)},
+            )
+            self._finish(created.document_id)
+            return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.COMPLETED, len(pages), 0)
 
         messages = [
             JobMessage(job_id, created.document_id, page) for job_id, page in zip(created.job_ids, pages, strict=True)
@@ -232,11 +253,14 @@ class Ingestor:
             )
         return None
 
-    def _inspect(self, obj: UploadedObject, *, selected: bool) -> tuple[str, int]:
+    def _inspect(self, obj: UploadedObject, *, selected: bool) -> tuple[str, int, bytes]:
+        """The file's kind, page count and SHA-256."""
         # With a page selection (checked against MAX_PAGES when it was made), the document may be longer.
         max_pages = sys.maxsize if selected else self._settings.max_pages
         with tempfile.TemporaryDirectory(prefix="pagescribe-upload-") as scratch:
             path = Path(scratch) / "source"
             self._store.download(obj.bucket, obj.key, path, version_id=obj.version_id, etag=obj.etag or None)
+            with path.open("rb") as source:
+                digest = hashlib.file_digest(source, "sha256").digest()
             info = self._inspector.inspect(path, max_pages=max_pages, max_image_pixels=self._settings.max_image_pixels)
-        return info.kind.value, info.page_count
+        return info.kind.value, info.page_count, digest

@@ -150,7 +150,7 @@ class Runtime:
     def ingestor(self) -> Ingestor:
         from pagescribe.ingestion import Ingestor
 
-        return Ingestor(self.settings, self.storage, self.store, self.queue, self.renderer)
+        return Ingestor(self.settings, self.storage, self.store, self.queue, self.renderer, self.transcripts.finish)
 
     @cached_property
     def renderer(self) -> RenderPool:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -26,6 +28,9 @@ class RequestError(ValueError):
         self.field = field
 
 
+MAX_IDEMPOTENCY_KEY = 255
+
+
 class RetryLimitError(Exception):
     """The document has used its retries (MAX_DOCUMENT_RETRIES)."""
 
@@ -39,6 +44,7 @@ class NewUpload:
     prompt: str | None = None
     callback_url: str | None = None
     escalation_model: str | None = None  # None: the stack's ESCALATION_MODEL; "": no escalation
+    reuse: bool = True  # the same bytes for the same request reuse a finished transcript (no model call)
 
 
 @dataclass(frozen=True)
@@ -122,9 +128,36 @@ class DocumentService:
         self._queue = queue
         self._callbacks_signed = callbacks_signed
 
-    def create(self, upload: NewUpload, tenant: str) -> CreatedUpload:
+    def create(self, upload: NewUpload, tenant: str, *, idempotency_key: str | None = None) -> CreatedUpload:
         """Record the tenant's document awaiting its upload and return a presigned PUT URL under
-        uploads/<tenant>/<document id>/."""
+        uploads/<tenant>/<document id>/. With ``idempotency_key``, the first answer given to that key is given again
+        (and a different request with it is refused): a client that retries a timed-out request makes one
+        document."""
+        if idempotency_key is None:
+            return self._create(upload, tenant)
+        if not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+            raise RequestError(
+                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters, not {len(idempotency_key)}",
+                field="Idempotency-Key",
+            )
+        digest = hashlib.sha256(json.dumps(asdict(upload), sort_keys=True).encode()).digest()
+        first = self._storage.idempotent_answer(tenant, idempotency_key)
+        if first is None:
+            created = self._create(upload, tenant)
+            answer = {**asdict(created), "expires_at": created.expires_at.isoformat()}
+            if self._storage.remember_answer(tenant, idempotency_key, digest, created.document_id, answer):
+                return created
+            first = self._storage.idempotent_answer(tenant, idempotency_key)  # a concurrent request was first
+            assert first is not None, "the key's answer exists: its insert conflicted"
+        request, answer = first
+        if request != digest:
+            raise RequestError(
+                f"Idempotency-Key {idempotency_key!r} was first used with another request; use a new key",
+                field="Idempotency-Key",
+            )
+        return CreatedUpload(**{**answer, "expires_at": datetime.fromisoformat(answer["expires_at"])})
+
+    def _create(self, upload: NewUpload, tenant: str) -> CreatedUpload:
         if upload.content_type not in UPLOAD_CONTENT_TYPES:
             raise RequestError(
                 f"content_type {upload.content_type!r} is not supported; use one of {', '.join(UPLOAD_CONTENT_TYPES)}",
@@ -166,6 +199,7 @@ class DocumentService:
                 requested_pages=requested,
                 callback_url=upload.callback_url,
                 tenant_id=tenant,
+                reuse=upload.reuse,
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds

@@ -49,19 +49,19 @@ class DocumentStatus(StrEnum):
 
 INSERT_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count,
-                           status, error, model, escalation_model, prompt, tenant_id, finished_at)
+                           status, error, model, escalation_model, prompt, tenant_id, sha256, finished_at)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, %(etag)s, %(version_id)s, %(size_bytes)s, %(kind)s, %(page_count)s,
             %(source_page_count)s, %(status)s, %(error)s, %(model)s, %(escalation_model)s, %(prompt)s, %(tenant_id)s,
-            CASE WHEN %(status)s = 'FAILED' THEN now() END)
+            %(sha256)s, CASE WHEN %(status)s = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
     RETURNING id
     """
 
 INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
-                           prompt, filename, requested_pages, callback_url, tenant_id)
+                           prompt, filename, requested_pages, callback_url, tenant_id, reuse)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
-            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s)
+            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -69,7 +69,7 @@ INSERT_PENDING_DOCUMENT = """
 ACTIVATE_DOCUMENT = """
     UPDATE documents
     SET etag = %(etag)s, version_id = %(version_id)s, size_bytes = %(size_bytes)s, kind = %(kind)s,
-        page_count = %(page_count)s, source_page_count = %(source_page_count)s,
+        page_count = %(page_count)s, source_page_count = %(source_page_count)s, sha256 = %(sha256)s,
         status = %(status)s, error = %(error)s, finished_at = CASE WHEN %(status)s = 'FAILED' THEN now() END,
         updated_at = now()
     WHERE id = %(id)s AND status = 'AWAITING_UPLOAD'
@@ -246,7 +246,8 @@ REQUEUE_JOB = """
 GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
-           filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id
+           filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id, reuse,
+           reused_from
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
 
@@ -459,6 +460,48 @@ EXPIRE_AWAITING_UPLOADS = """
     """
 
 
+# The latest finished document of the tenant with the same bytes and the same request (model, escalation model,
+# prompt, pages) whose pages all completed: its answers stand in for model calls. ix_documents_reusable serves it.
+FIND_REUSABLE_DOCUMENT = """
+    SELECT d.id FROM documents d
+    WHERE d.tenant_id = %(tenant_id)s AND d.sha256 = %(sha256)s AND d.status = 'COMPLETED'
+      AND d.model = %(model)s AND d.escalation_model IS NOT DISTINCT FROM %(escalation_model)s
+      AND d.prompt IS NOT DISTINCT FROM %(prompt)s AND d.page_count = cardinality(CAST(%(pages)s AS integer[]))
+      AND (SELECT count(*) FROM jobs j
+           WHERE j.document_id = d.id AND j.status = 'COMPLETED'
+             AND j.page_number = ANY(CAST(%(pages)s AS integer[]))) = d.page_count
+    ORDER BY d.finished_at DESC
+    LIMIT 1
+    """
+
+# A reused document's pages: the donor's answers and flags, COMPLETED, with no attempt and nothing spent.
+COPY_JOBS = """
+    INSERT INTO jobs (document_id, page_number, status, result_text, finish_reason, prompt_tokens, completion_tokens,
+                      cost, model, provider, flags, confidence, escalation, completed_at)
+    SELECT %(document_id)s, j.page_number, 'COMPLETED', j.result_text, j.finish_reason, 0, 0, 0, j.model, j.provider,
+           j.flags, j.confidence, j.escalation, now()
+    FROM jobs j WHERE j.document_id = %(donor_id)s AND j.page_number = ANY(CAST(%(pages)s AS integer[]))
+    RETURNING id, page_number
+    """
+
+MARK_REUSED = """
+    UPDATE documents SET pages_completed = %(pages)s, reused_from = %(donor_id)s, updated_at = now()
+    WHERE id = %(document_id)s
+    """
+
+IDEMPOTENT_ANSWER = """
+    SELECT request, answer FROM idempotency_keys WHERE tenant_id = %(tenant_id)s AND key = %(key)s
+    """
+
+# The first answer stands: a concurrent request with the same key finds it and returns it instead of its own.
+REMEMBER_ANSWER = """
+    INSERT INTO idempotency_keys (tenant_id, key, request, document_id, answer)
+    VALUES (%(tenant_id)s, %(key)s, %(request)s, %(document_id)s, %(answer)s)
+    ON CONFLICT (tenant_id, key) DO NOTHING
+    RETURNING key
+    """
+
+
 # --- tenants and their keys -------------------------------------------------------------------------------
 
 ENSURE_TENANT = "INSERT INTO tenants (id) VALUES (%(tenant_id)s) ON CONFLICT (id) DO NOTHING"
@@ -505,6 +548,7 @@ class NewDocument:
     prompt: str | None = None
     escalation_model: str | None = None
     tenant_id: str = DEFAULT_TENANT
+    sha256: bytes | None = None  # of the file's bytes
 
 
 @dataclass(frozen=True)
@@ -523,6 +567,7 @@ class CreatedDocument:
     document_id: str
     job_ids: tuple[str, ...]
     duplicate: bool
+    reused: bool = False  # its pages were copied from a finished document: nothing to queue
 
 
 @dataclass(frozen=True)
@@ -568,6 +613,8 @@ class DocumentRecord:
     source_page_count: int | None = None  # pages in the file; page_count counts the pages asked for
     retries: int = 0  # how many times POST /retry requeued its failed pages
     tenant_id: str = DEFAULT_TENANT  # whose document it is: only that tenant's keys read or retry it
+    reuse: bool = True  # a finished transcript of the same bytes and request may stand in for model calls
+    reused_from: str | None = None  # the document whose pages this one's are, copied without a model call
 
 
 @dataclass(frozen=True)
@@ -584,6 +631,7 @@ class PendingDocument:
     callback_url: str | None
     escalation_model: str | None = None
     tenant_id: str = DEFAULT_TENANT
+    reuse: bool = True
 
 
 @dataclass(frozen=True)
@@ -791,6 +839,8 @@ def _document(row: Any) -> DocumentRecord:
         callback_error=row.callback_error,
         retries=row.retries,
         tenant_id=row.tenant_id,
+        reuse=row.reuse,
+        reused_from=str(row.reused_from) if row.reused_from else None,
     )
 
 
@@ -856,11 +906,13 @@ class Storage:
         source_page_count: int | None = None,
         error: str | None = None,
         pending_id: str | None = None,
+        donor_id: str | None = None,
     ) -> CreatedDocument:
         """Record a document and one QUEUED job per page in one transaction; with ``error``, a FAILED
         document and no jobs. The same object (bucket, key, etag, version) is recorded once. With
         ``pending_id``, the document the API created for this upload is the one recorded. ``source_page_count``
-        is the file's own page count (``pages`` may be a selection of them)."""
+        is the file's own page count (``pages`` may be a selection of them). With ``donor_id`` (a finished document
+        of the same bytes and request) the jobs are that document's answers, COMPLETED, and nothing is queued."""
         document_id = pending_id or str(uuid.uuid4())
         params: dict[str, Any] = {
             "id": document_id,
@@ -872,6 +924,7 @@ class Storage:
             "source_page_count": source_page_count,
             "status": DocumentStatus.FAILED.value if error else DocumentStatus.PROCESSING.value,
             "error": error,
+            "sha256": new.sha256,
         }
         if pending_id is not None:
             statement, insert_params = ACTIVATE_DOCUMENT, params
@@ -904,11 +957,14 @@ class Storage:
                     return CreatedDocument(str(existing.id), (), duplicate=True)
                 job_ids: tuple[str, ...] = ()
                 if not error:
-                    jobs: list[Any] = cursor.execute(
-                        INSERT_JOBS, {"document_id": document_id, "pages": list(pages)}
-                    ).fetchall()
+                    pages_params = {"document_id": document_id, "pages": list(pages), "donor_id": donor_id}
+                    jobs: list[Any] = cursor.execute(COPY_JOBS if donor_id else INSERT_JOBS, pages_params).fetchall()
                     job_ids = tuple(str(j.id) for j in sorted(jobs, key=lambda j: j.page_number))
-            return CreatedDocument(document_id, job_ids, duplicate=False)
+                    if donor_id:
+                        cursor.execute(
+                            MARK_REUSED, {"document_id": document_id, "donor_id": donor_id, "pages": len(jobs)}
+                        )
+            return CreatedDocument(document_id, job_ids, duplicate=False, reused=donor_id is not None and not error)
 
         return self._with_connection(record)
 
@@ -926,6 +982,7 @@ class Storage:
                 "requested_pages": list(pending.requested_pages) if pending.requested_pages else None,
                 "callback_url": pending.callback_url,
                 "tenant_id": pending.tenant_id,
+                "reuse": pending.reuse,
             },
         )
 
@@ -1057,6 +1114,39 @@ class Storage:
     def release_unsent_jobs(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             self._rows(RELEASE_UNSENT_JOBS, {"ids": list(job_ids)})
+
+    def find_reusable_document(self, new: NewDocument, pages: Sequence[int]) -> str | None:
+        """The tenant's latest finished document of the same bytes, model, escalation model, prompt and pages."""
+        row = self._row(
+            FIND_REUSABLE_DOCUMENT,
+            {
+                "tenant_id": new.tenant_id,
+                "sha256": new.sha256,
+                "model": new.model,
+                "escalation_model": new.escalation_model,
+                "prompt": new.prompt,
+                "pages": list(pages),
+            },
+        )
+        return None if row is None else str(row.id)
+
+    def idempotent_answer(self, tenant_id: str, key: str) -> tuple[bytes, dict[str, Any]] | None:
+        """The request digest and the answer first given for this Idempotency-Key of the tenant, if any."""
+        row = self._row(IDEMPOTENT_ANSWER, {"tenant_id": tenant_id, "key": key})
+        return None if row is None else (bytes(row.request), dict(row.answer))
+
+    def remember_answer(
+        self, tenant_id: str, key: str, request: bytes, document_id: str, answer: dict[str, Any]
+    ) -> bool:
+        """Keep the first answer for the key; False when another request with it was first."""
+        params = {
+            "tenant_id": tenant_id,
+            "key": key,
+            "request": request,
+            "document_id": document_id,
+            "answer": Jsonb(answer),
+        }
+        return self._row(REMEMBER_ANSWER, params) is not None
 
     def ensure_tenant(self, tenant_id: str) -> None:
         self._rows(ENSURE_TENANT, {"tenant_id": tenant_id})

@@ -142,6 +142,7 @@ def render_json(
                 "page_count": document.source_page_count,
             },
             "status": status.value,
+            "reused_from": document.reused_from,
             "page_count": document.page_count,
             "flagged_pages": sum(bool(p.flags) for p in pages),
             "model": document.model,

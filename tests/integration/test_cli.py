@@ -203,8 +203,9 @@ def test_transcribe_escalates_a_looping_page_and_prints_one_line_per_flagged_pag
 
     fake_provider.route(rule)
     env = command_environment(database_url, fake_provider)
-    # When the user transcribes it without an escalation model, then with one
-    without = pagescribe("transcribe", str(source), "--out", "a", env=env, cwd=tmp_path)
+    # When the user transcribes it afresh (an earlier test's transcript of the same file is in this database) without
+    # an escalation model, then with one
+    without = pagescribe("transcribe", str(source), "--out", "a", "--no-reuse", env=env, cwd=tmp_path)
     escalated = pagescribe(
         "transcribe", str(source), "--out", "b", "--escalation-model", "test/strong-model", env=env, cwd=tmp_path
     )

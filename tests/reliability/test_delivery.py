@@ -488,7 +488,8 @@ def test_a_database_restart_in_the_middle_of_a_run_loses_and_doubles_nothing(
         assert len(in_flight) == 10
         in_flight_jobs = [job_id_of(m) for m in in_flight]
         refused = pipeline.receive()
-        outage_upload = pipeline.put("uploads/during-the-outage.pdf", corpus / SOURCE)
+        # (another 4-page file: the same bytes as the others would reuse their finished transcript)
+        outage_upload = pipeline.put("uploads/during-the-outage.pdf", corpus / "pdflatex-outline.pdf")
         socket_dir = server.socket_dir
         fake_provider.default_delay = 5  # the answers come once the server is down (a fast stop takes < 1 s)
         worker = start_environment("transcribe", sqs_event(in_flight, pipeline.queue_arn), timeout=17)
