@@ -55,6 +55,13 @@ class CreateDocumentRequest(BaseModel):
         description="When the same bytes were transcribed for the same model, escalation model, prompt and pages, "
         "reuse that transcript without a model call. false: transcribe again.",
     )
+    max_cost_usd: float | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="What the document's model calls may cost in all (USD). A page whose call would exceed it is not "
+        "started: it ends SKIPPED (reason: budget) and the document PARTIAL.",
+    )
 
     @field_validator(
         "model", "escalation_model", "prompt"
@@ -66,6 +73,16 @@ class CreateDocumentRequest(BaseModel):
         return value
 
 
+class Estimate(BaseModel):
+    model: str
+    pages: int | None = Field(description="The pages asked for; null until the upload is read (no pages named).")
+    cost_per_page_usd: float | None = Field(
+        description="The model's mean cost per page over its latest calls; null without history."
+    )
+    cost_usd: float | None = Field(description="pages times cost_per_page_usd; null when either is unknown.")
+    basis: str = Field(description="What the estimate rests on.")
+
+
 class CreateDocumentResponse(BaseModel):
     document_id: str
     status: str
@@ -73,6 +90,7 @@ class CreateDocumentResponse(BaseModel):
     upload_method: Literal["PUT"] = "PUT"
     upload_headers: dict[str, str]
     expires_at: datetime
+    estimate: Estimate = Field(description="What the document is expected to cost, before it starts.")
 
 
 class PageError(BaseModel):
@@ -127,10 +145,12 @@ class DocumentStatusResponse(BaseModel):
     page_errors: list[PageError]
     flagged_pages: int = Field(description="Pages whose answer raised at least one flag.")
     page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
-    model_calls: int = Field(description="Model calls that answered, kept or not: each is paid for.")
+    model_calls: int = Field(description="Model calls made, kept, rejected or failed: each is recorded.")
     prompt_tokens: int
     completion_tokens: int
     cost: float = Field(description="USD, the sum over every model call of the document, kept or not.")
+    max_cost_usd: float | None = Field(description="The document's cost cap, if it has one.")
+    estimate: Estimate
     created_at: datetime
     finished_at: datetime | None
     transcript_key: str | None
@@ -241,6 +261,7 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             prompt=request.prompt,
             callback_url=str(request.callback_url) if request.callback_url else None,
             reuse=request.reuse,
+            max_cost_usd=request.max_cost_usd,
         ),
         _tenant(),
         idempotency_key=_header("Idempotency-Key"),
@@ -252,6 +273,7 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
         upload_url=created.upload_url,
         upload_headers={"Content-Type": created.content_type},
         expires_at=created.expires_at,
+        estimate=Estimate.model_validate(created.estimate),
     )
 
 

@@ -11,6 +11,7 @@ from pagescribe.runtime import get_runtime
 from pagescribe.settings import get_settings
 
 get_settings()  # validate the configuration at cold start
+get_runtime().renderer.prestart()  # the render worker that opens uploads starts during init, not on the first event
 logger = Logger()
 
 

@@ -32,12 +32,19 @@ import httpx
 from pagescribe import evaluation
 from pagescribe.aws import ApiGatewayKeys, apigateway_client
 from pagescribe.checks import PageFlag, describe_flags
-from pagescribe.documents import InvalidDocumentError, detect_kind
+from pagescribe.documents import InvalidDocumentError, detect_kind, inspect_document
 from pagescribe.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
 from pagescribe.local import LambdaContext, LambdaService, LocalAws, LocalResources, api_gateway_event
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
-from pagescribe.service import FINISHED, NewUpload, RequestError, TranscriptFormat
+from pagescribe.service import (
+    FINISHED,
+    NewUpload,
+    RequestError,
+    TranscriptFormat,
+    estimate_cost,
+    parse_page_selection,
+)
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
 from pagescribe.storage import Storage, create_database_engine
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
@@ -181,8 +188,8 @@ def _refresh(stack: LocalStack, tracked: Tracked) -> None:
         return
     tracked.status = described["status"]
     tracked.total = described["page_count"]
-    tracked.done = described["pages"]["COMPLETED"] + described["pages"]["FAILED"]
-    tracked.failed = described["pages"]["FAILED"]
+    tracked.done = described["pages"]["COMPLETED"] + described["pages"]["FAILED"] + described["pages"]["SKIPPED"]
+    tracked.failed = described["pages"]["FAILED"] + described["pages"]["SKIPPED"]
     tracked.error = described["error"]
     tracked.page_flags = described["page_flags"]
 
@@ -255,6 +262,8 @@ def _transcribe(args: argparse.Namespace) -> int:
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
     _pipeline_environment(args)
+    if args.estimate:
+        return _estimate(args, paths)
     with local_stack(data_dir=Path(args.data_dir), aws_port=0, sweep_every=10.0) as stack:
         settings = stack.runtime.settings
         model = args.model or settings.model
@@ -272,6 +281,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             escalation_model=args.escalation_model,
             prompt=args.prompt,
             reuse=args.reuse,
+            max_cost_usd=args.max_cost,
         )
         tracked = [_upload(stack, path, options) for path in paths]
         _run_until_finished(stack, tracked)
@@ -288,6 +298,30 @@ def _transcribe(args: argparse.Namespace) -> int:
         for line in flagged_page_lines(tracked):
             print(line, file=sys.stderr)
         return 1 if failures else 0
+
+
+def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
+    """Print what each file would cost (pages times the model's observed mean cost per page) and start nothing."""
+    with _database(Path(args.data_dir)) as storage:
+        settings = get_settings()
+        model = args.model or settings.model
+        total: float | None = 0.0
+        for path in paths:
+            try:
+                pages = inspect_document(
+                    path, max_pages=settings.max_pages, max_image_pixels=settings.max_image_pixels
+                ).page_count
+                if args.pages:
+                    chosen = parse_page_selection(args.pages, max_pages=settings.max_pages)
+                    pages = sum(1 for page in chosen if page <= pages)
+            except (InvalidDocumentError, ValueError) as exc:
+                raise CommandError(f"{path}: {exc}") from exc
+            estimate = estimate_cost(storage, model, pages)
+            cost = f"${estimate.cost_usd:.6f}" if estimate.cost_usd is not None else "unknown"
+            print(f"{path.name}: {pages} pages x {model}: {cost}")
+            total = total + estimate.cost_usd if total is not None and estimate.cost_usd is not None else None
+        print(f"estimate: {f'${total:.6f}' if total is not None else 'unknown'} ({estimate.basis})")
+    return 0
 
 
 def _run_until_finished(stack: LocalStack, tracked: list[Tracked]) -> None:
@@ -572,6 +606,38 @@ def _tenant_callback_secret(args: argparse.Namespace) -> int:
     return 0
 
 
+def _usd_argument(value: str) -> float:
+    try:
+        usd = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an amount in USD (say 0.50)") from None
+    if not 0 <= usd <= 1_000_000 or usd != usd:
+        raise argparse.ArgumentTypeError(f"{value!r}: an amount in USD is between 0 and 1000000")
+    return usd
+
+
+def _tenant_budget(args: argparse.Namespace) -> int:
+    with _database(Path(args.data_dir)) as storage:
+        storage.ensure_tenant(args.tenant)
+        if args.clear or args.usd is not None:
+            storage.set_daily_budget(args.tenant, None if args.clear else args.usd)
+        day = storage.tenant_day(args.tenant)
+        assert day is not None, "the tenant was just ensured"
+        applied = day.daily_budget_usd if day.daily_budget_usd is not None else get_settings().daily_budget_usd
+    print(
+        json.dumps(
+            {
+                "tenant": args.tenant,
+                "daily_budget_usd": day.daily_budget_usd,
+                "applies_usd": applied,
+                "spent_today_usd": round(day.spent_usd, 8),
+                "calls_today": day.calls,
+            }
+        )
+    )
+    return 0
+
+
 def _add_key_commands(commands: Any, data_dir: str) -> None:
     keys = commands.add_parser("keys", help="the API keys of tenants (DATABASE_URL, or the local data directory)")
     actions = keys.add_subparsers(dest="action", required=True)
@@ -601,6 +667,18 @@ def _add_key_commands(commands: Any, data_dir: str) -> None:
     secret.add_argument("--tenant", required=True, type=_tenant_argument)
     secret.add_argument("--data-dir", default=data_dir, help="the embedded database's directory, without DATABASE_URL")
     secret.set_defaults(run=_tenant_callback_secret)
+    budget = tenant_actions.add_parser(
+        "budget", help="set (or show) a tenant's daily budget for model calls (USD per UTC day)"
+    )
+    budget.add_argument("--tenant", required=True, type=_tenant_argument)
+    budget.add_argument(
+        "--usd", type=_usd_argument, help="the budget; without it, the budget and today's spend are shown"
+    )
+    budget.add_argument(
+        "--clear", action="store_true", help="remove the tenant's own budget (DAILY_BUDGET_USD applies)"
+    )
+    budget.add_argument("--data-dir", default=data_dir, help="the embedded database's directory, without DATABASE_URL")
+    budget.set_defaults(run=_tenant_budget)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -628,6 +706,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="stronger model asked once more for a page whose answer is hard-flagged (default: ESCALATION_MODEL)",
     )
     transcribe.add_argument("--prompt", help="instruction sent with each page (default: PROMPT)")
+    transcribe.add_argument(
+        "--max-cost",
+        type=_usd_argument,
+        metavar="USD",
+        help="what each document's model calls may cost in all; pages beyond it are skipped (the document ends "
+        "PARTIAL)",
+    )
+    transcribe.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print what the files would cost (pages times the model's mean cost per page so far) and stop",
+    )
     transcribe.add_argument("--json", action="store_true", help="also write <name>.json")
     transcribe.add_argument(
         "--text-layer",

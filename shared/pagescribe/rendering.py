@@ -16,6 +16,7 @@ JSON object, then raw bytes (the encoded image).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -372,6 +373,18 @@ class RenderPool:
         }
         result, _ = self._exchange(request, "the document could not be opened")
         return DocumentInfo(DocumentKind(result["kind"]), int(result["page_count"]))
+
+    def prestart(self) -> None:
+        """Start one worker in the background, so that the first request does not wait for its start (a function's
+        cold start calls this; the init phase ends without waiting). A worker that cannot start is reported by the
+        first request that needs it."""
+
+        def start() -> None:
+            # the pool was closed meanwhile, or a worker cannot start: the first request says so
+            with contextlib.suppress(RenderWorkerError):
+                self._checkin(self._checkout())
+
+        threading.Thread(target=start, name="render-prestart", daemon=True).start()
 
     def close(self) -> None:
         """Stop every worker and reap it. Idempotent; a request in flight fails with RenderWorkerError."""

@@ -119,6 +119,7 @@ class Runtime:
             api_key=key,
             max_connections=settings.page_concurrency,
             usage_accounting=settings.provider_usage_accounting,
+            retry_rate_limited=settings.rate_limit_rpm == 0,  # with the governor on, a 429 pauses everyone instead
         )
 
     @cached_property

@@ -45,6 +45,30 @@ class NewUpload:
     callback_url: str | None = None
     escalation_model: str | None = None  # None: the stack's ESCALATION_MODEL; "": no escalation
     reuse: bool = True  # the same bytes for the same request reuse a finished transcript (no model call)
+    max_cost_usd: float | None = None  # what the document's model calls may cost in all; pages beyond end SKIPPED
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a document will cost before it starts: pages times the model's mean cost per page over its latest calls;
+    unknown (None) without history, or before the page count is known."""
+
+    model: str
+    pages: int | None
+    cost_per_page_usd: float | None
+    cost_usd: float | None
+    basis: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate_cost(storage: Storage, model: str, pages: int | None) -> Estimate:
+    price, calls = storage.model_price(model)
+    if price is None:
+        return Estimate(model, pages, None, None, f"unknown: no call of {model} has reported a cost yet")
+    basis = f"the mean cost per page of the latest {calls} calls of {model}, escalations not counted"
+    return Estimate(model, pages, round(price, 8), round(price * pages, 8) if pages is not None else None, basis)
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,7 @@ class CreatedUpload:
     upload_url: str
     content_type: str
     expires_at: datetime
+    estimate: dict[str, Any] | None = None
 
 
 class TranscriptFormat(StrEnum):
@@ -200,12 +225,21 @@ class DocumentService:
                 callback_url=upload.callback_url,
                 tenant_id=tenant,
                 reuse=upload.reuse,
+                max_cost_usd=upload.max_cost_usd,
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds
         url = self._store.presign_put(bucket, key, content_type=upload.content_type, expires_in=expires_in)
+        estimate = estimate_cost(
+            self._storage, upload.model or self._settings.model, len(requested) if requested else None
+        )
         return CreatedUpload(
-            document_id, key, url, upload.content_type, datetime.now(UTC) + timedelta(seconds=expires_in)
+            document_id,
+            key,
+            url,
+            upload.content_type,
+            datetime.now(UTC) + timedelta(seconds=expires_in),
+            estimate.as_dict(),
         )
 
     def _escalation_model(self, upload: NewUpload) -> str | None:
@@ -227,7 +261,11 @@ class DocumentService:
 
     def describe(self, document_id: str, tenant: str) -> dict[str, Any] | None:
         document = self._document(document_id, tenant)
-        return describe_document(self._storage, document) if document else None
+        if document is None:
+            return None
+        pages = document.page_count if document.status is not DocumentStatus.AWAITING_UPLOAD else None
+        estimate = estimate_cost(self._storage, document.model, pages)
+        return {**describe_document(self._storage, document), "estimate": estimate.as_dict()}
 
     def transcript(self, document_id: str, fmt: TranscriptFormat, tenant: str) -> TranscriptAnswer | None:
         document = self._document(document_id, tenant)

@@ -131,6 +131,29 @@ class Settings(BaseSettings):
     )
     sweep_batch_size: int = Field(default=500, ge=1, le=10_000)
     retry_base_seconds: float = Field(default=10.0, ge=0)
+    rate_limit_rpm: float = Field(
+        default=0.0,
+        ge=0,
+        description="The provider's requests per minute, per provider and model, shared by every environment through "
+        "PostgreSQL (the rate governor); 0 turns the governor off and each page backs off alone on a 429.",
+    )
+    rate_limit_tpm: float = Field(
+        default=0.0,
+        ge=0,
+        description="The provider's tokens (prompt + completion) per minute, per provider and model; 0: not limited.",
+    )
+    rate_limit_burst: float = Field(
+        default=1.0,
+        ge=1,
+        description="Calls the governor lets start at once after a quiet spell; 1 paces calls evenly, so no minute "
+        "ever sees more than RATE_LIMIT_RPM.",
+    )
+    daily_budget_usd: float | None = Field(
+        default=None,
+        ge=0,
+        description="What each tenant may spend on model calls per UTC day unless the tenant has its own budget "
+        "(pagescribe tenants budget); pages that would exceed it end SKIPPED (reason: budget). Unset: no budget.",
+    )
     max_pages: int = Field(default=500, ge=1)
     max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
     max_image_pixels: int = Field(default=60_000_000, ge=1)
@@ -249,6 +272,7 @@ class Settings(BaseSettings):
         "escalation_model",
         "provider_api_key_parameter",
         "callback_secret_parameter",
+        "daily_budget_usd",
         mode="before",
     )
     @classmethod

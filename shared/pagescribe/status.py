@@ -14,7 +14,7 @@ def describe_document(storage: Storage, document: DocumentRecord) -> dict[str, A
     by_status = {status.value: 0 for status in JobStatus}
     for row in summary:
         by_status[row.status.value] = row.pages
-    done = by_status[JobStatus.COMPLETED] + by_status[JobStatus.FAILED]
+    done = by_status[JobStatus.COMPLETED] + by_status[JobStatus.FAILED] + by_status[JobStatus.SKIPPED]
     return {
         "document_id": document.document_id,
         "status": document.status.value,
@@ -41,6 +41,7 @@ def describe_document(storage: Storage, document: DocumentRecord) -> dict[str, A
         "prompt_tokens": spend.prompt_tokens,
         "completion_tokens": spend.completion_tokens,
         "cost": round(spend.cost, 8),
+        "max_cost_usd": document.max_cost_usd,
         "created_at": document.created_at.isoformat(),
         "finished_at": document.finished_at.isoformat() if document.finished_at else None,
         "transcript_key": document.transcript_key,

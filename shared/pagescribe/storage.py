@@ -35,6 +35,7 @@ class JobStatus(StrEnum):
     PROCESSING = "PROCESSING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    SKIPPED = "SKIPPED"  # never started: its model call would have exceeded a cost cap or a daily budget
 
 
 class DocumentStatus(StrEnum):
@@ -59,9 +60,10 @@ INSERT_DOCUMENT = """
 
 INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
-                           prompt, filename, requested_pages, callback_url, tenant_id, reuse)
+                           prompt, filename, requested_pages, callback_url, tenant_id, reuse, max_cost_usd)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
-            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s)
+            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s,
+            %(max_cost_usd)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -96,10 +98,11 @@ MARK_ENQUEUED = """
 _TAKE_LEASE = """
     UPDATE jobs
     SET status = 'PROCESSING', attempts = attempts + 1, lease_token = %(lease_token)s,
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), reserved_usd = NULL,
         started_at = now(), updated_at = now()
     WHERE id IN (SELECT id FROM candidate)
-    RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags
+    RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags,
+              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds
 """
 
 # The claim: one statement, one round trip, for every job of an SQS batch at once. The rows are locked with
@@ -135,7 +138,7 @@ CLAIM_NEXT_QUEUED_JOBS = (
 
 # A model call that answered is recorded whether or not its result may be written: it was paid for. Its outcome is the
 # one asked for when the fenced write it travels with succeeds, LEASE_LOST when the write found the lease gone. A page
-# answered without a call (its own text layer) records nothing.
+# answered without a call (its own text layer) records nothing. The call's cost counts in its tenant's day at once.
 _RECORD_ATTEMPT = """
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
@@ -145,6 +148,12 @@ _RECORD_ATTEMPT = """
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
                %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s
         WHERE %(called)s
+    ),
+    counted AS (
+        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        FROM documents WHERE id = %(document_id)s AND %(called)s
+        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
     )"""
 
 _ANSWER_COLUMNS = (
@@ -170,7 +179,7 @@ _WRITE_RESULT = (
     )
     + """,
         flags = CASE WHEN %(answered)s THEN %(flags)s ELSE flags || %(flags)s END,
-        escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END,
+        escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END, rate_slot_at = NULL, reserved_usd = NULL,
         lease_expires_at = NULL, completed_at = now(), updated_at = now()
     WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s"""
 )
@@ -237,17 +246,207 @@ ESCALATE_JOB = (
 
 REQUEUE_JOB = """
     UPDATE jobs
-    SET status = 'QUEUED', error = %(error)s, lease_token = NULL, lease_expires_at = NULL,
+    SET status = 'QUEUED', error = %(error)s, lease_token = NULL, lease_expires_at = NULL, reserved_usd = NULL,
+        rate_slot_at = NULL, available_at = now() + make_interval(secs => %(delay_seconds)s), enqueued_at = NULL,
+        updated_at = now()
+    WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+    RETURNING id
+    """
+
+# A page held back before its call (the rate governor, or a cost cap waiting on calls in flight): back to QUEUED
+# without using up an attempt (it never reached the model), keeping the governor's slot it reserved, if any.
+DEFER_JOB = """
+    UPDATE jobs
+    SET status = 'QUEUED', attempts = attempts - 1, error = %(error)s, lease_token = NULL, lease_expires_at = NULL,
+        reserved_usd = NULL, rate_slot_at = CASE WHEN %(keep_slot)s THEN rate_slot_at ELSE %(slot_at)s END,
         available_at = now() + make_interval(secs => %(delay_seconds)s), enqueued_at = NULL, updated_at = now()
     WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
     RETURNING id
+    """
+
+# A page whose call would exceed its document's cost cap or its tenant's daily budget ends without being started.
+# It keeps any answer it has (one it escalated from) and counts with the pages that ended without one.
+SKIP_JOB = """
+    WITH written AS (
+        UPDATE jobs
+        SET status = 'SKIPPED', error = %(error)s, rate_slot_at = NULL, reserved_usd = NULL,
+            escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END,
+            lease_expires_at = NULL, completed_at = now(), updated_at = now()
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+        RETURNING document_id
+    )
+    UPDATE documents
+    SET pages_failed = pages_failed + 1, updated_at = now()
+    WHERE id IN (SELECT document_id FROM written)
+    RETURNING id, page_count, pages_completed, pages_failed
+    """
+
+# A model call that failed (an HTTP error, a timeout, a 429) is recorded too: it was made, and a 429 is the rate the
+# dashboard shows. A provider reports no usage for a failed call; when it does, the cost counts.
+RECORD_FAILED_CALL = """
+    WITH recorded AS (
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, latency_ms, status_code, error)
+        VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(latency_ms)s,
+                %(status_code)s, %(error)s)
+    )
+    INSERT INTO tenant_days AS t (tenant_id, day, calls)
+    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), 1 FROM documents WHERE id = %(document_id)s
+    ON CONFLICT (tenant_id, day) DO UPDATE SET calls = t.calls + 1
+    """
+
+# --- spend control ----------------------------------------------------------------------------------------
+
+# The gate before a model call: LOCK_SPENDERS, then ADMIT_SPEND, in one short transaction. The document's and the
+# tenant's rows are locked first, so calls of one tenant pass the gate one at a time, and ADMIT_SPEND, a statement of
+# its own, reads what the gates before it committed (in one statement, the reads of the other tables would keep the
+# snapshot taken before the lock was granted, and miss the price a concurrent gate had just held).
+#
+# The price of a call is the mean cost of the model's latest calls (unknown before its first). A page ends SKIPPED
+# when what its tenant spent today plus that price would pass the daily budget, or what its document spent plus that
+# price would pass the document's cap (max_cost_usd). While a call runs its price is held on its page (reserved_usd),
+# so that calls in flight together cannot overshoot: a page that would fit once those settle waits (DEFER), and while
+# the price is unknown a capped document, or a tenant with a budget, makes one call at a time.
+LOCK_SPENDERS = """
+    SELECT 1 FROM documents d JOIN tenants t ON t.id = d.tenant_id WHERE d.id = %(document_id)s FOR UPDATE OF d, t
+    """
+
+ADMIT_SPEND = """
+    WITH doc AS (
+        SELECT d.id, d.tenant_id, d.max_cost_usd,
+               coalesce(t.daily_budget_usd, CAST(%(daily_budget)s AS numeric)) AS budget,
+               coalesce((SELECT spent_usd FROM tenant_days
+                         WHERE tenant_id = d.tenant_id AND day = CAST(now() AT TIME ZONE 'UTC' AS date)), 0) AS today
+        FROM documents d JOIN tenants t ON t.id = d.tenant_id
+        WHERE d.id = %(document_id)s
+    ),
+    price AS (
+        SELECT avg(cost) AS usd FROM (
+            SELECT cost FROM attempts WHERE model = %(model)s AND cost IS NOT NULL ORDER BY id DESC LIMIT 100
+        ) latest
+    ),
+    spent AS (SELECT coalesce(sum(cost), 0) AS usd FROM attempts WHERE document_id = %(document_id)s),
+    in_flight AS (
+        SELECT j.document_id, j.reserved_usd FROM jobs j JOIN documents d ON d.id = j.document_id
+        WHERE j.reserved_usd IS NOT NULL AND j.status = 'PROCESSING' AND j.lease_expires_at > now()
+          AND j.id <> %(job_id)s AND d.tenant_id = (SELECT tenant_id FROM doc)
+    ),
+    held AS (
+        SELECT coalesce(sum(reserved_usd) FILTER (WHERE document_id = %(document_id)s), 0) AS doc_usd,
+               count(*) FILTER (WHERE document_id = %(document_id)s) AS doc_calls,
+               coalesce(sum(reserved_usd), 0) AS tenant_usd, count(*) AS tenant_calls
+        FROM in_flight
+    ),
+    verdict AS (
+        SELECT CASE
+                 WHEN doc.budget IS NOT NULL
+                      AND (doc.today >= doc.budget OR doc.today + coalesce(price.usd, 0) > doc.budget)
+                   THEN 'DAILY_BUDGET'
+                 WHEN doc.max_cost_usd IS NOT NULL
+                      AND (spent.usd >= doc.max_cost_usd OR spent.usd + coalesce(price.usd, 0) > doc.max_cost_usd)
+                   THEN 'CAP'
+                 WHEN doc.budget IS NULL AND doc.max_cost_usd IS NULL THEN 'GO'
+                 WHEN price.usd IS NULL
+                      AND ((doc.budget IS NOT NULL AND held.tenant_calls > 0)
+                           OR (doc.max_cost_usd IS NOT NULL AND held.doc_calls > 0))
+                   THEN 'DEFER'
+                 WHEN doc.today + held.tenant_usd + coalesce(price.usd, 0) > doc.budget THEN 'DEFER'
+                 WHEN spent.usd + held.doc_usd + coalesce(price.usd, 0) > doc.max_cost_usd THEN 'DEFER'
+                 ELSE 'GO'
+               END AS verdict,
+               doc.budget IS NOT NULL OR doc.max_cost_usd IS NOT NULL AS capped,
+               price.usd AS price, spent.usd AS spent, doc.max_cost_usd, doc.budget, doc.today
+        FROM doc, price, spent, held
+    ),
+    held_now AS (
+        UPDATE jobs SET reserved_usd = coalesce((SELECT price FROM verdict), 0)
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+          AND (SELECT verdict = 'GO' AND capped FROM verdict)
+        RETURNING id
+    )
+    SELECT verdict, price, spent, max_cost_usd, budget, today FROM verdict
+    """
+
+# The rate governor's take, one statement: the bucket is refilled for the time since it was last touched, then a
+# call may start now (wait 0), or reserves the next free slot ahead (requests goes below zero by the slots reserved)
+# and waits for it off the Lambda clock, in the queue. During a 429's pause nothing is reserved: the wait is the
+# pause. A page back for the slot it reserved (prepaid) takes nothing more; only a pause holds it back.
+TAKE_RATE_SLOT = """
+    WITH bucket AS (
+        SELECT provider, model,
+               least(%(burst)s, requests + extract(epoch FROM now() - refilled_at) * %(requests_per_second)s)
+                   AS requests,
+               least(%(token_burst)s, tokens + extract(epoch FROM now() - refilled_at) * %(tokens_per_second)s)
+                   AS tokens,
+               coalesce(mean_tokens, 0) AS mean_tokens,
+               greatest(0, coalesce(extract(epoch FROM paused_until - now()), 0)) AS paused
+        FROM rate_buckets WHERE provider = %(provider)s AND model = %(model)s
+        FOR UPDATE
+    ),
+    decision AS (
+        SELECT provider, model, requests, tokens, paused, mean_tokens,
+               CASE
+                 WHEN paused > 0 THEN paused
+                 WHEN %(prepaid)s THEN 0
+                 ELSE greatest(0, (1 - requests) / %(requests_per_second)s,
+                               (least(mean_tokens, %(token_burst)s) - tokens) / nullif(%(tokens_per_second)s, 0))
+               END AS wait
+        FROM bucket
+    ),
+    reserve AS (
+        SELECT *, paused = 0 AND NOT %(prepaid)s AND wait <= %(max_wait)s AS takes FROM decision
+    )
+    UPDATE rate_buckets b
+    SET requests = r.requests - CASE WHEN r.takes THEN 1 ELSE 0 END,
+        tokens = r.tokens - CASE WHEN r.takes AND %(tokens_per_second)s > 0 THEN r.mean_tokens ELSE 0 END,
+        refilled_at = now()
+    FROM reserve r
+    WHERE b.provider = r.provider AND b.model = r.model
+    RETURNING r.wait, r.takes AS reserved, r.paused > 0 AS paused, r.mean_tokens,
+              now() + make_interval(secs => r.wait) AS slot_at
+    """
+
+CREATE_RATE_BUCKET = """
+    INSERT INTO rate_buckets (provider, model, requests, tokens)
+    VALUES (%(provider)s, %(model)s, %(burst)s, %(token_burst)s)
+    ON CONFLICT (provider, model) DO NOTHING
+    """
+
+# A 429: every environment holds its calls to this model until the provider's Retry-After has passed.
+PAUSE_RATE_BUCKET = """
+    UPDATE rate_buckets
+    SET paused_until = greatest(coalesce(paused_until, now()), now() + make_interval(secs => %(seconds)s))
+    WHERE provider = %(provider)s AND model = %(model)s
+    """
+
+# A call's real tokens against the estimate it took: the bucket owes or is owed the difference, and learns the mean.
+SETTLE_RATE_USAGE = """
+    UPDATE rate_buckets
+    SET tokens = tokens - (%(actual)s - %(estimate)s),
+        mean_tokens = CASE WHEN mean_tokens IS NULL THEN %(actual)s ELSE 0.9 * mean_tokens + 0.1 * %(actual)s END
+    WHERE provider = %(provider)s AND model = %(model)s
+    """
+
+# The estimate of a document before it starts: the mean cost per page of the model's latest calls.
+MODEL_PRICE = """
+    SELECT avg(cost) AS usd, count(*) AS calls FROM (
+        SELECT cost FROM attempts WHERE model = %(model)s AND cost IS NOT NULL ORDER BY id DESC LIMIT 100
+    ) latest
+    """
+
+SET_TENANT_BUDGET = "UPDATE tenants SET daily_budget_usd = %(usd)s WHERE id = %(tenant_id)s RETURNING id"
+
+TENANT_DAY = """
+    SELECT t.daily_budget_usd, d.spent_usd, d.calls FROM tenants t
+    LEFT JOIN tenant_days d ON d.tenant_id = t.id AND d.day = CAST(now() AT TIME ZONE 'UTC' AS date)
+    WHERE t.id = %(tenant_id)s
     """
 
 GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id, reuse,
-           reused_from
+           reused_from, max_cost_usd,
+           (SELECT daily_budget_usd FROM tenants WHERE tenants.id = documents.tenant_id) AS tenant_daily_budget_usd
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
 
@@ -309,7 +508,8 @@ LOAD_PAGES = """
 
 LOAD_ATTEMPTS = """
     SELECT j.page_number, a.claim, a.outcome, a.model, a.provider, a.finish_reason, a.prompt_tokens,
-           a.completion_tokens, a.cost, a.latency_ms, a.provider_request_id, a.flags, a.confidence
+           a.completion_tokens, a.cost, a.latency_ms, a.provider_request_id, a.flags, a.confidence, a.status_code,
+           a.error
     FROM attempts a JOIN jobs j ON j.id = a.job_id
     WHERE a.document_id = %(document_id)s
     ORDER BY j.page_number, a.id
@@ -372,7 +572,7 @@ REQUEUE_EXPIRED_LEASES = """
         FOR UPDATE SKIP LOCKED
     )
     UPDATE jobs
-    SET status = 'QUEUED', lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL,
+    SET status = 'QUEUED', lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, reserved_usd = NULL,
         available_at = now(), updated_at = now(),
         error = 'the lease of attempt ' || attempts || ' expired: the worker stopped before finishing'
     WHERE id IN (SELECT id FROM expired)
@@ -389,7 +589,7 @@ FAIL_EXPIRED_LEASES = """
     ),
     failed AS (
         UPDATE jobs
-        SET status = 'FAILED', lease_expires_at = NULL, completed_at = now(), updated_at = now(),
+        SET status = 'FAILED', lease_expires_at = NULL, completed_at = now(), updated_at = now(), reserved_usd = NULL,
             error = 'attempts exhausted (' || attempts || ' of ' || CAST(%(max_attempts)s AS text)
                     || '): the lease expired; the worker stopped before finishing'
         WHERE id IN (SELECT id FROM expired)
@@ -579,6 +779,7 @@ class ClaimedJob:
     lease_token: str
     escalation: str | None = None  # PENDING: the page escalated and waits for the escalation model's answer
     flags: tuple[dict[str, Any], ...] = ()  # the page's flags so far (those of the answer it escalated from)
+    slot_in_seconds: float | None = None  # when the governor's slot it reserved comes (negative: passed); None: none
 
     @property
     def escalation_pending(self) -> bool:
@@ -615,6 +816,8 @@ class DocumentRecord:
     tenant_id: str = DEFAULT_TENANT  # whose document it is: only that tenant's keys read or retry it
     reuse: bool = True  # a finished transcript of the same bytes and request may stand in for model calls
     reused_from: str | None = None  # the document whose pages this one's are, copied without a model call
+    max_cost_usd: float | None = None  # what its model calls may cost in all; pages beyond it end SKIPPED
+    tenant_daily_budget_usd: float | None = None  # its tenant's own daily budget, as it was when the record was read
 
 
 @dataclass(frozen=True)
@@ -632,6 +835,7 @@ class PendingDocument:
     escalation_model: str | None = None
     tenant_id: str = DEFAULT_TENANT
     reuse: bool = True
+    max_cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -691,11 +895,11 @@ class PageRecord:
 
 @dataclass(frozen=True)
 class AttemptRecord:
-    """One model call that answered, as the transcript lists it."""
+    """One model call, as the transcript lists it: one that answered, or one that failed (ERROR, RATE_LIMITED)."""
 
     page_number: int
     claim: int
-    outcome: str  # KEPT, ESCALATED, REJECTED or LEASE_LOST
+    outcome: str  # KEPT, ESCALATED, REJECTED, LEASE_LOST; or ERROR, RATE_LIMITED (a 429) for a call that failed
     model: str | None
     provider: str | None
     finish_reason: str | None
@@ -706,6 +910,8 @@ class AttemptRecord:
     provider_request_id: str | None
     flags: list[dict[str, Any]]
     confidence: float | None = None
+    status_code: int | None = None  # a failed call's HTTP status
+    error: str | None = None  # a failed call's error
 
 
 @dataclass(frozen=True)
@@ -749,6 +955,76 @@ class PageOutcome:
 NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None, called=False)
 
 
+@dataclass(frozen=True)
+class FailedCall:
+    """A model call that brought no answer back."""
+
+    model: str
+    provider: str
+    status_code: int | None
+    error: str
+    latency_ms: int | None
+
+
+@dataclass(frozen=True)
+class SpendVerdict:
+    """The cost gate's answer before a call: GO, DEFER (calls in flight may leave room), CAP (the document's
+    max_cost_usd) or DAILY_BUDGET (the tenant's), with what it was judged on (USD)."""
+
+    verdict: str
+    price: float | None  # the model's mean cost per call; None before its first call that reported a cost
+    spent: float  # by the document so far
+    max_cost_usd: float | None
+    daily_budget_usd: float | None
+    spent_today: float  # by the document's tenant, this UTC day
+
+
+@dataclass(frozen=True)
+class TenantDay:
+    daily_budget_usd: float | None  # the tenant's own; None: DAILY_BUDGET_USD applies
+    spent_usd: float
+    calls: int
+
+
+@dataclass(frozen=True)
+class RateBucket:
+    """The rate governor's limits for one provider (each model has its own bucket with these limits)."""
+
+    provider: str
+    requests_per_minute: float
+    tokens_per_minute: float
+    burst: float
+
+    def params(self, model: str) -> dict[str, Any]:
+        per_second = self.requests_per_minute / 60
+        token_rate = self.tokens_per_minute / 60
+        return {
+            "provider": self.provider,
+            "model": model,
+            "burst": self.burst,
+            "requests_per_second": per_second,
+            "tokens_per_second": token_rate,
+            # the tokens of the calls a burst lets start at once, a second's worth at least
+            "token_burst": token_rate * max(1.0, self.burst / per_second),
+        }
+
+
+@dataclass(frozen=True)
+class RateGrant:
+    """The governor's answer: start now (wait 0), or wait ``wait`` seconds in the queue, for the slot it reserved
+    (``reserved``) or for a 429's pause to end (``paused``)."""
+
+    wait: float
+    reserved: bool
+    paused: bool
+    mean_tokens: float  # the tokens taken for the call: the bucket's observed mean per call
+    slot_at: datetime  # when the wait ends, by the database's clock
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
 # --- engine -----------------------------------------------------------------------------------------------
 
 
@@ -779,7 +1055,14 @@ def _progress(row: Any | None) -> DocumentProgress | None:
 def _claimed(rows: Sequence[Any]) -> list[ClaimedJob]:
     return [
         ClaimedJob(
-            str(r.id), str(r.document_id), r.page_number, r.attempts, str(r.lease_token), r.escalation, tuple(r.flags)
+            str(r.id),
+            str(r.document_id),
+            r.page_number,
+            r.attempts,
+            str(r.lease_token),
+            r.escalation,
+            tuple(r.flags),
+            float(r.slot_in_seconds) if r.slot_in_seconds is not None else None,
         )
         for r in rows
     ]
@@ -841,6 +1124,8 @@ def _document(row: Any) -> DocumentRecord:
         tenant_id=row.tenant_id,
         reuse=row.reuse,
         reused_from=str(row.reused_from) if row.reused_from else None,
+        max_cost_usd=_float(row.max_cost_usd),
+        tenant_daily_budget_usd=_float(row.tenant_daily_budget_usd),
     )
 
 
@@ -983,6 +1268,7 @@ class Storage:
                 "callback_url": pending.callback_url,
                 "tenant_id": pending.tenant_id,
                 "reuse": pending.reuse,
+                "max_cost_usd": pending.max_cost_usd,
             },
         )
 
@@ -1096,6 +1382,107 @@ class Storage:
             {"job_id": job.job_id, "lease_token": job.lease_token, "error": error, "delay_seconds": delay_seconds},
         )
         return row is not None
+
+    def defer_job(
+        self, job: ClaimedJob, reason: str, *, delay_seconds: float, slot_at: datetime | None, keep_slot: bool
+    ) -> bool:
+        """Put a page held back before its call back to QUEUED, due after ``delay_seconds``, giving back its attempt,
+        with the governor slot it reserved (``slot_at``; or the one it had, ``keep_slot``); False when the lease was
+        lost."""
+        row = self._row(
+            DEFER_JOB,
+            {
+                "job_id": job.job_id,
+                "lease_token": job.lease_token,
+                "error": reason,
+                "delay_seconds": delay_seconds,
+                "slot_at": slot_at,
+                "keep_slot": keep_slot,
+            },
+        )
+        return row is not None
+
+    def skip_job(self, job: ClaimedJob, reason: str) -> DocumentProgress | None:
+        """End a page SKIPPED (not started: a cost cap or a daily budget) if this worker holds the lease."""
+        return _progress(self._row(SKIP_JOB, {"job_id": job.job_id, "lease_token": job.lease_token, "error": reason}))
+
+    def record_failed_call(self, job: ClaimedJob, failed: FailedCall) -> None:
+        """Record a model call that failed (no answer came back), whatever became of the page."""
+        self._rows(
+            RECORD_FAILED_CALL,
+            {
+                "job_id": job.job_id,
+                "document_id": job.document_id,
+                "claim": job.attempts,
+                "outcome": "RATE_LIMITED" if failed.status_code == 429 else "ERROR",
+                "model": failed.model,
+                "provider": failed.provider,
+                "latency_ms": failed.latency_ms,
+                "status_code": failed.status_code,
+                "error": failed.error[:1000],
+            },
+        )
+
+    def admit_spend(self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None) -> SpendVerdict:
+        """The cost gate before a model call (see ADMIT_SPEND): GO, DEFER, CAP or DAILY_BUDGET, with the figures.
+        One short transaction of two statements; no lock outlives it."""
+        params = {
+            "document_id": job.document_id,
+            "job_id": job.job_id,
+            "lease_token": job.lease_token,
+            "model": model,
+            "daily_budget": daily_budget_usd,
+        }
+
+        def gate(connection: psycopg.Connection[Any]) -> Any:
+            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
+                cursor.execute(LOCK_SPENDERS, params)
+                cursor.execute(ADMIT_SPEND, params)
+                return cursor.fetchone()
+
+        row = self._with_connection(gate)
+        if row is None:  # the document is gone (deleted by hand): nothing to hold the call against
+            return SpendVerdict("GO", None, 0.0, None, None, 0.0)
+        return SpendVerdict(
+            row.verdict,
+            _float(row.price),
+            float(row.spent),
+            _float(row.max_cost_usd),
+            _float(row.budget),
+            float(row.today),
+        )
+
+    def take_rate_slot(self, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
+        """The governor's take for one call of ``model`` (see TAKE_RATE_SLOT); the bucket is made on first use."""
+        params = {**bucket.params(model), "prepaid": prepaid, "max_wait": max_wait}
+        row = self._row(TAKE_RATE_SLOT, params)
+        if row is None:
+            self._rows(CREATE_RATE_BUCKET, params)
+            row = self._row(TAKE_RATE_SLOT, params)
+            assert row is not None, "the bucket was just made"
+        return RateGrant(float(row.wait), row.reserved, row.paused, float(row.mean_tokens), row.slot_at)
+
+    def pause_rate_bucket(self, bucket: RateBucket, model: str, seconds: float) -> None:
+        """Hold every environment's calls to ``model`` for ``seconds`` (a 429's Retry-After)."""
+        self._rows(PAUSE_RATE_BUCKET, {**bucket.params(model), "seconds": seconds})
+
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None:
+        self._rows(SETTLE_RATE_USAGE, {**bucket.params(model), "estimate": estimate, "actual": actual})
+
+    def model_price(self, model: str) -> tuple[float | None, int]:
+        """The mean cost per call of the model's latest (up to 100) calls that reported one, and how many."""
+        row = self._row(MODEL_PRICE, {"model": model})
+        return (_float(row.usd), int(row.calls)) if row is not None else (None, 0)
+
+    def set_daily_budget(self, tenant_id: str, usd: float | None) -> bool:
+        return self._row(SET_TENANT_BUDGET, {"tenant_id": tenant_id, "usd": usd}) is not None
+
+    def tenant_day(self, tenant_id: str) -> TenantDay | None:
+        """A tenant's daily budget and what it spent today (UTC); None for an unknown tenant."""
+        row = self._row(TENANT_DAY, {"tenant_id": tenant_id})
+        if row is None:
+            return None
+        return TenantDay(_float(row.daily_budget_usd), float(row.spent_usd or 0), int(row.calls or 0))
 
     def requeue_expired_leases(self, *, max_attempts: int, limit: int) -> int:
         return len(self._rows(REQUEUE_EXPIRED_LEASES, {"max_attempts": max_attempts, "limit": limit}))
@@ -1235,7 +1622,7 @@ class Storage:
         ]
 
     def load_attempts(self, document_id: str) -> list[AttemptRecord]:
-        """Every call of the document that answered, by page and in the order they were made."""
+        """Every call of the document, answered or failed, by page and in the order they were made."""
         rows = self._rows(LOAD_ATTEMPTS, {"document_id": document_id})
         return [
             AttemptRecord(
@@ -1252,6 +1639,8 @@ class Storage:
                 provider_request_id=r.provider_request_id,
                 flags=r.flags,
                 confidence=r.confidence,
+                status_code=r.status_code,
+                error=r.error,
             )
             for r in rows
         ]

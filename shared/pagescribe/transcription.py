@@ -32,8 +32,10 @@ from pagescribe.checks import (
     usable_text_layer,
 )
 from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage
-from pagescribe.observability import count, count_flags, milliseconds
+from pagescribe.governor import Admission, RateGovernor
+from pagescribe.observability import count, count_flags, count_for_model, gauge, milliseconds
 from pagescribe.providers.base import (
+    FailedAttempt,
     PageImage,
     ProviderError,
     Transcription,
@@ -42,7 +44,16 @@ from pagescribe.providers.base import (
 )
 from pagescribe.rendering import RenderPool
 from pagescribe.settings import Settings
-from pagescribe.storage import NO_OUTCOME, ClaimedJob, DocumentProgress, DocumentRecord, PageOutcome, Storage
+from pagescribe.storage import (
+    NO_OUTCOME,
+    ClaimedJob,
+    DocumentProgress,
+    DocumentRecord,
+    FailedCall,
+    PageOutcome,
+    SpendVerdict,
+    Storage,
+)
 from pagescribe.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
@@ -53,7 +64,9 @@ MAX_RETRY_DELAY_SECONDS = 900  # SQS's longest message delay
 class PageResult(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
     REQUEUED = "REQUEUED"
+    DEFERRED = "DEFERRED"
     DUPLICATE = "DUPLICATE"
     LEASE_LOST = "LEASE_LOST"
     REJECTED = "REJECTED"
@@ -108,6 +121,29 @@ def rejection(flags: list[PageFlag], *, escalated_to: str | None = None, then: s
     reasons = "; ".join(f"{flag.describe()}: {_WHY[flag.flag]}" for flag in hard_flags(flags))
     after = f", also from the escalation model {escalated_to}" if escalated_to else ""
     return f"the answer was not accepted{after}: {reasons}; {then}"
+
+
+def budget_reason(verdict: SpendVerdict, model: str, tenant_id: str) -> str:
+    """Why a page was not started: the cap or budget, what was spent, and the price its call was judged at."""
+    price = (
+        f"a call of {model} costs ${verdict.price:.6f} on average"
+        if verdict.price is not None
+        else (f"{model} has no cost history yet")
+    )
+    if verdict.verdict == "DAILY_BUDGET":
+        assert verdict.daily_budget_usd is not None
+        return (
+            f"budget: tenant {tenant_id}'s daily budget of ${verdict.daily_budget_usd:.6f} would be exceeded "
+            f"(${verdict.spent_today:.6f} spent today, UTC; {price})"
+        )
+    assert verdict.max_cost_usd is not None
+    return (
+        f"budget: the document's max_cost_usd of ${verdict.max_cost_usd:.6f} would be exceeded "
+        f"(${verdict.spent:.6f} spent; {price})"
+    )
+
+
+SPEND_DEFER_SECONDS = 2  # a capped document's page waits this long for the calls in flight to settle
 
 
 def retry_delay_seconds(settings: Settings, attempts: int, retry_after: float | None) -> int:
@@ -256,6 +292,7 @@ class Transcriber:
         self._renderer = renderer
         self._transcripts = transcripts
         self._thresholds = thresholds(settings)
+        self._governor = RateGovernor(settings, storage, provider.name)
 
     def call_budget(self, remaining_seconds: float) -> float:
         return min(self._settings.provider_timeout_seconds, remaining_seconds - self._settings.result_reserve_seconds)
@@ -298,6 +335,8 @@ class Transcriber:
         except ProviderError as exc:
             if not exc.retryable:
                 return await self._fail(ctx, exc.args[0])
+            if exc.status_code == 429 and self._governor.enabled:  # paused for everyone: the page waits its turn
+                return await self._defer(ctx, Admission(exc.retry_after or 0.0, why=exc.args[0]))
             return await self._retry(ctx, exc.args[0], retry_after=exc.retry_after)
 
     async def _transcribe_claimed(self, ctx: _Context, remaining_seconds: Callable[[], float]) -> PageResult:
@@ -310,6 +349,14 @@ class Transcriber:
                 embedded = await self._renderer.text_layer(source, job.page_number)
                 if usable_text_layer(embedded.text):
                     return await self._complete(ctx, _text_layer_outcome(embedded.laid_out, []))
+            escalation_model = document.escalation_model
+            model, earlier, escalated_to = document.model, [], None
+            if job.escalation_pending and escalation_model:  # escalated by an earlier claim: straight to that model
+                model = escalated_to = escalation_model
+                earlier = [PageFlag.from_dict(flag) for flag in job.flags]
+            admitted = await self._admit(ctx, model)  # before the render: a page held back renders nothing
+            if isinstance(admitted, PageResult):
+                return admitted
             rendered = await self._renderer.render(
                 source,
                 kind,
@@ -324,15 +371,10 @@ class Transcriber:
         if rendered.draws:
             return await self._blank_render(ctx, rendered)
         evidence = PageEvidence(ink=rendered.ink, text_layer=rendered.text_layer, rotation=rendered.rotation)
-        escalation_model = document.escalation_model
-        model, earlier, escalated_to = document.model, [], None
-        if job.escalation_pending and escalation_model:  # escalated by an earlier claim: straight to that model
-            model = escalated_to = escalation_model
-            earlier = [PageFlag.from_dict(flag) for flag in job.flags]
         budget = self.call_budget(remaining_seconds())
         if budget < settings.min_call_budget_seconds:
             return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
-        checked = await self._ask(ctx, rendered, evidence, model, budget, earlier)
+        checked = await self._ask(ctx, rendered, evidence, model, budget, earlier, admitted)
         if not checked.hard:
             return await self._complete(ctx, checked.outcome)
         if job.escalation is not None or not escalation_model:  # escalated already, or nowhere to escalate to
@@ -356,11 +398,14 @@ class Transcriber:
         why = describe_flags(hard_flags(checked.flags))
         log.warning("page escalated to %s: %s", model, why, extra=ctx.log_extra)
         count("PagesEscalated")
+        admitted = await self._admit(ctx, model)
+        if isinstance(admitted, PageResult):
+            return admitted
         budget = self.call_budget(remaining_seconds())
         if budget < self._settings.min_call_budget_seconds:
             return await self._retry(ctx, f"escalated to {model} ({why}); only {budget:.1f} s left for its call", None)
         try:
-            escalated = await self._ask(ctx, rendered, evidence, model, budget, checked.flags)
+            escalated = await self._ask(ctx, rendered, evidence, model, budget, checked.flags, admitted)
         except ProviderError as exc:
             raise ProviderError(
                 f"escalated to {model} ({why}), which failed: {exc.message}",
@@ -380,9 +425,11 @@ class Transcriber:
         model: str,
         budget: float,
         earlier: list[PageFlag],
+        admitted: Admission,
     ) -> _Checked:
         """One model call for the page, its answer cleaned and checked. ``earlier``: the flags of the answer the page
-        escalated from, whose hard ones (why it escalated) stay the page's beside this answer's own."""
+        escalated from, whose hard ones (why it escalated) stay the page's beside this answer's own. A call that
+        fails is recorded before its error goes on; a 429 pauses every environment's calls to the model."""
         request = TranscriptionRequest(
             image=PageImage(rendered.data, rendered.media_type),
             prompt=ctx.document.prompt or self._settings.prompt,
@@ -391,11 +438,24 @@ class Transcriber:
             document_id=ctx.job.document_id,
             page_number=ctx.job.page_number,
         )
-        result = await self._provider.transcribe(request, budget_seconds=budget)
+        started = asyncio.get_running_loop().time()
+        try:
+            result = await self._provider.transcribe(request, budget_seconds=budget)
+        except ProviderError as exc:
+            self._record_failures(ctx, model, exc.earlier_attempts)
+            elapsed = asyncio.get_running_loop().time() - started - sum(a.latency_seconds for a in exc.earlier_attempts)
+            self._record_failures(ctx, model, [FailedAttempt(exc.status_code, exc.message, elapsed)])
+            pause = self._governor.rate_limited(model, exc.retry_after) if exc.status_code == 429 else None
+            if pause is not None:
+                exc.retry_after = max(exc.retry_after or 0.0, pause)
+            raise
+        self._record_failures(ctx, model, result.failed_attempts)
+        count_for_model("ModelCalls", model)
+        self._governor.settle(model, admitted, (result.prompt_tokens or 0) + (result.completion_tokens or 0))
         milliseconds("ModelLatency", round(result.latency_seconds * 1000))
         count("PromptTokens", result.prompt_tokens or 0)
         count("CompletionTokens", result.completion_tokens or 0)
-        count("CostUSD", result.cost or 0.0)
+        count_for_model("CostUSD", model, result.cost or 0.0)
         answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
         if result.rotation:  # the engine turned the image it was sent: the page was turned that much more
             evidence = replace(evidence, rotation=(evidence.rotation + result.rotation) % 360)
@@ -406,6 +466,16 @@ class Transcriber:
             merged = merge_flags(hard_flags(earlier), flags)
             outcome = replace(outcome, page_flags=tuple(flag.as_dict() for flag in merged))
         return _Checked(outcome, flags)
+
+    def _record_failures(self, ctx: _Context, model: str, failures: Sequence[FailedAttempt]) -> None:
+        """Record the requests of a call that failed: each was made, and a 429 counts in the rate limit's metrics."""
+        for failure in failures:
+            latency = round(failure.latency_seconds * 1000)
+            call = FailedCall(model, self._provider.name, failure.status_code, failure.message, latency)
+            self._storage.record_failed_call(ctx.job, call)
+            count_for_model("ModelCalls", model)
+            if failure.status_code == 429:
+                count_for_model("RateLimited", model)
 
     async def _blank_render(self, ctx: _Context, rendered: RenderedPage) -> PageResult:
         """A page that draws text or paths but rendered blank is not sent to the model as a blank image: its own text
@@ -448,6 +518,59 @@ class Transcriber:
             count("PagesRejected")
         await self._after_page(progress)
         return PageResult.FAILED
+
+    async def _admit(self, ctx: _Context, model: str) -> Admission | PageResult:
+        """The gates before a call: the cost caps (the page ends SKIPPED when its call would exceed one), then the rate
+        governor (the page waits in the queue when no call may start now). Admitted: what the call took. The cost gate
+        costs no round trip when neither a cap nor a budget applies."""
+        document = ctx.document
+        budgeted = document.tenant_daily_budget_usd is not None or self._settings.daily_budget_usd is not None
+        if document.max_cost_usd is not None or budgeted:
+            skipped = await self._spend_gate(ctx, model)
+            if skipped is not None:
+                return skipped
+        admission = self._governor.admit(ctx.job, model)
+        if admission.wait > 0:
+            return await self._defer(ctx, admission)
+        return admission
+
+    async def _spend_gate(self, ctx: _Context, model: str) -> PageResult | None:
+        """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""
+        verdict = self._storage.admit_spend(ctx.job, model, daily_budget_usd=self._settings.daily_budget_usd)
+        if verdict.daily_budget_usd:
+            gauge("DailyBudgetUsedPercent", 100 * verdict.spent_today / verdict.daily_budget_usd)
+        if verdict.verdict in ("CAP", "DAILY_BUDGET"):
+            return await self._skip(ctx, budget_reason(verdict, model, ctx.document.tenant_id))
+        if verdict.verdict == "DEFER":
+            held = "the calls in flight may leave room under the document's cap or the tenant's daily budget"
+            return await self._defer(ctx, Admission(SPEND_DEFER_SECONDS, why=held))
+        return None
+
+    async def _skip(self, ctx: _Context, reason: str) -> PageResult:
+        progress = self._storage.skip_job(ctx.job, reason)
+        if progress is None:
+            return self._lease_lost(ctx)
+        log.warning("page skipped: %s", reason, extra=ctx.log_extra)
+        count("PagesSkipped")
+        await self._after_page(progress)
+        return PageResult.SKIPPED
+
+    async def _defer(self, ctx: _Context, admission: Admission) -> PageResult:
+        """Back to the queue before any call, its attempt given back: no Lambda time is spent waiting."""
+        delay = admission.delay_seconds
+        reason = f"held back {delay} s before its model call: {admission.why}"
+        deferred = self._storage.defer_job(
+            ctx.job, reason, delay_seconds=delay, slot_at=admission.slot_at, keep_slot=admission.keep_slot
+        )
+        if not deferred:
+            return self._lease_lost(ctx)
+        sent = self._queue.send(
+            [JobMessage(ctx.job.job_id, ctx.job.document_id, ctx.job.page_number)], delay_seconds=delay
+        )
+        self._storage.mark_enqueued(sent)
+        log.info("page deferred: %s", reason, extra=ctx.log_extra)
+        count("PagesDeferred")
+        return PageResult.DEFERRED
 
     async def _retry(self, ctx: _Context, reason: str, retry_after: float | None) -> PageResult:
         if ctx.job.attempts >= self._settings.max_attempts:

@@ -115,6 +115,7 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         "provider_request_id": attempt.provider_request_id,
         "confidence": attempt.confidence,
         "flags": attempt.flags,
+        **({"status_code": attempt.status_code, "error": attempt.error} if attempt.error is not None else {}),
     }
 
 
@@ -181,11 +182,17 @@ def render_json(
 
 
 def _final_status(pages: list[PageRecord]) -> tuple[DocumentStatus, str | None]:
+    """COMPLETED; FAILED when every page failed; otherwise PARTIAL, saying how many pages failed and how many were
+    skipped, and why (a cap or budget: the first skipped page's reason)."""
     failed = sum(p.status is JobStatus.FAILED for p in pages)
-    if failed == 0:
+    skipped = [p for p in pages if p.status is JobStatus.SKIPPED]
+    if failed == 0 and not skipped:
         return DocumentStatus.COMPLETED, None
     status = DocumentStatus.FAILED if failed == len(pages) else DocumentStatus.PARTIAL
-    return status, f"{failed} of {len(pages)} pages failed"
+    said = [f"{failed} of {len(pages)} pages failed"] if failed else []
+    if skipped:
+        said.append(f"{len(skipped)} of {len(pages)} pages skipped, not started: {skipped[0].error}")
+    return status, "; ".join(said)
 
 
 class TranscriptWriter:

@@ -23,12 +23,14 @@ import binascii
 import contextlib
 import hashlib
 import json
+import math
 import os
 import signal
 import socket
 import struct
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,6 +130,40 @@ class Trickle:
 Behaviour = Ok | Status | BodyError | Hang | Reset | Malformed | Empty | Truncated | Trickle
 # Chooses the behaviour for a request from its JSON body and its decoded page image; None leaves it to the script.
 Rule = Callable[[dict[str, Any], bytes], Behaviour | None]
+
+
+class RateLimit:
+    """A provider's rate limit, as a route rule: at most ``limit`` requests in any ``window_seconds`` (a sliding
+    window, the strictest reading of "60 requests per minute"); a request beyond it is answered 429 with a
+    Retry-After of the whole seconds until the oldest request in the window leaves it.
+
+        limit = RateLimit(60)
+        fake.route(limit)
+        ... ; limit.admitted, limit.refused
+    """
+
+    def __init__(self, limit: int, window_seconds: float = 60.0) -> None:
+        self.limit = limit
+        self.window_seconds = window_seconds
+        self._times: deque[float] = deque()
+        self._lock = threading.Lock()
+        self.admitted = 0
+        self.refused = 0
+        self.admitted_at: list[float] = []  # time.monotonic() of each admitted request
+
+    def __call__(self, body: dict[str, Any], image: bytes) -> Behaviour | None:
+        with self._lock:
+            now = time.monotonic()
+            while self._times and self._times[0] <= now - self.window_seconds:
+                self._times.popleft()
+            if len(self._times) < self.limit:
+                self._times.append(now)
+                self.admitted += 1
+                self.admitted_at.append(now)
+                return None
+            self.refused += 1
+            free_in = self._times[0] + self.window_seconds - now
+        return Status(429, "rate limit exceeded: too many requests per minute", retry_after=str(math.ceil(free_in)))
 
 
 @dataclass(frozen=True)

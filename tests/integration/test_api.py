@@ -113,7 +113,7 @@ def test_the_full_flow_create_upload_transcribe_status_transcript_retry(
     api.run_until_idle()
     code, status = call("GET", f"/documents/{document_id}")
     assert code == 200 and status["status"] == "PARTIAL"
-    assert status["pages"] == {"QUEUED": 0, "PROCESSING": 0, "COMPLETED": 2, "FAILED": 1}
+    assert status["pages"] == {"QUEUED": 0, "PROCESSING": 0, "COMPLETED": 2, "FAILED": 1, "SKIPPED": 0}
     assert status["progress"] == 1.0 and status["cost"] > 0 and status["prompt_tokens"] == 2000
     [page_error] = status["page_errors"]
     failed_page = page_error["page"]

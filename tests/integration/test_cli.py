@@ -19,6 +19,7 @@ import httpx
 import pypdfium2 as pdfium
 import pytest
 from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+from pagescribe.storage import Storage
 from PIL import Image
 
 from tests.fakes.chat_server import FakeChatServer, Ok, expected_text
@@ -248,3 +249,35 @@ def test_an_upside_down_scan_is_read_upright_by_the_offline_engine_and_flagged_r
     assert "flags: rotated=180" in (tmp_path / "out" / "slide.md").read_text()
     assert result.stderr.strip().splitlines()[-1].startswith("slide.png page 1: COMPLETED: rotated=180")
     assert fake_provider.calls == 0
+
+
+def test_estimate_then_a_capped_run_then_the_tenants_budget(
+    database_url: str, storage: Storage, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    env = command_environment(database_url, fake_provider)
+    source = corpus / "pdflatex-4-pages.pdf"
+    fake_provider.set_default(Ok(cost=0.0001))
+    # Given no call of the model yet: the estimate is unknown and nothing is started
+    unknown = pagescribe("transcribe", str(source), "--estimate", env=env, cwd=tmp_path)
+    assert unknown.returncode == 0, unknown.stderr
+    assert "pdflatex-4-pages.pdf: 4 pages x " in unknown.stdout and "estimate: unknown" in unknown.stdout
+    assert fake_provider.calls == 0
+
+    # When the document is transcribed with a cap of 2.5 pages' worth
+    capped = pagescribe("transcribe", str(source), "--max-cost", "0.00025", "--out", "out", env=env, cwd=tmp_path)
+
+    # Then two pages are paid for, the others are skipped, and the command says so and fails
+    assert capped.returncode == 1 and fake_provider.calls == 2
+    assert "PARTIAL: 2 of 4 pages skipped, not started: budget: the document's max_cost_usd" in capped.stderr
+    # And the estimate now rests on those calls
+    known = pagescribe("transcribe", str(source), "--pages", "1-3", "--estimate", env=env, cwd=tmp_path)
+    assert "3 pages x " in known.stdout and "estimate: $0.000300" in known.stdout, known.stdout
+
+    # When an operator sets a tenant's daily budget, it is shown with today's spend
+    budget = pagescribe("tenants", "budget", "--tenant", "default", "--usd", "5", env=env, cwd=tmp_path)
+    assert budget.returncode == 0, budget.stderr
+    shown = json.loads(budget.stdout)
+    assert shown["daily_budget_usd"] == 5 and shown["calls_today"] == 2
+    assert shown["spent_today_usd"] == pytest.approx(0.0002)
+    refused = pagescribe("tenants", "budget", "--tenant", "default", "--usd", "-1", env=env, cwd=tmp_path)
+    assert refused.returncode == 2 and "'-1': an amount in USD is between 0 and 1000000" in refused.stderr

@@ -224,6 +224,19 @@ def test_workers_start_on_first_use_and_are_reused(own_pool: RenderPool) -> None
     assert len(first) == 1 and own_pool.pids == first
 
 
+def test_a_prestarted_worker_serves_the_first_request(own_pool: RenderPool) -> None:
+    # Given a new pool told to start its worker in the background (the upload function's cold start)
+    own_pool.prestart()
+    deadline = time.monotonic() + 60
+    while not own_pool.pids and time.monotonic() < deadline:  # until the worker is up (or a generous bound)
+        time.sleep(0.01)
+    started = own_pool.pids
+    # When the first document is opened
+    info = own_pool.inspect(FIRST_PAGE, max_pages=500, max_image_pixels=60_000_000)
+    # Then the worker started beforehand opened it: no other was started
+    assert len(started) == 1 and own_pool.pids == started and info.page_count >= 1
+
+
 def test_a_worker_killed_while_idle_is_replaced_without_failing_a_page(own_pool: RenderPool) -> None:
     # Given a pool whose worker was killed by the kernel between pages
     render(own_pool, FIRST_PAGE, DocumentKind.PDF, 1)

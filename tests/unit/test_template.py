@@ -251,12 +251,51 @@ def _dashboard_metrics(body: dict[str, Any]) -> list[tuple[str, list[str], dict[
         for row in properties.get("metrics", []):
             options = row[-1] if row and isinstance(row[-1], dict) else {}
             fields = [str(f) for f in row if not isinstance(f, dict)]
+            if not fields:  # a metric math expression, no metric of its own (see _dashboard_expressions)
+                continue
             if fields[:1] == ["..."]:
                 rest = fields[1:]
                 fields = previous[: len(previous) - len(rest)] + rest
             previous = fields
             rows.append((str(properties.get("title", "")), fields, options))
     return rows
+
+
+def _dashboard_expressions(body: dict[str, Any]) -> dict[str, str]:
+    """Widget title -> its metric math expressions, joined."""
+    found: dict[str, str] = {}
+    for widget in body["widgets"]:
+        properties = widget.get("properties", {})
+        for row in properties.get("metrics", []):
+            if len(row) == 1 and isinstance(row[0], dict) and "expression" in row[0]:
+                title = str(properties.get("title", ""))
+                found[title] = (found.get(title, "") + " " + row[0]["expression"]).strip()
+    return found
+
+
+def test_the_dashboard_shows_spend_per_model_the_429_rate_and_the_daily_budget(template: dict[str, Any]) -> None:
+    # Given the dashboard's rows and expressions
+    body = json.loads(re.sub(r"\$\{([^}]+)\}", lambda m: m.group(1), _dashboard_text(template)))
+    expressions = _dashboard_expressions(body)
+    metrics = {fields[1] for _, fields, _ in _dashboard_metrics(body) if fields[0] == "Pagescribe"}
+
+    # Then spend is searched per Model dimension, and the 429 rate is RateLimited over ModelCalls
+    assert any("{Pagescribe,Model,service}" in e and 'MetricName="CostUSD"' in e for e in expressions.values())
+    assert any("limited" in e and "/ calls" in e for e in expressions.values())
+    assert {"RateLimited", "ModelCalls", "PagesDeferred", "PagesSkipped", "DailyBudgetUsedPercent"} <= metrics
+    # And an alarm watches the share of the daily budget spent
+    alarm = template["Resources"]["DailyBudgetAlarm"]["Properties"]
+    assert (alarm["MetricName"], alarm["Statistic"]) == ("DailyBudgetUsedPercent", "Maximum")
+    assert alarm["Threshold"] == {"Ref": "DailyBudgetAlarmPercent"}
+    # And the governor and the budget are parameters every function receives
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    for variable, parameter in (
+        ("RATE_LIMIT_RPM", "RateLimitRpm"),
+        ("RATE_LIMIT_TPM", "RateLimitTpm"),
+        ("RATE_LIMIT_BURST", "RateLimitBurst"),
+        ("DAILY_BUDGET_USD", "DailyBudgetUsd"),
+    ):
+        assert variables[variable] == {"Ref": parameter} and parameter in template["Parameters"]
 
 
 # --- queue and retries ------------------------------------------------------------------------------------

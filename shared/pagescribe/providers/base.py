@@ -32,6 +32,15 @@ class TranscriptionRequest:
 
 
 @dataclass(frozen=True)
+class FailedAttempt:
+    """One HTTP request of a call that failed and was retried within the call (a 429, a 5xx, a reset...)."""
+
+    status_code: int | None
+    message: str
+    latency_seconds: float
+
+
+@dataclass(frozen=True)
 class Transcription:
     """A model's answer for one page, with the evidence of the call that produced it."""
 
@@ -46,6 +55,7 @@ class Transcription:
     http_attempts: int
     confidence: float | None = None  # an OCR engine's mean recognition confidence (0..1); a vision model has none
     rotation: int = 0  # degrees clockwise an OCR engine turned the image it was sent to read it upright
+    failed_attempts: tuple[FailedAttempt, ...] = ()  # the requests before the one that answered, which failed
 
     @property
     def truncated(self) -> bool:
@@ -58,6 +68,7 @@ class ProviderError(Exception):
 
     The message is user-facing and carries the provider's own error text when there is one.
     ``retry_after`` is the wait in seconds the provider asked for (``Retry-After``), if it asked.
+    ``earlier_attempts``: the requests of the same call that failed before this one and were retried.
     """
 
     def __init__(
@@ -73,6 +84,7 @@ class ProviderError(Exception):
         self.retryable = retryable
         self.status_code = status_code
         self.retry_after = retry_after
+        self.earlier_attempts: tuple[FailedAttempt, ...] = ()
 
 
 class TranscriptionProvider(Protocol):

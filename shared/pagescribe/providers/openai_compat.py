@@ -10,6 +10,8 @@ Failure policy:
   timeouts), a 200 whose body is malformed, an empty answer and ``finish_reason == "error"`` are
   retried with exponential backoff and jitter, never sooner than the server's ``Retry-After`` on 429/503.
   When the next wait does not fit in the remaining budget, the last error is raised, retryable.
+  With ``retry_rate_limited=False`` (the rate governor is on) a 429 is raised at once: the governor pauses every
+  environment and the page waits in the queue, not here.
 * Any other status (other 4xx, 501, 505, 3xx) is raised at once, not retryable.
 * A 200 whose body is an error object (OpenRouter does this) is treated like its code as a status.
 * ``finish_reason == "length"`` is a result (``Transcription.truncated``), not an error.
@@ -23,12 +25,13 @@ import json
 import logging
 import math
 import random
+from dataclasses import replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
 
-from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
+from pagescribe.providers.base import FailedAttempt, PageImage, ProviderError, Transcription, TranscriptionRequest
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class OpenAICompatibleProvider:
         app_name: str = "pagescribe",
         app_url: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        retry_rate_limited: bool = True,
     ) -> None:
         headers = {"X-Title": app_name}
         if app_url:
@@ -71,6 +75,7 @@ class OpenAICompatibleProvider:
         )
         self._connect_timeout = connect_timeout
         self._usage_accounting = usage_accounting
+        self._retry_rate_limited = retry_rate_limited
         url = self._client.base_url
         self._name = f"openai-compatible:{url.host}" + (f":{url.port}" if url.port is not None else "")
 
@@ -89,20 +94,27 @@ class OpenAICompatibleProvider:
         body = json.dumps(self._payload(request), separators=(",", ":")).encode()
         attempts = 0
         last_error: ProviderError | None = None
+        failed: list[FailedAttempt] = []  # the requests retried, each recorded by the caller as a call
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
                     attempts += 1
+                    attempt_started = loop.time()
                     try:
-                        return await self._attempt(body, request, attempts, started, deadline)
+                        result = await self._attempt(body, request, attempts, started, deadline)
+                        return replace(result, failed_attempts=tuple(failed))
                     except ProviderError as error:
-                        if not error.retryable:
+                        error.earlier_attempts = tuple(failed)
+                        if not error.retryable or (error.status_code == 429 and not self._retry_rate_limited):
                             raise
                         last_error = error
                     # Retry-After is a floor: "0" or a date in the past must not turn backoff into a tight loop.
                     wait = max(_backoff(attempts), last_error.retry_after or 0.0)
                     if loop.time() + wait >= deadline:
                         raise last_error
+                    failed.append(
+                        FailedAttempt(last_error.status_code, last_error.message, loop.time() - attempt_started)
+                    )
                     logger.warning(
                         "page %d of document %s: attempt %d failed (%s); retrying in %.2f s",
                         request.page_number,
@@ -116,7 +128,9 @@ class OpenAICompatibleProvider:
             message = f"no answer from the provider within the {budget_seconds:.1f} s budget"
             if last_error is not None:
                 message += f" (last error: {last_error.message})"
-            raise ProviderError(message, retryable=True) from None
+            timed_out = ProviderError(message, retryable=True)
+            timed_out.earlier_attempts = tuple(failed)
+            raise timed_out from None
 
     async def aclose(self) -> None:
         await self._client.aclose()

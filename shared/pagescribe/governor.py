@@ -1,0 +1,93 @@
+"""The rate governor: one provider rate limit shared by every environment, kept in PostgreSQL.
+
+Each provider and model has a token bucket (RATE_LIMIT_RPM, RATE_LIMIT_TPM, RATE_LIMIT_BURST) in the
+``rate_buckets`` table. Before a model call the page takes a token in one statement. When none is free it does not
+wait on the Lambda clock: it reserves the next free slot and goes back to the queue until then (SQS's message delay),
+and when it comes back it calls without taking another. A 429 opens a pause for its Retry-After that every
+environment reads in the same statement, so processes that never saw the 429 hold their calls too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+from pagescribe.settings import Settings
+from pagescribe.storage import ClaimedJob, RateBucket, Storage
+
+MAX_DELAY_SECONDS = 900  # SQS's longest message delay
+EARLY_SECONDS = 1.0  # a page back this much before its reserved slot calls anyway (SQS delays are whole seconds)
+STALE_SLOT_SECONDS = 60.0  # a slot passed this long ago is given up: the page takes a token afresh
+PAUSE_WITHOUT_RETRY_AFTER = 5.0  # seconds every environment holds off after a 429 that named no Retry-After
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Start the call now (``wait`` 0, ``tokens`` taken for it), or wait ``wait`` seconds in the queue: for the slot
+    reserved at ``slot_at``, or for the slot the page holds already (``keep_slot``), or for no slot at all (a pause, or
+    a wait longer than SQS can delay)."""
+
+    wait: float
+    slot_at: datetime | None = None
+    keep_slot: bool = False
+    tokens: float = 0.0
+    why: str = ""
+
+    @property
+    def delay_seconds(self) -> int:
+        """The queue delay: whole seconds, never sooner than the slot or the pause, within SQS's limit."""
+        return min(MAX_DELAY_SECONDS, max(1, math.ceil(self.wait)))
+
+
+GO = Admission(0.0)
+
+
+class RateGovernor:
+    def __init__(self, settings: Settings, storage: Storage, provider: str) -> None:
+        self._storage = storage
+        self._bucket = (
+            RateBucket(provider, settings.rate_limit_rpm, settings.rate_limit_tpm, settings.rate_limit_burst)
+            if settings.rate_limit_rpm > 0
+            else None
+        )
+        self._counts_tokens = settings.rate_limit_tpm > 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._bucket is not None
+
+    def admit(self, job: ClaimedJob, model: str) -> Admission:
+        """May the page's call to ``model`` start now? One round trip, none when the governor is off or the page
+        came back before the slot it holds."""
+        if self._bucket is None:
+            return GO
+        slot = job.slot_in_seconds
+        if slot is not None and slot > EARLY_SECONDS:  # back early (a resent message): the slot still holds
+            return Admission(slot, keep_slot=True, why=f"its reserved slot for {model} is {slot:.1f} s away")
+        prepaid = slot is not None and slot > -STALE_SLOT_SECONDS
+        grant = self._storage.take_rate_slot(
+            self._bucket, model, prepaid=prepaid, max_wait=MAX_DELAY_SECONDS - EARLY_SECONDS
+        )
+        if grant.wait <= 0:
+            return Admission(0.0, tokens=0.0 if prepaid else grant.mean_tokens)
+        if grant.paused:
+            return Admission(grant.wait, why=f"{model} is paused for {grant.wait:.1f} s after a 429")
+        if grant.reserved:
+            why = f"the next free slot for {model} is {grant.wait:.1f} s away"
+            return Admission(grant.wait, grant.slot_at, why=why)
+        return Admission(grant.wait, why=f"no slot for {model} within {MAX_DELAY_SECONDS} s")
+
+    def rate_limited(self, model: str, retry_after: float | None) -> float | None:
+        """A 429 from the provider: pause every environment's calls to ``model``; the pause in seconds (None when
+        the governor is off: the page backs off alone)."""
+        if self._bucket is None:
+            return None
+        pause = retry_after if retry_after is not None and retry_after > 0 else PAUSE_WITHOUT_RETRY_AFTER
+        self._storage.pause_rate_bucket(self._bucket, model, pause)
+        return pause
+
+    def settle(self, model: str, admission: Admission, actual_tokens: int) -> None:
+        """The call's real tokens against those it took (token limits only)."""
+        if self._bucket is not None and self._counts_tokens:
+            self._storage.settle_rate_tokens(self._bucket, model, estimate=admission.tokens, actual=actual_tokens)

@@ -1,0 +1,293 @@
+"""Spend under control: one rate limit shared by every environment (the governor), cost caps and daily budgets, and
+every model call in the total. Through the real handlers, separate processes as separate Lambda environments, moto,
+PostgreSQL and the fake provider."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pagescribe.runtime import shutdown_runtime
+from pagescribe.settings import get_settings
+from pagescribe.storage import RateBucket, Storage
+from sqlalchemy import text
+
+from functions.api import app as api_app
+from tests.fakes.chat_server import FakeChatServer, Ok, Status
+from tests.integration.test_api import upload_through_presigned_url
+from tests.support.aws_events import LambdaContext, api_event, sqs_event
+from tests.support.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+PRICE = 0.0001  # what the fake provider reports per call in these tests
+
+
+def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    shutdown_runtime()
+    get_settings.cache_clear()
+
+
+def rows(storage: Storage, sql: str, **params: Any) -> list[Any]:
+    with storage.engine.connect() as conn:
+        return list(conn.execute(text(sql), params).mappings())
+
+
+def deliver(
+    pipeline: Pipeline, *, until: Callable[[], bool], environments: int = 1, max_rounds: int = 120
+) -> list[dict[str, Any]]:
+    """Play the event source until ``until()``: each visible batch goes to ``environments`` environments at once
+    (more than one: each its own process, all with the same batch, i.e. duplicate deliveries), then its handled
+    messages are deleted. Waits for delayed messages by long polling (no sleeps)."""
+    responses: list[dict[str, Any]] = []
+    for _ in range(max_rounds):
+        if until():
+            return responses
+        messages = pipeline.sqs.receive_message(
+            QueueUrl=pipeline.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1, AttributeNames=["All"]
+        ).get("Messages", [])
+        if not messages:
+            continue
+        event = sqs_event(messages, pipeline.queue_arn)
+        if environments == 1:
+            answered = [pipeline.invoke_transcribe(event)]
+        else:
+            answered = pipeline.invoke_in_new_environments("transcribe", event, environments)
+        responses.extend(answered)
+        failed = {f["itemIdentifier"] for response in answered for f in response["batchItemFailures"]}
+        for message in messages:
+            if message["MessageId"] not in failed:
+                pipeline.sqs.delete_message(QueueUrl=pipeline.queue_url, ReceiptHandle=message["ReceiptHandle"])
+    raise AssertionError(f"not done after {max_rounds} rounds")
+
+
+def finished(storage: Storage, document_id: str) -> Callable[[], bool]:
+    def check() -> bool:
+        document = storage.get_document(document_id)
+        return document is not None and document.finished_at is not None
+
+    return check
+
+
+def seed_price(pipeline: Pipeline, storage: Storage, corpus: Path) -> None:
+    """One page transcribed earlier, so the model's price (PRICE) is known."""
+    [seed] = pipeline.upload("uploads/seed.png", corpus / "smile.png")["documents"]
+    deliver(pipeline, until=finished(storage, seed["document_id"]))
+
+
+def test_a_429_pauses_every_environment_including_processes_that_never_saw_it(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the governor on, two one-page documents queued, and a provider whose next answer is a 429 for 120 s
+    configure(monkeypatch, RATE_LIMIT_RPM="600")
+    pipeline.upload("uploads/a.png", corpus / "smile.png")
+    pipeline.upload("uploads/b.jpg", corpus / "smile.jpg")
+    first, second = pipeline.receive_all()
+    fake_provider.script(Status(429, "slow down", retry_after="120"))
+
+    # When one environment (its own process) gets the 429 ...
+    [answer] = pipeline.invoke_in_new_environments("transcribe", sqs_event([first], pipeline.queue_arn), 1)
+    assert answer["batchItemFailures"] == [] and fake_provider.calls == 1
+
+    # ... and another process, which never saw it, is given the other page
+    [answer] = pipeline.invoke_in_new_environments("transcribe", sqs_event([second], pipeline.queue_arn), 1)
+
+    # Then the second one makes no call: its page waits out the pause in the queue, its attempt given back
+    assert answer["batchItemFailures"] == [] and fake_provider.calls == 1
+    jobs = rows(storage, "SELECT status, attempts, error, extract(epoch FROM available_at - now()) AS due_in FROM jobs")
+    assert [(j["status"], j["attempts"]) for j in jobs] == [("QUEUED", 0), ("QUEUED", 0)]
+    assert all(re.match(r"held back (1[01][0-9]|120) s before its model call", j["error"]) for j in jobs), jobs
+    assert any("paused" in j["error"] for j in jobs), jobs  # the one that never saw the 429
+    assert all(100 < j["due_in"] <= 120 for j in jobs), jobs
+    [bucket] = rows(storage, "SELECT extract(epoch FROM paused_until - now()) AS pause FROM rate_buckets")
+    assert 100 < bucket["pause"] <= 120
+    # And the 429 is recorded as a call, with its status
+    [attempt] = rows(storage, "SELECT outcome, status_code, cost FROM attempts")
+    assert dict(attempt) == {"outcome": "RATE_LIMITED", "status_code": 429, "cost": None}
+
+
+def test_pages_beyond_the_rate_wait_for_their_reserved_slot_in_the_queue_then_call_without_another_token(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the governor at 60 calls a minute (one a second) and a 4-page document's pages in one batch
+    configure(monkeypatch, RATE_LIMIT_RPM="60")
+    [document] = pipeline.upload("uploads/report.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
+    messages = pipeline.receive_all()
+
+    # When the batch is handled
+    answer = pipeline.invoke_transcribe(sqs_event(messages, pipeline.queue_arn))
+
+    # Then one page calls; the others reserve the next slots and go back to the queue, each due at its slot
+    assert answer["batchItemFailures"] == [] and fake_provider.calls == 1
+    waiting = rows(
+        storage,
+        "SELECT attempts, extract(epoch FROM rate_slot_at) AS slot,"
+        " extract(epoch FROM available_at - rate_slot_at) AS after_slot FROM jobs WHERE status = 'QUEUED'"
+        " ORDER BY rate_slot_at",
+    )
+    assert len(waiting) == 3 and all(j["attempts"] == 0 for j in waiting)
+    slots = [float(j["slot"]) for j in waiting]
+    assert [round(later - earlier, 3) for earlier, later in itertools.pairwise(slots)] == [1.0, 1.0]
+    assert all(0 <= j["after_slot"] < 2 for j in waiting)  # due at its slot, rounded up to whole seconds (SQS)
+    [bucket] = rows(storage, "SELECT requests FROM rate_buckets")
+    assert bucket["requests"] < -1.5  # three slots reserved ahead
+
+    # When the deferred pages come back at their slots
+    deliver(pipeline, until=finished(storage, document["document_id"]))
+
+    # Then each calls once, taking nothing more from the bucket, and the document completes
+    assert fake_provider.calls == 4
+    assert [(j["status"], j["attempts"]) for j in rows(storage, "SELECT status, attempts FROM jobs")] == [
+        ("COMPLETED", 1)
+    ] * 4
+    assert rows(storage, "SELECT count(*) AS n FROM attempts")[0]["n"] == 4
+
+
+def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(storage: Storage) -> None:
+    # Given a bucket of 0.6 calls a minute (a slot every 100 s), burst 1
+    bucket = RateBucket("fake", requests_per_minute=0.6, tokens_per_minute=0, burst=1)
+
+    # When four calls ask in a row
+    grants = [storage.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(3)]
+    prepaid = storage.take_rate_slot(bucket, "m", prepaid=True, max_wait=899)
+
+    # Then the first starts now, the next two reserve slots 100 s and 200 s ahead, and a page back for its slot
+    # takes nothing
+    assert grants[0].wait == 0
+    assert 90 < grants[1].wait <= 100 and grants[1].reserved
+    assert 190 < grants[2].wait <= 200 and grants[2].reserved
+    assert prepaid.wait == 0 and not prepaid.reserved
+    # And a slot further away than SQS can delay is not reserved
+    far = [storage.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(8)]
+    assert not far[-1].reserved and far[-1].wait > 899
+
+    # When a 429 opens a 30 s pause on another model's bucket
+    storage.take_rate_slot(bucket, "other", prepaid=False, max_wait=899)
+    storage.pause_rate_bucket(bucket, "other", 30)
+    paused = storage.take_rate_slot(bucket, "other", prepaid=True, max_wait=899)
+
+    # Then even a page holding a slot waits for the pause, and nothing is reserved meanwhile
+    assert paused.paused and not paused.reserved and 20 < paused.wait <= 30
+
+
+def create(body: dict[str, Any]) -> dict[str, Any]:
+    response = api_app.handler(api_event("POST", "/documents", body=json.dumps(body)), LambdaContext(29))
+    assert response["statusCode"] == 201, response["body"]
+    created: dict[str, Any] = json.loads(response["body"])
+    return created
+
+
+def status(document_id: str) -> dict[str, Any]:
+    response = api_app.handler(api_event("GET", f"/documents/{document_id}"), LambdaContext(29))
+    described: dict[str, Any] = json.loads(response["body"])
+    return described
+
+
+def test_a_capped_document_spends_exactly_what_the_provider_reported_and_no_call_starts_after_its_cap(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a provider reporting PRICE per call, no history yet: the estimate is unknown
+    fake_provider.set_default(Ok(cost=PRICE))
+    unknown = create({"filename": "a.pdf", "content_type": "application/pdf", "pages": "1-4"})["estimate"]
+    assert (unknown["cost_per_page_usd"], unknown["cost_usd"]) == (None, None) and "unknown" in unknown["basis"]
+    seed_price(pipeline, storage, corpus)
+
+    # When a 4-page document capped at 2.5 pages' worth is created (its estimate now known) and uploaded
+    created = create(
+        {"filename": "report.pdf", "content_type": "application/pdf", "pages": "1-4", "max_cost_usd": 2.5 * PRICE}
+    )
+    assert created["estimate"]["cost_usd"] == pytest.approx(4 * PRICE)
+    upload_through_presigned_url(pipeline, created, (corpus / "pdflatex-4-pages.pdf").read_bytes())
+    calls_before = fake_provider.calls
+
+    # ... and every batch is delivered three times at once, to three environments
+    deliver(pipeline, until=finished(storage, created["document_id"]), environments=3)
+
+    # Then two pages were paid for, exactly what the provider reported, and no call started after the cap
+    assert fake_provider.calls - calls_before == 2
+    described = status(created["document_id"])
+    assert described["model_calls"] == 2 and described["cost"] == pytest.approx(2 * PRICE)
+    assert described["pages"]["COMPLETED"] == 2 and described["pages"]["SKIPPED"] == 2
+    # And the document ends PARTIAL, saying why, and each skipped page says it too
+    assert described["status"] == "PARTIAL" and described["max_cost_usd"] == pytest.approx(2.5 * PRICE)
+    assert "2 of 4 pages skipped" in described["error"] and "max_cost_usd" in described["error"]
+    skipped = [e for e in described["page_errors"] if e["status"] == "SKIPPED"]
+    assert len(skipped) == 2 and all(e["error"].startswith("budget: ") for e in skipped)
+    markdown, transcript = pipeline.transcript(created["document_id"])
+    assert transcript["cost"] == pytest.approx(2 * PRICE) and markdown.count("SKIPPED") == 2
+
+
+@pytest.mark.parametrize("whose", ["stack", "tenant"])
+def test_a_tenants_daily_budget_skips_the_pages_beyond_it(
+    pipeline: Pipeline,
+    storage: Storage,
+    fake_provider: FakeChatServer,
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    whose: str,
+) -> None:
+    # Given a daily budget of 3.5 calls' worth (the stack's DAILY_BUDGET_USD, or the tenant's own, over a larger
+    # stack-wide one) and one page already spent today
+    fake_provider.set_default(Ok(cost=PRICE))
+    if whose == "stack":
+        configure(monkeypatch, DAILY_BUDGET_USD=str(3.5 * PRICE))
+    else:
+        configure(monkeypatch, DAILY_BUDGET_USD="100")
+        assert storage.set_daily_budget("default", 3.5 * PRICE)
+    seed_price(pipeline, storage, corpus)
+
+    # When a 4-page document is transcribed
+    [document] = pipeline.upload("uploads/report.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
+    deliver(pipeline, until=finished(storage, document["document_id"]))
+
+    # Then the calls stop where the day's spend would pass the budget, and the rest are skipped, saying why
+    assert fake_provider.calls == 3
+    [day] = rows(storage, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
+    assert float(day["spent_usd"]) == pytest.approx(3 * PRICE) and day["calls"] == 3
+    document_row = storage.get_document(document["document_id"])
+    assert document_row is not None and document_row.status == "PARTIAL"
+    assert document_row.error is not None and "daily budget" in document_row.error
+    jobs = rows(storage, "SELECT status FROM jobs WHERE document_id = :d", d=document["document_id"])
+    assert sorted(j["status"] for j in jobs) == ["COMPLETED", "COMPLETED", "SKIPPED", "SKIPPED"]
+
+
+def test_every_call_counts_in_the_totals_whatever_became_of_it(
+    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+) -> None:
+    # Given a provider that refuses a request, fails one for a moment (retried within the call), answers one page,
+    # apologises instead of reading another, then refuses every request
+    fake_provider.script(
+        Status(400, "bad image"),
+        Status(503, "overloaded", retry_after="0"),
+        Ok(cost=3 * PRICE),
+        Ok(text="I'm sorry, I can't help with that.", cost=2 * PRICE),
+    )
+    fake_provider.set_default(Status(400, "bad image"))
+
+    # When a 4-page document is transcribed
+    [document] = pipeline.upload("uploads/report.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
+    deliver(pipeline, until=finished(storage, document["document_id"]))
+
+    # Then every request is recorded as a call, the failed ones too (the one retried within its call as well), and
+    # the document's and the tenant's totals are their sum
+    outcomes = sorted(
+        (r["outcome"], r["status_code"]) for r in rows(storage, "SELECT outcome, status_code FROM attempts")
+    )
+    assert outcomes == [("ERROR", 400), ("ERROR", 400), ("ERROR", 503), ("KEPT", None), ("REJECTED", None)]
+    assert fake_provider.calls == 5
+    described = storage.spend(document["document_id"])
+    assert described.calls == 5 and described.cost == pytest.approx(5 * PRICE)
+    [day] = rows(storage, "SELECT spent_usd, calls FROM tenant_days")
+    assert float(day["spent_usd"]) == pytest.approx(5 * PRICE) and day["calls"] == 5
+    _, transcript = pipeline.transcript(document["document_id"])
+    errors = [a for page in transcript["pages"] for a in page["attempts"] if a["outcome"] == "ERROR"]
+    assert sorted(a["status_code"] for a in errors) == [400, 400, 503]
+    assert all("bad image" in a["error"] or "overloaded" in a["error"] for a in errors)
+    assert transcript["cost"] == pytest.approx(5 * PRICE)
