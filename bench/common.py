@@ -92,6 +92,11 @@ def plain_url(sqlalchemy_url: str) -> str:
     return sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
+def connect(sqlalchemy_url: str) -> psycopg.Connection[Any]:
+    """An autocommit connection of its own, to read what a run left in the database."""
+    return psycopg.connect(plain_url(sqlalchemy_url), autocommit=True)
+
+
 @contextmanager
 def fresh_database(label: str) -> Iterator[str]:
     """A new database on the system server, migrated to head, dropped afterwards; yields its SQLAlchemy URL."""

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import claims, coldstart, connections, fanout, pipeline, rendering
+from bench import caps, claims, coldstart, connections, fanout, governor, pipeline, rendering
 from bench.common import REPO, CorrectnessError, Result
 from bench.report import machine_facts, write_report
 
@@ -31,12 +31,15 @@ def benchmarks(quick: bool, scratch: Path) -> list[tuple[str, Callable[[], Resul
         ("fanout", lambda: fanout.run(quick=quick, scratch=scratch)),
         ("coldstart", coldstart.run),
         ("rendering", lambda: rendering.run(quick=quick)),
+        ("governor", lambda: governor.run(quick=quick, scratch=scratch)),
+        ("caps", lambda: caps.run(quick=quick, scratch=scratch)),
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller inputs and fewer repetitions (about 2 min)")
+    parser.add_argument("--quick", action="store_true", help="smaller inputs and fewer repetitions (about 4 min)")
+    parser.add_argument("--only", nargs="+", metavar="KEY", help="run these benchmarks only (docs are not written)")
     parser.add_argument("--no-docs", action="store_true", help=f"do not write {DOCS.relative_to(REPO)}")
     args = parser.parse_args(argv)
     command = ".venv/bin/python -m bench.run" + (" --quick" if args.quick else "")
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
         for key, benchmark in benchmarks(args.quick, Path(scratch)):
+            if args.only and key not in args.only:
+                continue
             print(f"... {key}", file=sys.stderr, flush=True)
             try:
                 result = benchmark()
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print("docs/benchmarks.md not written: a benchmark failed", file=sys.stderr)
         return 1
-    if not args.no_docs:
+    if not args.no_docs and not args.only:
         write_report(DOCS, results, command=command, facts=facts, total_seconds=total, quick=args.quick)
         print(f"wrote {DOCS.relative_to(REPO)}", flush=True)
     return 0
