@@ -147,6 +147,24 @@ tens of percent here); the self-time column is the steadier view of what the pro
 Locally `import httpx` also loads its command-line extra (click, rich, pygments: about 20 ms) because `.venv`
 has those packages; the Lambda layer (`shared/requirements.txt`) does not, so deployed imports are a little
 lighter on both sides of the ratio.""",
+    "governor": """\
+The issue's setting: a fake provider that allows 60 requests in any 60 seconds (a sliding window, the strictest
+reading of "60 a minute"; beyond it, 429 with the Retry-After until a request leaves the window), 8 concurrent
+execution environments and one 200-page document. Each environment is a thread with its own `Runtime` (its own
+database pool, provider client, render process and event loop), polling the jobs queue for batches of ten as the
+event source does and running the transcribe path on them. The same document goes through twice in one run: with
+the governor (`RATE_LIMIT_RPM` just under the limit, `RATE_LIMIT_BURST=1`) and without it (`RATE_LIMIT_RPM=0`:
+each page's provider client retries its own 429s after their Retry-After, inside the invocation). Throughput is the
+requests the provider admitted per minute, from the first to the last, against its limit; function time is the sum
+of the environments' invocations, what Lambda would bill. Every request the provider received must be recorded as a
+call (`attempts`), or the run fails.""",
+    "caps": """\
+Ten 10-page documents are created through the API's service with `max_cost_usd` = (k + 0.5) × the price the fake
+provider reports per call, k = 0..9, so that each one's cap is reached at page k. The model's price is known from
+one earlier page. Every job message is sent three times (SQS delivers at least once), and 8 environments (as in the
+governor benchmark) transcribe concurrently. A document is exact when it completed k pages, made k calls and
+recorded k × the reported price; a call beyond k is a call started after the cap was reached. The provider's request
+count must equal the calls recorded.""",
     "rendering": """\
 `render_page` on every page of every corpus PDF that opens (the password-protected one is refused, as the
 pipeline refuses it), one thread, each setting over the whole corpus in turn within each pass, after one
@@ -353,14 +371,15 @@ def write_report(
         "",
         "`bench/` measures pagescribe on the machine it runs on, all in one process: the claim path against raw",
         "psycopg, provider connection reuse, the local pipeline's overhead over the model's own time, the upload's",
-        "fan-out, cold starts, and page rendering. Each benchmark prints one line with the ratio it is judged by and",
+        "fan-out, cold starts, page rendering, the rate governor and cost caps. Each benchmark prints one line with",
+        "the ratio it is judged by and",
         "its target, and every run rewrites this file. Targets are reported, not enforced: the command exits",
         "non-zero only when a benchmark crashes or sees a correctness violation (a job claimed twice, a page lost",
         "or failed, a message not sent).",
         "",
         "```sh",
-        ".venv/bin/python -m bench.run            # the full run: a few minutes",
-        ".venv/bin/python -m bench.run --quick    # smaller inputs, fewer repetitions: about two minutes",
+        ".venv/bin/python -m bench.run            # the full run: about ten minutes",
+        ".venv/bin/python -m bench.run --quick    # smaller inputs, fewer repetitions: about four minutes",
         "```",
         "",
         "It needs PostgreSQL on 127.0.0.1:5432 (user `postgres`, trust; or set `PAGESCRIBE_BENCH_ADMIN_URL`); each",

@@ -1,6 +1,6 @@
 """Run every benchmark in one process, print one judged line each, and write docs/benchmarks.md.
 
-    .venv/bin/python -m bench.run            # the full run (a few minutes)
+    .venv/bin/python -m bench.run            # the full run (about ten minutes)
     .venv/bin/python -m bench.run --quick    # smaller and faster
 
 Benchmarks are run, not asserted: a missed target is reported, not failed. The exit status is non-zero only
