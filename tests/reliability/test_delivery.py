@@ -144,10 +144,11 @@ def test_every_message_delivered_three_times_at_once_and_again_late_is_transcrib
     finally:
         for environment in environments:
             environment.close()
-    # And the environments really raced: each won some batches, and lost the others to the other two
+    # And the environments really raced: more than one won batches, and each page any of them lost was a duplicate.
+    # (Which one wins is up to the scheduler: on a loaded machine one process may lag behind for the whole run.)
     completed = [e.metrics["PagesCompleted"] for e in environments]
     duplicates = [e.metrics["DuplicateDeliveries"] for e in environments]
-    assert sum(completed) == 200 and all(completed) and sum(duplicates) == 400
+    assert sum(completed) == 200 and sum(map(bool, completed)) >= 2 and sum(duplicates) == 400
     assert [c + d for c, d in zip(completed, duplicates, strict=True)] == [200, 200, 200]
     # And each page cost exactly one model call and completed once, in its first attempt
     assert fake_provider.calls == 200
