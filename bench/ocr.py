@@ -356,30 +356,7 @@ def section(run: Run) -> str:
         f"| seconds per page, median | {statistics.median(page.seconds for page in pages):.2f} | "
         f"{f'{statistics.median(tesseract_seconds):.2f}' if tesseract_seconds else '-'} |"
     )
-    lines += ["", "### Targets", ""]
-    median, mean = statistics.median(scores), statistics.mean(scores)
-    lines.append(f"- CER median <= {_pct(MEDIAN_TARGET)}: {_pct(median)}, {_verdict(median <= MEDIAN_TARGET)}")
-    lines.append(f"- CER mean <= {_pct(MEAN_TARGET)}: {_pct(mean)}, {_verdict(mean <= MEAN_TARGET)}")
-    if worst_two is not None:
-        lines.append(
-            f"- no two-column page above {_pct(TWO_COLUMN_TARGET)}: worst {_pct(worst_two.cer)} "
-            f"({worst_two.document} p. {worst_two.page}), {_verdict(worst_two.cer <= TWO_COLUMN_TARGET)}"
-        )
-    for angle in TURNS:
-        lines.append(
-            f"- every page turned {angle}° within {TURN_POINTS:g} points of upright: {within[angle]} of "
-            f"{len(pages)}, {_verdict(within[angle] == len(pages))}"
-        )
-    if expected_tables:
-        lines.append(
-            f"- table pages give a markdown table with the right number of rows and columns: {tables} of "
-            f"{expected_tables} tables, {_verdict(tables == expected_tables)}"
-        )
-    if tesseract:
-        lines.append(
-            f"- beat tesseract (information): median {_pct(median)} vs {_pct(statistics.median(tesseract))}, "
-            f"mean {_pct(mean)} vs {_pct(statistics.mean(tesseract))}"
-        )
+    lines += _targets(scores, tesseract, worst_two, within, (tables, expected_tables), len(pages))
     lines += [
         "",
         "### By page",
@@ -392,6 +369,43 @@ def section(run: Run) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _targets(
+    scores: list[float],
+    tesseract: list[float],
+    worst_two: PageResult | None,
+    within: dict[int, int],
+    table_counts: tuple[int, int],
+    pages: int,
+) -> list[str]:
+    """The section's targets, each with its figure and whether it was met."""
+    tables, expected_tables = table_counts
+    lines = ["", "### Targets", ""]
+    median, mean = statistics.median(scores), statistics.mean(scores)
+    lines.append(f"- CER median <= {_pct(MEDIAN_TARGET)}: {_pct(median)}, {_verdict(median <= MEDIAN_TARGET)}")
+    lines.append(f"- CER mean <= {_pct(MEAN_TARGET)}: {_pct(mean)}, {_verdict(mean <= MEAN_TARGET)}")
+    if worst_two is not None:
+        lines.append(
+            f"- no two-column page above {_pct(TWO_COLUMN_TARGET)}: worst {_pct(worst_two.cer)} "
+            f"({worst_two.document} p. {worst_two.page}), {_verdict(worst_two.cer <= TWO_COLUMN_TARGET)}"
+        )
+    for angle in TURNS:
+        lines.append(
+            f"- every page turned {angle}° within {TURN_POINTS:g} points of upright: {within[angle]} of "
+            f"{pages}, {_verdict(within[angle] == pages)}"
+        )
+    if expected_tables:
+        lines.append(
+            f"- table pages give a markdown table with the right number of rows and columns: {tables} of "
+            f"{expected_tables} tables, {_verdict(tables == expected_tables)}"
+        )
+    if tesseract:
+        lines.append(
+            f"- beat tesseract (information): median {_pct(median)} vs {_pct(statistics.median(tesseract))}, "
+            f"mean {_pct(mean)} vs {_pct(statistics.mean(tesseract))}"
+        )
+    return lines
 
 
 def replace_section(document: str, text: str, heading: str = HEADING) -> str:

@@ -1,6 +1,8 @@
 """Documents on local disk: detect the type from the bytes, count pages, render one page to an image.
 
-pdfium is not thread-safe, and pages render in worker threads, so every pypdfium2 call holds one lock.
+The functions run this code in render worker processes (``rendering.py``), one page at a time each; it is also called
+in-process (tests, ``pagescribe transcribe --estimate``), possibly from several threads, and pdfium is not thread-safe,
+so every pypdfium2 call holds one lock.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote_plus
@@ -17,6 +17,7 @@ from aws_lambda_powertools.utilities.data_classes import S3Event
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
 from pagescribe.documents import DocumentInfo, InvalidDocumentError
+from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.storage import DocumentRecord, DocumentStatus, NewDocument, Storage
 from pagescribe.tenancy import TENANT_ID
@@ -86,6 +87,16 @@ class Inspector(Protocol):
     def inspect(self, path: Path, *, max_pages: int, max_image_pixels: int) -> DocumentInfo: ...
 
 
+@dataclass(frozen=True)
+class _Examined:
+    new: NewDocument  # with the file's SHA-256 once it was read
+    kind: str | None = None
+    pages: list[int] = field(default_factory=list)
+    page_count: int | None = None  # the file's own
+    donor: str | None = None  # a finished document of the same bytes and request, whose pages are reused
+    error: str | None = None  # why it can never be transcribed
+
+
 class Ingestor:
     def __init__(
         self,
@@ -132,30 +143,13 @@ class Ingestor:
         if named is not None and pending is None:
             return self._refused(obj, named)
 
-        requested = pending.requested_pages if pending else None
-        kind: str | None = None
-        pages: list[int] = []
-        page_count: int | None = None
-        donor: str | None = None
-        error = failure or self._precheck(obj)
-        if error is None:
-            try:
-                kind, page_count, digest = self._inspect(obj, selected=requested is not None)
-                pages = list(requested or range(1, page_count + 1))
-                error = _selection_error(requested, page_count)
-                new = replace(new, sha256=digest)
-                if error is None and (pending.reuse if pending else True):
-                    donor = self._storage.find_reusable_document(new, pages)
-            except InvalidDocumentError as exc:
-                error = exc.reason
-            except ObjectMissingError as exc:
-                error = str(exc)
-
+        seen = self._examine(obj, new, pending, failure)
+        new, kind, pages, donor, error = seen.new, seen.kind, seen.pages, seen.donor, seen.error
         created = self._storage.create_document(
             new,
             kind=kind,
             pages=pages,
-            source_page_count=page_count,
+            source_page_count=seen.page_count,
             error=error,
             pending_id=pending.document_id if pending else None,
             donor_id=donor,
@@ -176,8 +170,7 @@ class Ingestor:
         messages = [
             JobMessage(job_id, created.document_id, page) for job_id, page in zip(created.job_ids, pages, strict=True)
         ]
-        sent = self._queue.send(messages)
-        self._storage.mark_enqueued(sent)
+        sent = send_committed(self._queue, self._storage, messages)
         log.info(
             "document accepted",
             extra={
@@ -189,6 +182,28 @@ class Ingestor:
             },
         )
         return IngestResult(obj.bucket, obj.key, created.document_id, DocumentStatus.PROCESSING, len(pages), len(sent))
+
+    def _examine(
+        self, obj: UploadedObject, new: NewDocument, pending: DocumentRecord | None, failure: str | None
+    ) -> _Examined:
+        """What the object is: opened and counted under the render pool's limits (unless ``failure`` says why it
+        failed already), its pages as asked for, and a finished document of the same bytes to reuse; or why not."""
+        requested = pending.requested_pages if pending else None
+        error = failure or self._precheck(obj)
+        if error is not None:
+            return _Examined(new, error=error)
+        try:
+            kind, page_count, digest = self._inspect(obj, selected=requested is not None)
+        except InvalidDocumentError as exc:
+            return _Examined(new, error=exc.reason)
+        except ObjectMissingError as exc:
+            return _Examined(new, error=str(exc))
+        pages = list(requested or range(1, page_count + 1))
+        new = replace(new, sha256=digest)
+        error = _selection_error(requested, page_count)
+        reuse = error is None and (pending.reuse if pending else True)
+        donor = self._storage.find_reusable_document(new, pages) if reuse else None
+        return _Examined(new, kind, pages, page_count, donor, error)
 
     def _new_document(self, obj: UploadedObject, pending: DocumentRecord | None) -> NewDocument:
         return NewDocument(

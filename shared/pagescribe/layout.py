@@ -208,16 +208,28 @@ def _markdown(lines: Sequence[_Line], page_numbers: PageNumbers, figures: Sequen
     levels = _heading_levels(lines, height, tables)
     furniture = _furniture(lines, height, tables, levels)
     places = _figure_places(lines, figures)
-    for start, (_, rows) in tables.items():
+    for start, (_, rows) in tables.items():  # a figure inside a table goes before it
         places[start] += sum(places.pop(index, 0) for index in range(start + 1, start + rows))
-    parts: list[str] = []
+    return _write(lines, height, tables, levels, furniture, places, page_numbers)
+
+
+def _write(
+    lines: Sequence[_Line],
+    height: float,
+    tables: dict[int, tuple[list[str], int]],
+    levels: dict[int, int],
+    furniture: dict[int, str],
+    places: Counter[int],
+    page_numbers: PageNumbers,
+) -> str:
+    """The page's markdown, line by line, with what :func:`_markdown` found: tables, headings, the page number and
+    the figures placed before each line (``places``, a count by line index; at ``len(lines)``: after the last)."""
+    parts = _Parts()
     previous: _Line | None = None
     index = 0
     while index <= len(lines):
         for _ in range(places[index]):
-            if parts and parts[-1]:
-                parts.append("")
-            parts += [FIGURE, ""]
+            parts.block(FIGURE)
         if index == len(lines):
             break
         line = lines[index]
@@ -225,38 +237,49 @@ def _markdown(lines: Sequence[_Line], page_numbers: PageNumbers, figures: Sequen
             parts.append("")
         if index in tables:
             table, rows = tables[index]
-            if parts and parts[-1]:
-                parts.append("")  # a table is a block of its own
-            parts += [*table, ""]
+            parts.block(*table)  # a table is a block of its own
             previous, index = lines[index + rows - 1], index + rows
             continue
         if index in furniture:
             if page_numbers == "mark":
-                if parts and parts[-1]:
-                    parts.append("")
-                parts += [f"<!-- {furniture[index]}: {line.text().replace('--', '- -')} -->", ""]
-            previous, index = line, index + 1
-            continue
-        level = levels.get(index)
-        if level is not None:
-            text = " ".join(box_text for box_text in line.text().split())
-            heading = "#" * level + " "
-            if parts and parts[-1].startswith(heading) and levels.get(index - 1) == level:
-                parts[-1] += " " + text  # the heading's second line
-            else:
-                if parts and parts[-1]:
-                    parts.append("")
-                parts.append(heading + text)
+                parts.block(f"<!-- {furniture[index]}: {line.text().replace('--', '- -')} -->")
+        elif index in levels:
+            parts.heading(line, levels[index], continued=levels.get(index - 1) == levels[index])
         else:
-            text = _list_item(line.text())
-            if parts and parts[-1].startswith("#") and previous is not None and levels.get(index - 1) is not None:
-                parts.append("")
-            if parts and _HYPHENATED.search(parts[-1]) and text[:1].islower() and not _LIST_ITEM.match(text):
-                parts[-1] = parts[-1][:-1] + text
-            else:
-                parts.append(text)
+            parts.text(line, after_heading=previous is not None and levels.get(index - 1) is not None)
         previous, index = line, index + 1
     return "\n".join(parts).strip("\n")
+
+
+class _Parts(list[str]):
+    """The markdown of a page being written, line by line; "" is a blank line."""
+
+    def block(self, *lines: str) -> None:
+        """Lines set apart from what precedes and follows them by blank lines."""
+        if self and self[-1]:
+            self.append("")
+        self += [*lines, ""]
+
+    def heading(self, line: _Line, level: int, *, continued: bool) -> None:
+        """A heading line; the second line of a heading wrapped over two (``continued``) joins the first."""
+        text = " ".join(line.text().split())
+        marker = "#" * level + " "
+        if self and self[-1].startswith(marker) and continued:
+            self[-1] += " " + text
+            return
+        if self and self[-1]:
+            self.append("")
+        self.append(marker + text)
+
+    def text(self, line: _Line, *, after_heading: bool) -> None:
+        """A line of text or a list item; a word hyphenated at the end of the line before is joined with its end."""
+        text = _list_item(line.text())
+        if self and self[-1].startswith("#") and after_heading:
+            self.append("")
+        if self and _HYPHENATED.search(self[-1]) and text[:1].islower() and not _LIST_ITEM.match(text):
+            self[-1] = self[-1][:-1] + text
+        else:
+            self.append(text)
 
 
 def _furniture(
@@ -308,6 +331,45 @@ def _list_item(text: str) -> str:
     return "\\" + text if text.startswith("#") else text
 
 
+def _worded_like_a_heading(line: _Line) -> bool:
+    """One box of words (letters make half of its characters or more), no more than HEADING_WORDS, no bullet."""
+    text = line.text()
+    letters = sum(char.isalpha() for char in text)
+    return (
+        len(line.boxes) == 1
+        and len(text.split()) <= HEADING_WORDS
+        and letters * 2 >= len(text.replace(" ", ""))
+        and not _BULLET.match(text)
+    )
+
+
+def _runs_on(lines: Sequence[_Line], index: int, height: float) -> bool:
+    """The line is a sentence going on: it ends in a comma, semicolon or hyphen, or the next line of its paragraph
+    opens in lower case."""
+    line = lines[index]
+    following = lines[index + 1] if index + 1 < len(lines) else None
+    return line.text()[-1] in ",;-" or (
+        following is not None
+        and following.top > line.top
+        and following.top - line.bottom <= PARAGRAPH_GAP * height
+        and following.text()[:1].islower()
+    )
+
+
+def _drop_long_runs(sizes: dict[int, float]) -> None:
+    """Remove the candidates in runs of more than HEADING_LINES consecutive lines: a block of large type."""
+    runs: list[list[int]] = []
+    for index in sorted(sizes):
+        if runs and runs[-1][-1] == index - 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    for run in runs:
+        if len(run) > HEADING_LINES:
+            for index in run:
+                del sizes[index]
+
+
 def _heading_levels(lines: Sequence[_Line], height: float, tables: dict[int, tuple[list[str], int]]) -> dict[int, int]:
     """The headings among the lines outside tables: line index to level (1 to 3), by size on the page.
 
@@ -326,15 +388,7 @@ def _heading_levels(lines: Sequence[_Line], height: float, tables: dict[int, tup
     in_tables = {start + offset for start, (_, rows) in tables.items() for offset in range(rows)}
     sizes: dict[int, float] = {}
     for index, line in enumerate(lines):
-        text = line.text()
-        letters = sum(char.isalpha() for char in text)
-        if (
-            index in in_tables
-            or len(line.boxes) != 1
-            or len(text.split()) > HEADING_WORDS
-            or letters * 2 < len(text.replace(" ", ""))
-            or _BULLET.match(text)
-        ):
+        if index in in_tables or not _worded_like_a_heading(line):
             continue
         box = line.boxes[0]
         size = math.sqrt((box.bottom - box.top) / heights * _em_size(box) / widths) if widths else 0.0
@@ -345,28 +399,9 @@ def _heading_levels(lines: Sequence[_Line], height: float, tables: dict[int, tup
             or line.top - previous.bottom > height / 2
             or index - 1 in sizes
         )
-        following = lines[index + 1] if index + 1 < len(lines) else None
-        runs_on = (
-            text[-1] in ",;-"
-            or (  # a sentence going on: the line is a paragraph's, not a heading
-                following is not None
-                and following.top > line.top
-                and following.top - line.bottom <= PARAGRAPH_GAP * height
-                and following.text()[:1].islower()
-            )
-        )
-        if size >= HEADING_SIZE and opens and not runs_on:
+        if size >= HEADING_SIZE and opens and not _runs_on(lines, index, height):
             sizes[index] = size
-    runs: list[list[int]] = []  # the candidates in runs of consecutive lines
-    for index in sorted(sizes):
-        if runs and runs[-1][-1] == index - 1:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    for run in runs:
-        if len(run) > HEADING_LINES:  # a block of large type, not a heading
-            for index in run:
-                del sizes[index]
+    _drop_long_runs(sizes)
     ranks: list[float] = []  # one size per level, largest first; sizes within HEADING_STEP of each other are one
     for size in sorted(sizes.values(), reverse=True):
         if not ranks or size < ranks[-1] * (1 - HEADING_STEP):
@@ -434,22 +469,9 @@ def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
     boxes = [box for row in rows for box in row.boxes]
     if any(box.right is None for box in boxes):
         return None
-    left, right = math.floor(min(box.left for box in boxes)), math.ceil(max(map(_end, boxes)))
-    cover = [0] * (right - left + 1)
-    slack = EDGE_SLACK * height
-    for row in rows:
-        for start, end in _covered(row, slack):
-            for x in range(math.floor(start) - left, math.ceil(end) - left + 1):
-                cover[x] += 1
-    allowed = int(TABLE_SPAN * len(rows)) or int(len(rows) > TABLE_MIN_ROWS)  # one row may span from four rows on
-    columns: list[_Band] = []
-    for covered, run in itertools.groupby(enumerate(cover), key=lambda item: item[1] > allowed):
-        if covered:
-            span = [x for x, _ in run]
-            columns.append((span[0] + left, span[-1] + left))
     supported = [
         column
-        for column in columns
+        for column in _columns(rows, boxes, height)
         if sum(any(column[0] <= _middle(box) <= column[1] for box in row.boxes) for row in rows) >= 2
     ]
     if len(supported) < 2:
@@ -466,6 +488,24 @@ def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
         return None
     lines = ["| " + " | ".join(_cell(" ".join(cell)) for cell in row_cells) + " |" for row_cells in cells]
     return [lines[0], "|" + " --- |" * len(supported), *lines[1:]]
+
+
+def _columns(rows: Sequence[_Line], boxes: Sequence[TextBox], height: float) -> list[_Band]:
+    """The stretches of x that the rows' boxes cover in more rows than one spanning row may account for."""
+    left, right = math.floor(min(box.left for box in boxes)), math.ceil(max(map(_end, boxes)))
+    cover = [0] * (right - left + 1)
+    slack = EDGE_SLACK * height
+    for row in rows:
+        for start, end in _covered(row, slack):
+            for x in range(math.floor(start) - left, math.ceil(end) - left + 1):
+                cover[x] += 1
+    allowed = int(TABLE_SPAN * len(rows)) or int(len(rows) > TABLE_MIN_ROWS)  # one row may span from four rows on
+    columns: list[_Band] = []
+    for covered, run in itertools.groupby(enumerate(cover), key=lambda item: item[1] > allowed):
+        if covered:
+            span = [x for x, _ in run]
+            columns.append((span[0] + left, span[-1] + left))
+    return columns
 
 
 def _covered(row: _Line, slack: float) -> list[_Band]:

@@ -222,25 +222,31 @@ def _validate_fields(rule: str, fields: dict[str, Any]) -> None:
         if rule != "table" and not _normalise(value).strip():
             raise ValueError(f"{name!r} is blank")
     if rule in ("present", "absent"):
-        if not isinstance(fields.get("case_sensitive", True), bool):
-            raise ValueError(f"'case_sensitive' must be true or false, not {fields['case_sensitive']!r}")
-        for name in ("first_n", "last_n"):
-            value = fields.get(name)
-            if value is not None and (not _is_int(value) or value < 0):
-                raise ValueError(f"{name!r} must be an integer >= 0 or null, not {value!r}")
+        _validate_presence(fields)
     elif rule == "order":
         shortest = min(len(_normalise(fields["before"])), len(_normalise(fields["after"])))
         if max_diffs > shortest // 2:
             raise ValueError(f"'max_diffs' {max_diffs} is more than half the length of 'before' or 'after'")
     else:
-        for name in _RELATIONS:
-            value = fields.get(name)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name!r} must be a string or null, not {value!r}")
-        if not isinstance(fields.get("ignore_markdown_tables", False), bool):
-            raise ValueError(
-                f"'ignore_markdown_tables' must be true or false, not {fields['ignore_markdown_tables']!r}"
-            )
+        _validate_table(fields)
+
+
+def _validate_presence(fields: dict[str, Any]) -> None:
+    if not isinstance(fields.get("case_sensitive", True), bool):
+        raise ValueError(f"'case_sensitive' must be true or false, not {fields['case_sensitive']!r}")
+    for name in ("first_n", "last_n"):
+        value = fields.get(name)
+        if value is not None and (not _is_int(value) or value < 0):
+            raise ValueError(f"{name!r} must be an integer >= 0 or null, not {value!r}")
+
+
+def _validate_table(fields: dict[str, Any]) -> None:
+    for name in _RELATIONS:
+        value = fields.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name!r} must be a string or null, not {value!r}")
+    if not isinstance(fields.get("ignore_markdown_tables", False), bool):
+        raise ValueError(f"'ignore_markdown_tables' must be true or false, not {fields['ignore_markdown_tables']!r}")
 
 
 def _normalise(text: str) -> str:

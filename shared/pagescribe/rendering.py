@@ -42,11 +42,8 @@ from pagescribe.documents import (
     render_page,
 )
 
-DEFAULT_RENDER_WORKERS = 2
-# An idle worker (Python, pypdfium2, Pillow) is about 40 MiB of address space and a corpus page peaks under 70 MiB;
-# 1 GiB leaves room for large pages at high DPI and still stops a bomb long before it takes the function with it.
-DEFAULT_RENDER_MEMORY_LIMIT_MB = 1024
-DEFAULT_RENDER_TIMEOUT_SECONDS = 60.0
+# The pool's sizes and limits come from the settings (RENDER_WORKERS, RENDER_MEMORY_LIMIT_MB, RENDER_TIMEOUT_SECONDS),
+# their only source of defaults.
 MIN_RENDER_MEMORY_LIMIT_MB = 128  # below this an idle worker has too little room left to render anything
 _STARTUP_TIMEOUT_SECONDS = 30.0
 _FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
@@ -285,9 +282,9 @@ class RenderPool:
 
     def __init__(
         self,
-        workers: int = DEFAULT_RENDER_WORKERS,
-        memory_limit_mb: int = DEFAULT_RENDER_MEMORY_LIMIT_MB,
-        timeout_seconds: float = DEFAULT_RENDER_TIMEOUT_SECONDS,
+        workers: int,
+        memory_limit_mb: int,
+        timeout_seconds: float,
         *,
         startup_timeout_seconds: float = _STARTUP_TIMEOUT_SECONDS,
     ) -> None:

@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
+from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
 from pagescribe.storage import DocumentRecord, DocumentStatus, PendingDocument, Storage
@@ -293,6 +294,7 @@ class DocumentService:
                 f"MAX_DOCUMENT_RETRIES={limit}"
             )
         retried = self._storage.retry_failed_pages(document.document_id, max_retries=limit)
-        sent = self._queue.send([JobMessage(job_id, document.document_id, page) for job_id, page in retried])
-        self._storage.mark_enqueued(sent)
+        send_committed(
+            self._queue, self._storage, [JobMessage(job_id, document.document_id, page) for job_id, page in retried]
+        )
         return [page for _, page in retried]

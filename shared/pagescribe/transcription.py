@@ -34,6 +34,7 @@ from pagescribe.checks import (
 from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage
 from pagescribe.governor import Admission, RateGovernor
 from pagescribe.observability import count, count_flags, count_for_model, gauge, milliseconds
+from pagescribe.outbox import send_committed
 from pagescribe.providers.base import (
     FailedAttempt,
     PageImage,
@@ -564,10 +565,7 @@ class Transcriber:
         )
         if not deferred:
             return self._lease_lost(ctx)
-        sent = self._queue.send(
-            [JobMessage(ctx.job.job_id, ctx.job.document_id, ctx.job.page_number)], delay_seconds=delay
-        )
-        self._storage.mark_enqueued(sent)
+        self._send_again(ctx, delay)
         log.info("page deferred: %s", reason, extra=ctx.log_extra)
         count("PagesDeferred")
         return PageResult.DEFERRED
@@ -580,13 +578,17 @@ class Transcriber:
         delay = retry_delay_seconds(self._settings, ctx.job.attempts, retry_after)
         if not self._storage.requeue_job(ctx.job, reason, delay_seconds=delay):
             return self._lease_lost(ctx)
-        sent = self._queue.send(
-            [JobMessage(ctx.job.job_id, ctx.job.document_id, ctx.job.page_number)], delay_seconds=delay
-        )
-        self._storage.mark_enqueued(sent)
+        self._send_again(ctx, delay)
         log.warning("page requeued in %d s: %s", delay, reason, extra=ctx.log_extra)
         count("PagesRequeued")
         return PageResult.REQUEUED
+
+    def _send_again(self, ctx: _Context, delay: int) -> None:
+        """The page's message, again, due in ``delay`` seconds (its row is QUEUED again and committed)."""
+        job = ctx.job
+        send_committed(
+            self._queue, self._storage, [JobMessage(job.job_id, job.document_id, job.page_number)], delay_seconds=delay
+        )
 
     def _lease_lost(self, ctx: _Context) -> PageResult:
         log.warning("lease lost: a newer claim owns this page; the result is not written", extra=ctx.log_extra)

@@ -310,6 +310,16 @@ class FakeChatServer:
         return seconds <= 0 or not self._stopping.wait(seconds)
 
 
+def _as_answer(behaviour: Behaviour) -> Behaviour:
+    """Empty and Truncated are answers of a given text and finish reason."""
+    match behaviour:
+        case Empty():
+            return Ok(text="")
+        case Truncated(text=text):
+            return Ok(text=text, finish_reason="length")
+    return behaviour
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # stop() closes the connections itself; never wait on a client
@@ -397,23 +407,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _perform(self, behaviour: Behaviour, body: dict[str, Any], image: bytes) -> None:
         fake = self.server.fake
-        match behaviour:
-            case Empty():
-                behaviour = Ok(text="")
-            case Truncated(text=text):
-                behaviour = Ok(text=text, finish_reason="length")
-        match behaviour:
-            case Ok():
-                if not fake._pause(fake.default_delay + behaviour.delay):
-                    self.close_connection = True
-                    return
-                self._send_json(200, _completion(fake._next_answer_number(), body, image, behaviour))
-            case Status(code=code, message=message, retry_after=retry_after, body=raw_body):
-                extra = {"Retry-After": retry_after} if retry_after is not None else {}
-                if raw_body is None:
-                    self._send_error(code, message, extra)
-                else:
-                    self._send(code, raw_body.encode(), extra)
+        match _as_answer(behaviour):
+            case Ok() as ok:
+                self._answer(ok, body, image)
+            case Status() as status:
+                self._status(status)
             case BodyError(code=code, message=message):
                 self._send_json(200, {"error": {"code": code, "message": message}})
             case Hang(seconds=seconds):
@@ -428,6 +426,20 @@ class _Handler(BaseHTTPRequestHandler):
             case Trickle(total_seconds=total, chunks=chunks):
                 completion = _completion(fake._next_answer_number(), body, image, Ok())
                 self._trickle(json.dumps(completion).encode(), total, chunks)
+
+    def _answer(self, ok: Ok, body: dict[str, Any], image: bytes) -> None:
+        fake = self.server.fake
+        if not fake._pause(fake.default_delay + ok.delay):
+            self.close_connection = True
+            return
+        self._send_json(200, _completion(fake._next_answer_number(), body, image, ok))
+
+    def _status(self, status: Status) -> None:
+        extra = {"Retry-After": status.retry_after} if status.retry_after is not None else {}
+        if status.body is None:
+            self._send_error(status.code, status.message, extra)
+        else:
+            self._send(status.code, status.body.encode(), extra)
 
     def _send_error(self, code: int, message: str, extra_headers: dict[str, str] | None = None) -> None:
         self._send_json(code, {"error": {"code": code, "message": message}}, extra_headers)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 from urllib.parse import quote_plus
@@ -60,7 +59,3 @@ def sqs_record_for_body(body: str, queue_arn: str) -> dict[str, Any]:
         queue_arn,
     )["Records"][0]
     return record
-
-
-def job_ids_in(event: dict[str, Any]) -> list[str]:
-    return [json.loads(r["body"])["job_id"] for r in event["Records"]]

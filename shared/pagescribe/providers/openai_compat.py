@@ -292,6 +292,29 @@ def _optional_int(value: object) -> int | None:
 def _transcription(
     response: httpx.Response, request: TranscriptionRequest, attempts: int, latency: float
 ) -> Transcription:
+    """A 2xx chat completion as a Transcription; anything else as the ProviderError it amounts to."""
+    body = _json_body(response)
+    text, finish_reason = _answer(body)
+    prompt_tokens, completion_tokens, cost = _usage(body)
+    model = body.get("model")
+    response_id = body.get("id")
+    if not isinstance(response_id, str) or not response_id:
+        response_id = response.headers.get("x-request-id")
+    return Transcription(
+        text=text,
+        finish_reason=finish_reason,
+        model=model if isinstance(model, str) and model else request.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost=cost,
+        request_id=response_id,
+        latency_seconds=latency,
+        http_attempts=attempts,
+    )
+
+
+def _json_body(response: httpx.Response) -> dict[str, object]:
+    """The response's JSON object; an error status, a body that is not one, or an error object in a 200 raises."""
     if not response.is_success:
         raise _status_error(response)
     try:
@@ -303,6 +326,11 @@ def _transcription(
     error = body.get("error")
     if isinstance(error, dict | str) and error:
         raise _body_error(error)
+    return body
+
+
+def _answer(body: dict[str, object]) -> tuple[str, str]:
+    """The first choice's text (storable) and finish reason; a missing, failed or empty answer raises."""
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _malformed("no choices")
@@ -319,28 +347,14 @@ def _transcription(
         raise ProviderError("provider reported an error while answering (finish_reason=error)", retryable=True)
     if not text.strip() and finish_reason != "length":
         raise ProviderError(f"provider returned an empty answer (finish_reason={finish_reason})", retryable=True)
+    return text, finish_reason
 
+
+def _usage(body: dict[str, object]) -> tuple[int | None, int | None, float | None]:
+    """Prompt tokens, completion tokens and cost (USD, OpenRouter's usage.cost), each None when not reported."""
     usage = body.get("usage")
-    prompt_tokens = completion_tokens = None
-    cost: float | None = None
-    if isinstance(usage, dict):
-        prompt_tokens = _optional_int(usage.get("prompt_tokens"))
-        completion_tokens = _optional_int(usage.get("completion_tokens"))
-        raw_cost = usage.get("cost")
-        if isinstance(raw_cost, int | float) and not isinstance(raw_cost, bool):
-            cost = float(raw_cost)
-    model = body.get("model")
-    response_id = body.get("id")
-    if not isinstance(response_id, str) or not response_id:
-        response_id = response.headers.get("x-request-id")
-    return Transcription(
-        text=text,
-        finish_reason=finish_reason,
-        model=model if isinstance(model, str) and model else request.model,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cost=cost,
-        request_id=response_id,
-        latency_seconds=latency,
-        http_attempts=attempts,
-    )
+    if not isinstance(usage, dict):
+        return None, None, None
+    raw_cost = usage.get("cost")
+    cost = float(raw_cost) if isinstance(raw_cost, int | float) and not isinstance(raw_cost, bool) else None
+    return _optional_int(usage.get("prompt_tokens")), _optional_int(usage.get("completion_tokens")), cost
