@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -50,7 +51,7 @@ def peak_kb():
 
 result = {"seconds": seconds, "failed": failed, "rss_import_kb": peak_kb()}
 if mode == "discover":
-    project = {"pagescribe", "functions", "__main__"}
+    project = {"pagescribe", "functions", "__main__", "app"}  # app: a handler module as Lambda imports it
     result["modules"] = [
         name for name in sys.modules
         if name not in before and name.split(".")[0] not in sys.stdlib_module_names
@@ -84,17 +85,20 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**keep, "AWS_DEFAULT_REGION": "us-east-1", "POWERTOOLS_LOG_LEVEL": "WARNING", **(extra or {})}
 
 
-def _child(
+def child(
     mode: str,
     target: str,
     *,
     env: dict[str, str] | None = None,
     stdin: str = "",
     flags: tuple[str, ...] = (),
+    python: str = sys.executable,
+    cwd: Path = REPO,
 ) -> tuple[dict[str, Any], str]:
+    """Run CHILD in a fresh interpreter: ``mode`` (discover, handler, deps, invoke) on ``target``."""
     completed = subprocess.run(  # noqa: S603 - our own interpreter and code
-        [sys.executable, *flags, "-c", CHILD, mode, target],
-        cwd=REPO,
+        [python, *flags, "-c", CHILD, mode, target],
+        cwd=cwd,
         env=env or _clean_env(),
         input=stdin,
         capture_output=True,
@@ -140,10 +144,10 @@ class ColdStart:
 
 def measure_imports(function: str, runs: int) -> ColdStart:
     target = f"functions.{function}.app"
-    discovered, _ = _child("discover", target)
+    discovered, _ = child("discover", target)
     modules: list[str] = discovered["modules"]
     names = ",".join(modules)
-    _, importtime = _child("handler", target, flags=("-X", "importtime"))
+    _, importtime = child("handler", target, flags=("-X", "importtime"))
     by_package = _importtime_by_package(importtime)
     handler: list[float] = []
     deps: list[float] = []
@@ -151,10 +155,10 @@ def measure_imports(function: str, runs: int) -> ColdStart:
     rss_deps: list[int] = []
     failed: list[str] = []
     for _ in range(runs):  # alternate, so that drift in the machine's load hits both alike
-        result, _ = _child("handler", target)
+        result, _ = child("handler", target)
         handler.append(result["seconds"])
         rss.append(result["rss_import_kb"])
-        result, _ = _child("deps", names)
+        result, _ = child("deps", names)
         deps.append(result["seconds"])
         rss_deps.append(result["rss_import_kb"])
         failed = result["failed"]
@@ -235,7 +239,7 @@ def measure_invocations(results: dict[str, ColdStart]) -> None:
 
 
 def _invoke(cold: ColdStart, env: dict[str, str], event: dict[str, Any]) -> Any:
-    result, _ = _child("invoke", f"functions.{cold.function}.app", env=env, stdin=json.dumps(event))
+    result, _ = child("invoke", f"functions.{cold.function}.app", env=env, stdin=json.dumps(event))
     cold.rss_invoke_mb = result["rss_invoke_kb"] / 1024
     cold.invoke_seconds = result["invoke_seconds"]
     return result["response"]
@@ -245,7 +249,7 @@ def run() -> Result:
     runs = 5  # the same with --quick: a median of 3 swung with the load of a shared machine (CI saw 1.15, 1.48)
     started = time.perf_counter()
     for function in FUNCTIONS:  # warm the page cache and bytecode caches, not counted
-        _child("handler", f"functions.{function}.app")
+        child("handler", f"functions.{function}.app")
     results = {function: measure_imports(function, runs) for function in FUNCTIONS}
     measure_invocations(results)
     worst = max(results.values(), key=lambda r: r.ratio)

@@ -165,6 +165,14 @@ one earlier page. Every job message is sent three times (SQS delivers at least o
 governor benchmark) transcribe concurrently. A document is exact when it completed k pages, made k calls and
 recorded k × the reported price; a call beyond k is a call started after the cap was reached. The provider's request
 count must equal the calls recorded.""",
+    "built": """\
+What a user gets: `scripts/build` (`sam build`, then the bytecode compiled by python3.12 as "unchecked-hash" .pyc
+files) builds the functions and the layer for this machine's architecture under `.aws-sam/bench-build`. Each
+handler is imported as Lambda imports it: `import app` in a fresh python3.12 (`-s`), working directory the built
+function, `PYTHONPATH` the built function then the layer's `python/` (`/var/task`, then `/opt/python`), and
+`PYTHONDONTWRITEBYTECODE=1` (both are read-only in Lambda). Alternated with a fresh python3.12 importing only the
+third-party modules that import loads, from the same layer; medians of five. Lambda's own runtime start and the
+download of the code are not in it.""",
     "rendering": """\
 `render_page` on every page of every corpus PDF that opens (the password-protected one is refused, as the
 pipeline refuses it), one thread, each setting over the whole corpus in turn within each pass, after one

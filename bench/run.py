@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import caps, claims, coldstart, connections, fanout, governor, pipeline, rendering
+from bench import built, caps, claims, coldstart, connections, fanout, governor, pipeline, rendering
 from bench.common import REPO, CorrectnessError, Result
 from bench.report import machine_facts, write_report
 
@@ -30,6 +30,7 @@ def benchmarks(quick: bool, scratch: Path) -> list[tuple[str, Callable[[], Resul
         ("pipeline", lambda: pipeline.run(quick=quick, scratch=scratch)),
         ("fanout", lambda: fanout.run(quick=quick, scratch=scratch)),
         ("coldstart", coldstart.run),
+        ("built", built.run),
         ("rendering", lambda: rendering.run(quick=quick)),
         ("governor", lambda: governor.run(quick=quick, scratch=scratch)),
         ("caps", lambda: caps.run(quick=quick, scratch=scratch)),

