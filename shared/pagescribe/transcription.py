@@ -55,6 +55,7 @@ from pagescribe.storage import (
     SpendVerdict,
     Storage,
 )
+from pagescribe.timebudget import TimeBudget
 from pagescribe.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
@@ -294,9 +295,7 @@ class Transcriber:
         self._transcripts = transcripts
         self._thresholds = thresholds(settings)
         self._governor = RateGovernor(settings, storage, provider.name)
-
-    def call_budget(self, remaining_seconds: float) -> float:
-        return min(self._settings.provider_timeout_seconds, remaining_seconds - self._settings.result_reserve_seconds)
+        self._time = TimeBudget.from_settings(settings)
 
     def batch(self, bodies: Sequence[str], remaining_seconds: Callable[[], float]) -> TranscriptionBatch:
         """The jobs of one SQS batch, to be transcribed concurrently, one ``TranscriptionBatch.transcribe``
@@ -310,13 +309,13 @@ class Transcriber:
 
         Raises NotEnoughTimeError, claiming nothing, when too little of the invocation is left for a useful
         model call. Each claim is committed before any model is called, and no transaction stays open."""
-        if self.call_budget(remaining_seconds) < self._settings.min_call_budget_seconds:
+        if not self._time.enough_for_a_call(remaining_seconds):
             raise NotEnoughTimeError(
                 f"only {remaining_seconds:.1f} s of the invocation left; the batch's jobs are left for redelivery"
             )
         claims = self._storage.claim_jobs(
             job_ids,
-            lease_seconds=remaining_seconds + self._settings.lease_margin_seconds,
+            lease_seconds=self._time.lease(remaining_seconds),
             max_attempts=self._settings.max_attempts,
         )
         documents = self._storage.get_documents([job.document_id for job in claims.values()])
@@ -372,8 +371,8 @@ class Transcriber:
         if rendered.draws:
             return await self._blank_render(ctx, rendered)
         evidence = PageEvidence(ink=rendered.ink, text_layer=rendered.text_layer, rotation=rendered.rotation)
-        budget = self.call_budget(remaining_seconds())
-        if budget < settings.min_call_budget_seconds:
+        budget = self._time.call(remaining_seconds())
+        if budget < self._time.min_call:
             return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
         checked = await self._ask(ctx, rendered, evidence, model, budget, earlier, admitted)
         if not checked.hard:
@@ -402,8 +401,8 @@ class Transcriber:
         admitted = await self._admit(ctx, model)
         if isinstance(admitted, PageResult):
             return admitted
-        budget = self.call_budget(remaining_seconds())
-        if budget < self._settings.min_call_budget_seconds:
+        budget = self._time.call(remaining_seconds())
+        if budget < self._time.min_call:
             return await self._retry(ctx, f"escalated to {model} ({why}); only {budget:.1f} s left for its call", None)
         try:
             escalated = await self._ask(ctx, rendered, evidence, model, budget, checked.flags, admitted)

@@ -1,0 +1,47 @@
+"""The time policy of a page's model call, without a database, a provider or a clock."""
+
+from __future__ import annotations
+
+import pytest
+from pagescribe.settings import Settings
+from pagescribe.timebudget import TimeBudget
+
+BUDGET = TimeBudget(provider_timeout=180, result_reserve=10, min_call=5, lease_margin=60)
+
+
+@pytest.mark.parametrize(
+    ("remaining", "call"),
+    [
+        (300, 180),  # plenty left: the configured provider timeout
+        (150, 140),  # less left: what remains, less the reserve for writing the result
+        (14, 4),  # too little for a useful call
+        (3, -7),  # past the reserve already
+    ],
+)
+def test_a_call_gets_the_provider_timeout_capped_by_what_is_left_less_the_reserve(
+    remaining: float, call: float
+) -> None:
+    assert BUDGET.call(remaining) == call
+    assert BUDGET.enough_for_a_call(remaining) == (call >= 5)
+
+
+def test_the_minimum_call_is_the_line_between_calling_and_leaving_the_page() -> None:
+    # Given exactly the minimum left for the call after the reserve, and a hair less
+    assert BUDGET.enough_for_a_call(15)
+    assert not BUDGET.enough_for_a_call(14.999)
+
+
+def test_a_lease_outlasts_the_invocation_by_the_margin() -> None:
+    assert BUDGET.lease(120) == 180
+    assert TimeBudget(180, 10, 5, lease_margin=0).lease(120) == 120
+
+
+def test_the_budget_is_read_from_the_settings() -> None:
+    settings = Settings(
+        provider_timeout_seconds=90,
+        result_reserve_seconds=7,
+        min_call_budget_seconds=3,
+        lease_margin_seconds=30,
+        function_timeout_seconds=300,
+    )
+    assert TimeBudget.from_settings(settings) == TimeBudget(90, 7, 3, 30)
