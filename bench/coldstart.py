@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from pagescribe.local import SCHEDULED_EVENT, api_gateway_event, sqs_event
+from pagescribe_local.stack import SCHEDULED_EVENT, api_gateway_event, sqs_event
 
 from bench.common import CORPUS, REPO, Result, fresh_database, median
 from bench.stack import local_pipeline
@@ -143,7 +143,7 @@ class ColdStart:
 
 
 def measure_imports(function: str, runs: int) -> ColdStart:
-    target = f"functions.{function}.app"
+    target = f"pagescribe.handlers.{function}"
     discovered, _ = child("discover", target)
     modules: list[str] = discovered["modules"]
     names = ",".join(modules)
@@ -239,7 +239,7 @@ def measure_invocations(results: dict[str, ColdStart]) -> None:
 
 
 def _invoke(cold: ColdStart, env: dict[str, str], event: dict[str, Any]) -> Any:
-    result, _ = child("invoke", f"functions.{cold.function}.app", env=env, stdin=json.dumps(event))
+    result, _ = child("invoke", f"pagescribe.handlers.{cold.function}", env=env, stdin=json.dumps(event))
     cold.rss_invoke_mb = result["rss_invoke_kb"] / 1024
     cold.invoke_seconds = result["invoke_seconds"]
     return result["response"]
@@ -249,7 +249,7 @@ def run() -> Result:
     runs = 5  # the same with --quick: a median of 3 swung with the load of a shared machine (CI saw 1.15, 1.48)
     started = time.perf_counter()
     for function in FUNCTIONS:  # warm the page cache and bytecode caches, not counted
-        child("handler", f"functions.{function}.app")
+        child("handler", f"pagescribe.handlers.{function}")
     results = {function: measure_imports(function, runs) for function in FUNCTIONS}
     measure_invocations(results)
     worst = max(results.values(), key=lambda r: r.ratio)

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from pagescribe.local import LambdaContext
 from pagescribe.runtime import Runtime
 from pagescribe.settings import get_settings
 from pagescribe.transcription import PageResult
+from pagescribe_local.stack import LambdaContext
 
 from bench.common import CorrectnessError, Result, connect, fresh_database
 from bench.pdfs import build_pdf

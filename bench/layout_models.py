@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from pagescribe.documents import DocumentKind, render_page
-from pagescribe.evaluation import text_layer_truth
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.scoring import cer
+from pagescribe_local.evaluation import text_layer_truth
 from PIL import Image
 
 from bench.common import CORPUS

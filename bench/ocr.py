@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage, inspect_document, render_page
-from pagescribe.evaluation import text_layer_truth
 from pagescribe.providers.base import PageImage, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.scoring import cer, markdown_tables
 from pagescribe.settings import Settings
+from pagescribe_local.evaluation import text_layer_truth
 from PIL import Image
 
 from bench.common import CORPUS, REPO

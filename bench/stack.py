@@ -1,4 +1,4 @@
-"""The local pipeline of pagescribe.cli.local_stack (moto + the real handlers), instrumented from outside.
+"""The local pipeline of pagescribe_local.cli.local_stack (moto + the real handlers), instrumented from outside.
 
 Each benchmark that needs AWS gets its own stack, hence a fresh moto server with fresh queues: moto's SQS
 costs grow with queue depth, so figures are only compared at equal depth."""
@@ -19,8 +19,8 @@ from typing import Any
 
 import boto3
 import psycopg
-from pagescribe.cli import LocalStack, local_stack
-from pagescribe.local import LambdaService
+from pagescribe_local.cli import LocalStack, local_stack
+from pagescribe_local.stack import LambdaService
 
 from bench.common import QUIET, CorrectnessError, environment, plain_url
 
@@ -149,8 +149,10 @@ def local_pipeline(database_url: str, **settings: str) -> Iterator[Pipeline]:
         local_stack(data_dir=Path(scratch), aws_port=0, sweep_every=3600.0) as stack,
     ):
         ref: list[Pipeline] = []
-        handlers = {name: importlib.import_module(f"functions.{name}.app").handler for name in ("upload", "transcribe")}
-        sweeper = importlib.import_module("functions.sweeper.app").handler
+        handlers = {
+            name: importlib.import_module(f"pagescribe.handlers.{name}").handler for name in ("upload", "transcribe")
+        }
+        sweeper = importlib.import_module("pagescribe.handlers.sweeper").handler
         lambdas = LambdaService(
             stack.resources,
             upload=_instrumented(ref, "upload", handlers["upload"]),

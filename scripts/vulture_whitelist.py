@@ -3,7 +3,7 @@
 Checked by `vulture` (its settings are [tool.vulture] in pyproject.toml); never imported or run.
 """
 
-# pydantic models of the API: fields serialised into the responses (functions/api/app.py)
+# pydantic models of the API: fields serialised into the responses (pagescribe/handlers/api.py)
 cost_per_page_usd  # also service.Estimate, serialised with dataclasses.asdict
 upload_method
 upload_headers
@@ -22,7 +22,7 @@ callbacks_delivered
 uploads_expired
 test_id
 
-# Powertools' LambdaContext reads these attributes behind its properties (local.py)
+# Powertools' LambdaContext reads these attributes behind its properties (pagescribe_local/stack.py)
 _function_name
 _function_version
 _invoked_function_arn

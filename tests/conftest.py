@@ -12,12 +12,12 @@ import boto3
 import psycopg
 import pytest
 from moto.server import ThreadedMotoServer
-from pagescribe.embedded import embedded_database_url as embedded_database_url_for
-from pagescribe.embedded import stop_embedded_database
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage, create_database_engine
+from pagescribe_local.embedded import embedded_database_url as embedded_database_url_for
+from pagescribe_local.embedded import stop_embedded_database
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer

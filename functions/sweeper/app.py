@@ -1,21 +1,8 @@
-"""Sweeper function, scheduled every minute: recovers expired leases, lost messages and orphaned documents."""
+"""The sweeper function's entry point (template.yaml: Handler app.handler): the schedule, every minute.
 
-from __future__ import annotations
+The handler is the package module pagescribe.handlers.sweeper, shipped in the SharedLayer.
+"""
 
-from dataclasses import asdict
-from typing import Any
+from pagescribe.handlers.sweeper import handler
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.typing import LambdaContext
-from pagescribe.runtime import get_runtime
-from pagescribe.settings import get_settings
-from pagescribe.sweeping import SweepReport
-
-get_settings()  # validate the configuration at cold start
-logger = Logger()
-
-
-@logger.inject_lambda_context
-def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    report: SweepReport = get_runtime().sweeper.sweep()
-    return asdict(report)
+__all__ = ["handler"]

@@ -1,39 +1,8 @@
-"""Transcribe function: SQS batches of page jobs, transcribed concurrently, with partial batch responses."""
+"""The transcribe function's entry point (template.yaml: Handler app.handler): SQS batches of page jobs.
 
-from __future__ import annotations
+The handler is the package module pagescribe.handlers.transcribe, shipped in the SharedLayer.
+"""
 
-from typing import Any
+from pagescribe.handlers.transcribe import handler
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.batch import async_process_partial_response
-from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSEvent, SQSRecord
-from aws_lambda_powertools.utilities.typing import LambdaContext
-from pagescribe.observability import metrics
-from pagescribe.providers import openai_compat  # noqa: F401 - the provider unless PROVIDER=offline: loaded at cold start
-from pagescribe.runtime import get_runtime
-from pagescribe.settings import get_settings
-from pagescribe.transcription import PageResult
-
-get_settings().check_model_call_budget()  # validate the configuration at cold start
-get_settings().check_render_memory()
-logger = Logger()
-
-
-@metrics.log_metrics
-@logger.inject_lambda_context
-def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    runtime = get_runtime()
-
-    def remaining_seconds() -> float:
-        return context.get_remaining_time_in_millis() / 1000
-
-    batch = runtime.transcriber.batch([record.body for record in SQSEvent(event).records], remaining_seconds)
-
-    async def record_handler(record: SQSRecord) -> PageResult:
-        return await batch.transcribe(record.body)
-
-    return dict(
-        async_process_partial_response(
-            event=event, record_handler=record_handler, processor=runtime.batch_processor, context=context
-        )
-    )
+__all__ = ["handler"]

@@ -1,34 +1,8 @@
-"""Upload function: S3 ObjectCreated events → one document and its page jobs each, enqueued after commit."""
+"""The upload function's entry point (template.yaml: Handler app.handler): S3 ObjectCreated events.
 
-from __future__ import annotations
+The handler is the package module pagescribe.handlers.upload, shipped in the SharedLayer.
+"""
 
-from typing import Any
+from pagescribe.handlers.upload import handler
 
-from aws_lambda_powertools import Logger
-from aws_lambda_powertools.utilities.typing import LambdaContext
-from pagescribe.ingestion import uploaded_objects
-from pagescribe.runtime import get_runtime
-from pagescribe.settings import get_settings
-
-get_settings()  # validate the configuration at cold start
-get_runtime().renderer.prestart()  # the render worker that opens uploads starts during init, not on the first event
-logger = Logger()
-
-
-@logger.inject_lambda_context
-def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    ingestor = get_runtime().ingestor
-    results = [ingestor.ingest(uploaded) for uploaded in uploaded_objects(event)]
-    return {
-        "documents": [
-            {
-                "document_id": r.document_id,
-                "key": r.key,
-                "status": r.status,
-                "pages": r.pages,
-                "messages_sent": r.messages_sent,
-                "error": r.error,
-            }
-            for r in results
-        ]
-    }
+__all__ = ["handler"]

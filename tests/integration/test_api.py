@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from sqlalchemy import text
 
-from functions.api import app as api_app
 from tests.fakes.chat_server import FakeChatServer, Ok, Status
 from tests.support.aws_events import LambdaContext, api_event, s3_put_event
 from tests.support.pipeline import Pipeline
@@ -83,7 +83,7 @@ def upload_through_presigned_url(api: Pipeline, created: dict[str, Any], data: b
     key = httpx.URL(created["upload_url"]).path.split("/", 2)[2]
     head = api.s3.head_object(Bucket=api.bucket, Key=key)
     event = s3_put_event(api.bucket, key, size=head["ContentLength"], etag=head["ETag"].strip('"'))
-    from functions.upload import app as upload_app
+    from pagescribe.handlers import upload as upload_app
 
     return dict(upload_app.handler(event, LambdaContext(120)))
 
@@ -240,7 +240,8 @@ def test_the_key_is_checked_before_the_body_is_looked_at(api: Pipeline) -> None:
 def test_the_committed_openapi_document_matches_the_code() -> None:
     committed = (Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text()
     assert json.loads(committed) == json.loads(api_app.openapi_json()), (
-        "docs/openapi.json is stale: regenerate it with `.venv/bin/python -m functions.api.app > docs/openapi.json`"
+        "docs/openapi.json is stale: regenerate it with "
+        "`.venv/bin/python -m pagescribe.handlers.api > docs/openapi.json`"
     )
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from pagescribe.checks import clean_answer
 from pagescribe.documents import DocumentKind, extract_text_layer, read_text_layer, render_page
+from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 
-from functions.api import app as api_app
 from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Ok
 from tests.support.answers import captured
 from tests.support.aws_events import LambdaContext, api_event, sqs_event, sqs_record_for_body

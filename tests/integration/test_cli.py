@@ -73,7 +73,7 @@ def start_serve(
     """``pagescribe serve`` with the API key ``local-key``, and the endpoints it printed once it was up."""
     env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "pagescribe.cli", "serve", "--port", "0", *options],
+        [sys.executable, "-m", "pagescribe_local.cli", "serve", "--port", "0", *options],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,

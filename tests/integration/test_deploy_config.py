@@ -13,12 +13,12 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from pagescribe.handlers import migrate as migrate_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from sqlalchemy import create_engine, inspect
 
-from functions.migrate import app as migrate_app
 from tests.conftest import ADMIN_URL
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.aws_events import LambdaContext

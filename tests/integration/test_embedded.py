@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pagescribe.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
 from pagescribe.migrate import upgrade_database
 from pagescribe.storage import NewDocument, Storage, create_database_engine
+from pagescribe_local.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
 from sqlalchemy import create_engine, inspect, text
 
 pytestmark = pytest.mark.integration
@@ -25,10 +25,10 @@ CHILD = """
 import logging, os, signal, sys
 from pathlib import Path
 from sqlalchemy import create_engine, text
-from pagescribe.embedded import embedded_database_url
+from pagescribe_local.embedded import embedded_database_url
 
 logging.basicConfig(level=logging.WARNING)
-logging.getLogger("pagescribe.embedded").setLevel(logging.INFO)
+logging.getLogger("pagescribe_local.embedded").setLevel(logging.INFO)
 engine = create_engine(embedded_database_url(Path(sys.argv[1])))
 with engine.begin() as conn:
     for statement in sys.argv[2:]:

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from pagescribe.tenancy import create_key
 from sqlalchemy import text
 
-from functions.api import app as api_app
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.aws_events import LambdaContext, api_event
 from tests.support.pipeline import Pipeline

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import RateBucket, Storage
 from sqlalchemy import text
 
-from functions.api import app as api_app
 from tests.fakes.chat_server import FakeChatServer, Ok, Status
 from tests.integration.test_api import upload_through_presigned_url
 from tests.support.aws_events import LambdaContext, api_event, sqs_event

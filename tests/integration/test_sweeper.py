@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.local import SCHEDULED_EVENT, UPLOAD_INVOCATIONS, LambdaService, LocalResources
+from pagescribe.handlers import api as api_app
+from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import PageOutcome, Storage
+from pagescribe_local.stack import SCHEDULED_EVENT, UPLOAD_INVOCATIONS, LambdaService, LocalResources
 from sqlalchemy import text
 
-from functions.api import app as api_app
-from functions.upload import app as upload_app
 from tests.conftest import both_servers
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok
 from tests.support.aws_events import LambdaContext, api_event, sqs_event

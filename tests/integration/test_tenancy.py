@@ -17,13 +17,13 @@ from typing import Any, ClassVar
 
 import boto3
 import pytest
+from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import Settings, get_settings
 from pagescribe.storage import Storage
 from pagescribe.tenancy import KeyRefused, KeyRing, create_key, key_hash
 from sqlalchemy import text
 
-from functions.api import app as api_app
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.aws_events import LambdaContext, api_event
 from tests.support.commands import command_environment, pagescribe
@@ -64,7 +64,7 @@ def upload(pipeline: Pipeline, created: dict[str, Any], data: bytes) -> dict[str
     key = httpx.URL(created["upload_url"]).path.split("/", 2)[2]
     head = pipeline.s3.head_object(Bucket=pipeline.bucket, Key=key)
     event = s3_put_event(pipeline.bucket, key, size=head["ContentLength"], etag=head["ETag"].strip('"'))
-    from functions.upload import app as upload_app
+    from pagescribe.handlers import upload as upload_app
 
     [document] = upload_app.handler(event, LambdaContext(120))["documents"]
     return dict(document)

@@ -116,7 +116,7 @@ def test_a_hanging_provider_is_cut_off_at_the_budget_and_the_page_goes_back(
     fake_provider.set_default(Hang(120))
     context = LambdaContext(12)
     # When the transcribe function runs
-    from functions.transcribe import app as transcribe_app
+    from pagescribe.handlers import transcribe as transcribe_app
 
     response = transcribe_app.handler(sqs_event([message], pipeline.queue_arn), context)
     # Then it returned before the Lambda's time ran out, with the reserve still in hand

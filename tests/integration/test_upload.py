@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from sqlalchemy import text
 
-from functions.upload import app as upload_app
 from tests.support.aws_events import LambdaContext
 from tests.support.database import page_rows
 from tests.support.pipeline import Pipeline

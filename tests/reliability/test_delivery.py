@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from psycopg import OperationalError
 from sqlalchemy import make_url
 
-from functions.upload import app as upload_app
 from tests.fakes.chat_server import Behaviour, FakeChatServer, Hang, Ok
 from tests.reliability.support import (
     EmbeddedServer,

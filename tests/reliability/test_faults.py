@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.handlers import transcribe as transcribe_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from sqlalchemy import text
 
-from functions.transcribe import app as transcribe_app
 from tests.fakes.chat_server import (
     Behaviour,
     BodyError,

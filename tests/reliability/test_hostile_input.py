@@ -16,13 +16,13 @@ from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
+from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.storage import Storage
 from PIL import Image, TiffImagePlugin
 from sqlalchemy import text
 
-from functions.upload import app as upload_app
 from tests.fakes.chat_server import FakeChatServer
 from tests.support import CORPUS
 from tests.support.aws_events import LambdaContext, sqs_event

@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 from urllib.parse import quote_plus
 
-from pagescribe.local import ACCOUNT, REGION, LambdaContext, api_gateway_event, sqs_event
+from pagescribe_local.stack import ACCOUNT, REGION, LambdaContext, api_gateway_event, sqs_event
 
 api_event = api_gateway_event
 

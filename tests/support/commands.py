@@ -27,5 +27,10 @@ def command_environment(database_url: str, provider: FakeChatServer) -> dict[str
 
 def pagescribe(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pagescribe.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "pagescribe_local.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )

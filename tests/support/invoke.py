@@ -20,11 +20,11 @@ def main() -> None:
     function, timeout = sys.argv[1], float(sys.argv[2])
     event = json.load(sys.stdin)
     if function == "transcribe":
-        from functions.transcribe.app import handler
+        from pagescribe.handlers.transcribe import handler
     elif function == "sweeper":
-        from functions.sweeper.app import handler
+        from pagescribe.handlers.sweeper import handler
     else:
-        from functions.upload.app import handler
+        from pagescribe.handlers.upload import handler
     response = handler(event, LambdaContext(timeout))
     print(json.dumps(response), flush=True)
     if sys.argv[3:] == ["linger"]:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagescribe.local import SCHEDULED_EVENT
+from pagescribe.handlers import transcribe as transcribe_app
+from pagescribe.handlers import upload as upload_app
+from pagescribe_local.stack import SCHEDULED_EVENT
 
-from functions.transcribe import app as transcribe_app
-from functions.upload import app as upload_app
 from tests.support.aws_events import LambdaContext, s3_put_event, sqs_event
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ class Pipeline:
         raise AssertionError(f"the queue did not drain in {max_rounds} rounds")
 
     def sweep(self) -> dict[str, Any]:
-        from functions.sweeper import app as sweeper_app
+        from pagescribe.handlers import sweeper as sweeper_app
 
         return dict(sweeper_app.handler(SCHEDULED_EVENT, LambdaContext(120)))
 

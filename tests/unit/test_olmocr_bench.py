@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
+from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
 
 PAGE = """<!-- page 2 of 9 (openai gpt-4o) -->
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 from aws_lambda_powertools.utilities.typing import LambdaContext as PowertoolsLambdaContext
-from moto.server import ThreadedMotoServer
 
 if TYPE_CHECKING:
+    from moto.server import ThreadedMotoServer
     from mypy_boto3_sqs.type_defs import DeleteMessageBatchRequestEntryTypeDef
 
 log = logging.getLogger(__name__)
@@ -136,11 +136,15 @@ class LocalResources:
     upload_failures_url: str  # the upload function's on-failure destination
 
 
+class LocalExtraMissing(RuntimeError):
+    """The local stack's own dependencies (the 'local' extra) are not installed."""
+
+
 class LocalAws:
     """A moto server on this machine with the stack's bucket, queues and S3 trigger."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, bucket: str = "pagescribe-local") -> None:
-        self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+        self._server = _moto_server(host, port)
         self._bucket = bucket
 
     def start(self, *, visibility_timeout: int) -> LocalResources:
@@ -211,6 +215,16 @@ def destination_record(event: dict[str, Any], error: BaseException, invocations:
         "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
         "responsePayload": {"errorMessage": str(error), "errorType": type(error).__name__, "stackTrace": []},
     }
+
+
+def _moto_server(host: str, port: int) -> ThreadedMotoServer:
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError as exc:  # the Lambda functions never need moto: it is the 'local' extra
+        raise LocalExtraMissing(
+            "the local stack emulates AWS with moto, which is not installed: pip install 'pagescribe[local]'"
+        ) from exc
+    return ThreadedMotoServer(ip_address=host, port=port, verbose=False)
 
 
 def _queue_arn(sqs: Any, queue_url: str) -> str:

