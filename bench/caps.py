@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 from pagescribe.aws import JobMessage
+from pagescribe.domain import DEFAULT_TENANT
 from pagescribe.service import NewUpload
-from pagescribe.storage import DEFAULT_TENANT
 
 from bench.common import CorrectnessError, Result, connect, fresh_database
 from bench.governor import ENVIRONMENTS, Environment, run_environments

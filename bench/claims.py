@@ -13,17 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from pagescribe.storage import (
-    CLAIM_NEXT_QUEUED_JOBS,
-    COMPLETE_JOB,
-    AttemptOutcome,
-    ClaimedJob,
-    NewDocument,
-    PageOutcome,
-    Storage,
-    create_database_engine,
-    fenced_write,
-)
+from pagescribe.domain import AttemptOutcome, ClaimedJob, NewDocument, PageOutcome
+from pagescribe.storage import CLAIM_NEXT_QUEUED_JOBS, COMPLETE_JOB, Storage, create_database_engine, fenced_write
 from psycopg import pq
 from sqlalchemy import Engine, text
 

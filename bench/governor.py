@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from pagescribe.domain import PageResult
 from pagescribe.runtime import Runtime
 from pagescribe.settings import get_settings
-from pagescribe.transcription import PageResult
 from pagescribe_local.stack import LambdaContext
 
 from bench.common import CorrectnessError, Result, connect, fresh_database

@@ -8,7 +8,8 @@ import time
 import uuid
 from pathlib import Path
 
-from pagescribe.storage import NewDocument, PageOutcome, Storage
+from pagescribe.domain import NewDocument, PageOutcome
+from pagescribe.storage import Storage
 
 from bench.common import Result, StorageTimer, fresh_database, median, percentile, spread_ms, timed_async_method
 from bench.pdfs import build_pdf

@@ -1,5 +1,6 @@
 """AWS access for the functions: S3, SQS, Secrets Manager, SSM parameters and API Gateway keys. No other module the
-functions run calls boto3 (the local emulation, ``pagescribe_local.stack``, sets up moto's resources with clients of its own).
+functions run calls boto3 (the local emulation, ``pagescribe_local.stack``, sets up moto's resources with clients
+of its own).
 
 Clients honour the standard ``AWS_ENDPOINT_URL`` (and the per-service variants), so the same code runs
 against moto locally and in tests.

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from pagescribe.domain import DueCallback
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
-from pagescribe.storage import DueCallback, Storage
+from pagescribe.storage import Storage
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
+from pagescribe.domain import ClaimedJob, RateBucket
 from pagescribe.settings import Settings
-from pagescribe.storage import ClaimedJob, RateBucket, Storage
+from pagescribe.storage import Storage
 
 MAX_DELAY_SECONDS = 900  # SQS's longest message delay
 EARLY_SECONDS = 1.0  # a page back this much before its reserved slot calls anyway (SQS delays are whole seconds)

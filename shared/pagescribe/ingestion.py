@@ -17,9 +17,10 @@ from aws_lambda_powertools.utilities.data_classes import S3Event
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
 from pagescribe.documents import DocumentInfo, InvalidDocumentError
+from pagescribe.domain import DocumentRecord, DocumentStatus, NewDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
-from pagescribe.storage import DocumentRecord, DocumentStatus, NewDocument, Storage
+from pagescribe.storage import Storage
 from pagescribe.tenancy import TENANT_ID
 
 log = logging.getLogger(__name__)

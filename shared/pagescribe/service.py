@@ -12,10 +12,11 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
+from pagescribe.domain import DocumentRecord, DocumentStatus, PendingDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
-from pagescribe.storage import DocumentRecord, DocumentStatus, PendingDocument, Storage
+from pagescribe.storage import Storage
 
 UPLOAD_CONTENT_TYPES = ("application/pdf", "image/png", "image/jpeg", "image/tiff", "image/webp")
 FINISHED = {DocumentStatus.COMPLETED, DocumentStatus.PARTIAL, DocumentStatus.FAILED}

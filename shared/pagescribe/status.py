@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagescribe.storage import DocumentRecord, JobStatus, Storage
+from pagescribe.domain import DocumentRecord, JobStatus
+from pagescribe.storage import Storage
 
 
 def describe_document(storage: Storage, document: DocumentRecord) -> dict[str, Any]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from typing import Any, TypeVar
 
 import psycopg
@@ -22,28 +20,35 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import QueuePool
 
+from pagescribe.domain import (
+    NO_OUTCOME,
+    ApiKeyRecord,
+    AttemptOutcome,
+    AttemptRecord,
+    ClaimedJob,
+    CreatedDocument,
+    DocumentProgress,
+    DocumentRecord,
+    DocumentStatus,
+    DueCallback,
+    FailedCall,
+    JobStatus,
+    NewDocument,
+    PageIssue,
+    PageOutcome,
+    PageRecord,
+    PageSummary,
+    PendingDocument,
+    RateBucket,
+    RateGrant,
+    Spend,
+    SpendVerdict,
+    TenantDay,
+)
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-DEFAULT_TENANT = "default"  # the operator's own tenant: API_KEY's, and the bucket's direct uploads by default
-
-
-class JobStatus(StrEnum):
-    QUEUED = "QUEUED"
-    PROCESSING = "PROCESSING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    SKIPPED = "SKIPPED"  # never started: its model call would have exceeded a cost cap or a daily budget
-
-
-class DocumentStatus(StrEnum):
-    AWAITING_UPLOAD = "AWAITING_UPLOAD"
-    PROCESSING = "PROCESSING"
-    COMPLETED = "COMPLETED"
-    PARTIAL = "PARTIAL"
-    FAILED = "FAILED"
 
 
 # --- statements -------------------------------------------------------------------------------------------
@@ -732,293 +737,6 @@ FIND_API_KEY = "SELECT tenant_id, revoked_at FROM api_keys WHERE key_hash = %(ke
 SET_TENANT_CALLBACK_KEY = "UPDATE tenants SET callback_secret = %(secret)s WHERE id = %(tenant_id)s RETURNING id"
 
 GET_TENANT_CALLBACK_KEY = "SELECT callback_secret FROM tenants WHERE id = %(tenant_id)s"
-
-
-# --- records ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NewDocument:
-    bucket: str
-    object_key: str
-    etag: str
-    version_id: str
-    size_bytes: int
-    model: str
-    prompt: str | None = None
-    escalation_model: str | None = None
-    tenant_id: str = DEFAULT_TENANT
-    sha256: bytes | None = None  # of the file's bytes
-
-
-@dataclass(frozen=True)
-class ApiKeyRecord:
-    """A tenant's API key as listed: never the key itself, which is stored only as its SHA-256."""
-
-    key_id: str
-    tenant_id: str
-    label: str  # the key's first characters, to tell keys apart
-    created_at: datetime | None
-    revoked_at: datetime | None
-
-
-@dataclass(frozen=True)
-class CreatedDocument:
-    document_id: str
-    job_ids: tuple[str, ...]
-    duplicate: bool
-    reused: bool = False  # its pages were copied from a finished document: nothing to queue
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    job_id: str
-    document_id: str
-    page_number: int
-    attempts: int
-    lease_token: str
-    escalation: str | None = None  # PENDING: the page escalated and waits for the escalation model's answer
-    flags: tuple[dict[str, Any], ...] = ()  # the page's flags so far (those of the answer it escalated from)
-    slot_in_seconds: float | None = None  # when the governor's slot it reserved comes (negative: passed); None: none
-
-    @property
-    def escalation_pending(self) -> bool:
-        return self.escalation == "PENDING"
-
-
-@dataclass(frozen=True)
-class DocumentRecord:
-    document_id: str
-    bucket: str
-    object_key: str
-    etag: str
-    version_id: str
-    size_bytes: int
-    kind: str | None
-    page_count: int
-    status: DocumentStatus
-    error: str | None
-    model: str
-    prompt: str | None
-    pages_completed: int
-    pages_failed: int
-    transcript_key: str | None
-    created_at: datetime
-    finished_at: datetime | None
-    filename: str | None = None
-    requested_pages: tuple[int, ...] | None = None
-    callback_url: str | None = None
-    callback_status: str | None = None
-    callback_error: str | None = None
-    escalation_model: str | None = None
-    source_page_count: int | None = None  # pages in the file; page_count counts the pages asked for
-    retries: int = 0  # how many times POST /retry requeued its failed pages
-    tenant_id: str = DEFAULT_TENANT  # whose document it is: only that tenant's keys read or retry it
-    reuse: bool = True  # a finished transcript of the same bytes and request may stand in for model calls
-    reused_from: str | None = None  # the document whose pages this one's are, copied without a model call
-    max_cost_usd: float | None = None  # what its model calls may cost in all; pages beyond it end SKIPPED
-    tenant_daily_budget_usd: float | None = None  # its tenant's own daily budget, as it was when the record was read
-
-
-@dataclass(frozen=True)
-class PendingDocument:
-    """A document created through the API, waiting for its upload to ``object_key``."""
-
-    document_id: str
-    bucket: str
-    object_key: str
-    filename: str
-    model: str
-    prompt: str | None
-    requested_pages: tuple[int, ...] | None
-    callback_url: str | None
-    escalation_model: str | None = None
-    tenant_id: str = DEFAULT_TENANT
-    reuse: bool = True
-    max_cost_usd: float | None = None
-
-
-@dataclass(frozen=True)
-class PageSummary:
-    status: JobStatus
-    pages: int
-    flagged: int
-
-
-@dataclass(frozen=True)
-class Spend:
-    """Every model call of a document that answered, kept or not."""
-
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    cost: float
-
-
-@dataclass(frozen=True)
-class PageIssue:
-    """A page with an error (its failure, or the reason of its last retry) or flags."""
-
-    page_number: int
-    status: JobStatus
-    attempts: int
-    error: str | None
-    flags: list[dict[str, Any]]
-    escalated: bool
-
-
-@dataclass(frozen=True)
-class DueCallback:
-    document_id: str
-    url: str
-    attempts: int
-
-
-@dataclass(frozen=True)
-class PageRecord:
-    page_number: int
-    status: JobStatus
-    attempts: int
-    text: str | None
-    finish_reason: str | None
-    error: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cost: float | None
-    model: str | None
-    provider: str | None
-    provider_request_id: str | None
-    flags: list[dict[str, Any]] = field(default_factory=list)
-    escalation: str | None = None
-    confidence: float | None = None  # the offline engine's mean recognition confidence of the kept answer
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One model call, as the transcript lists it: one that answered, or one that failed (ERROR, RATE_LIMITED)."""
-
-    page_number: int
-    claim: int
-    outcome: str  # KEPT, ESCALATED, REJECTED, LEASE_LOST; or ERROR, RATE_LIMITED (a 429) for a call that failed
-    model: str | None
-    provider: str | None
-    finish_reason: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cost: float | None
-    latency_ms: int | None
-    provider_request_id: str | None
-    flags: list[dict[str, Any]]
-    confidence: float | None = None
-    status_code: int | None = None  # a failed call's HTTP status
-    error: str | None = None  # a failed call's error
-
-
-@dataclass(frozen=True)
-class DocumentProgress:
-    document_id: str
-    page_count: int
-    pages_completed: int
-    pages_failed: int
-
-    @property
-    def all_pages_done(self) -> bool:
-        return self.pages_completed + self.pages_failed >= self.page_count
-
-
-class AttemptOutcome(StrEnum):
-    KEPT = "KEPT"  # the page's answer
-    ESCALATED = "ESCALATED"  # hard-flagged: the page went on to the escalation model
-    REJECTED = "REJECTED"  # the answer the page failed with (truncated, or hard-flagged with no escalation left)
-
-
-@dataclass(frozen=True)
-class PageOutcome:
-    """What a page's answer was (success, or failure with whatever text came back) and the flags it raised.
-    ``called``: a model call produced it (and is recorded with its cost); a text-layer answer was not paid for."""
-
-    text: str | None
-    finish_reason: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cost: float | None
-    model: str | None
-    provider: str | None
-    provider_request_id: str | None
-    latency_ms: int | None = None
-    flags: tuple[dict[str, Any], ...] = ()  # the answer's own flags
-    called: bool = True
-    page_flags: tuple[dict[str, Any], ...] | None = None  # the page's, when more than the answer's (an escalation)
-    confidence: float | None = None  # an OCR engine's mean recognition confidence
-
-
-NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None, called=False)
-
-
-@dataclass(frozen=True)
-class FailedCall:
-    """A model call that brought no answer back."""
-
-    model: str
-    provider: str
-    status_code: int | None
-    error: str
-    latency_ms: int | None
-
-
-@dataclass(frozen=True)
-class SpendVerdict:
-    """The cost gate's answer before a call: GO, DEFER (calls in flight may leave room), CAP (the document's
-    max_cost_usd) or DAILY_BUDGET (the tenant's), with what it was judged on (USD)."""
-
-    verdict: str
-    price: float | None  # the model's mean cost per call; None before its first call that reported a cost
-    spent: float  # by the document so far
-    max_cost_usd: float | None
-    daily_budget_usd: float | None
-    spent_today: float  # by the document's tenant, this UTC day
-
-
-@dataclass(frozen=True)
-class TenantDay:
-    daily_budget_usd: float | None  # the tenant's own; None: DAILY_BUDGET_USD applies
-    spent_usd: float
-    calls: int
-
-
-@dataclass(frozen=True)
-class RateBucket:
-    """The rate governor's limits for one provider (each model has its own bucket with these limits)."""
-
-    provider: str
-    requests_per_minute: float
-    tokens_per_minute: float
-    burst: float
-
-    def params(self, model: str) -> dict[str, Any]:
-        per_second = self.requests_per_minute / 60
-        token_rate = self.tokens_per_minute / 60
-        return {
-            "provider": self.provider,
-            "model": model,
-            "burst": self.burst,
-            "requests_per_second": per_second,
-            "tokens_per_second": token_rate,
-            # the tokens of the calls a burst lets start at once, a second's worth at least
-            "token_burst": token_rate * max(1.0, self.burst / per_second),
-        }
-
-
-@dataclass(frozen=True)
-class RateGrant:
-    """The governor's answer: start now (wait 0), or wait ``wait`` seconds in the queue, for the slot it reserved
-    (``reserved``) or for a 429's pause to end (``paused``)."""
-
-    wait: float
-    reserved: bool
-    paused: bool
-    mean_tokens: float  # the tokens taken for the call: the bucket's observed mean per call
-    slot_at: datetime  # when the wait ends, by the database's clock
 
 
 def _float(value: Any) -> float | None:

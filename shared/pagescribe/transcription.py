@@ -13,7 +13,6 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,16 @@ from pagescribe.checks import (
     usable_text_layer,
 )
 from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage
+from pagescribe.domain import (
+    NO_OUTCOME,
+    ClaimedJob,
+    DocumentProgress,
+    DocumentRecord,
+    FailedCall,
+    PageOutcome,
+    PageResult,
+    SpendVerdict,
+)
 from pagescribe.governor import Admission, RateGovernor
 from pagescribe.observability import count, count_flags, count_for_model, gauge, milliseconds
 from pagescribe.outbox import send_committed
@@ -45,33 +54,13 @@ from pagescribe.providers.base import (
 )
 from pagescribe.rendering import RenderPool
 from pagescribe.settings import Settings
-from pagescribe.storage import (
-    NO_OUTCOME,
-    ClaimedJob,
-    DocumentProgress,
-    DocumentRecord,
-    FailedCall,
-    PageOutcome,
-    SpendVerdict,
-    Storage,
-)
+from pagescribe.storage import Storage
 from pagescribe.timebudget import TimeBudget
 from pagescribe.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY_SECONDS = 900  # SQS's longest message delay
-
-
-class PageResult(StrEnum):
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    SKIPPED = "SKIPPED"
-    REQUEUED = "REQUEUED"
-    DEFERRED = "DEFERRED"
-    DUPLICATE = "DUPLICATE"
-    LEASE_LOST = "LEASE_LOST"
-    REJECTED = "REJECTED"
 
 
 class MalformedMessageError(ValueError):

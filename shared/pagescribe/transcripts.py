@@ -12,9 +12,10 @@ from typing import Any
 from pagescribe.aws import DocumentStore
 from pagescribe.callbacks import CallbackNotifier
 from pagescribe.checks import PageFlag, describe_flags
+from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.layout import is_page_number
 from pagescribe.settings import Settings
-from pagescribe.storage import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord, Storage
+from pagescribe.storage import Storage
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pagescribe.domain import NewDocument
 from pagescribe.migrate import upgrade_database
-from pagescribe.storage import NewDocument, Storage, create_database_engine
+from pagescribe.storage import Storage, create_database_engine
 from pagescribe_local.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
 from sqlalchemy import create_engine, inspect, text
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.domain import RateBucket
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import RateBucket, Storage
+from pagescribe.storage import Storage
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Ok, Status

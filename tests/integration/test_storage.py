@@ -12,15 +12,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from pagescribe.storage import (
-    ClaimedJob,
-    DocumentStatus,
-    JobStatus,
-    NewDocument,
-    PageOutcome,
-    Storage,
-    create_database_engine,
-)
+from pagescribe.domain import ClaimedJob, DocumentStatus, JobStatus, NewDocument, PageOutcome
+from pagescribe.storage import Storage, create_database_engine
 from psycopg import pq
 from sqlalchemy import text
 

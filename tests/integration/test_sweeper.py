@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.domain import PageOutcome
 from pagescribe.handlers import api as api_app
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import PageOutcome, Storage
+from pagescribe.storage import Storage
 from pagescribe_local.stack import SCHEDULED_EVENT, UPLOAD_INVOCATIONS, LambdaService, LocalResources
 from sqlalchemy import text
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import pytest
 from pagescribe.callbacks import MAX_ANSWER_BYTES, CallbackNotifier, public_address
+from pagescribe.domain import NewDocument
 from pagescribe.settings import Settings
-from pagescribe.storage import NewDocument, Storage
+from pagescribe.storage import Storage
 from sqlalchemy import text
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from pagescribe.documents import extract_text_layer
-from pagescribe.storage import DocumentRecord, DocumentStatus, JobStatus, PageRecord
+from pagescribe.domain import DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.transcripts import render_json, render_markdown, running_furniture
 
 from tests.support import CORPUS

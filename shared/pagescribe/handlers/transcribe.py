@@ -9,11 +9,11 @@ from aws_lambda_powertools.utilities.batch import async_process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSEvent, SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from pagescribe.domain import PageResult
 from pagescribe.observability import metrics
 from pagescribe.providers import openai_compat  # noqa: F401 - the provider unless PROVIDER=offline: loaded at cold start
 from pagescribe.runtime import get_runtime
 from pagescribe.settings import get_settings
-from pagescribe.transcription import PageResult
 
 get_settings().check_model_call_budget()  # validate the configuration at cold start
 get_settings().check_render_memory()
