@@ -1,4 +1,4 @@
-"""Benchmark 1: claim + fenced-complete pairs per second, 16 threads, Storage vs the same SQL on raw psycopg."""
+"""Benchmark 1: claim + fenced-complete pairs per second, 16 threads, Database vs the same SQL on raw psycopg."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from pagescribe.database import CLAIM_NEXT_QUEUED_JOBS, COMPLETE_JOB, Database, create_database_engine, fenced_write
 from pagescribe.domain import AttemptOutcome, ClaimedJob, NewDocument, PageOutcome
-from pagescribe.storage import CLAIM_NEXT_QUEUED_JOBS, COMPLETE_JOB, Storage, create_database_engine, fenced_write
 from psycopg import pq
 from sqlalchemy import Engine, text
 
@@ -37,13 +37,13 @@ OUTCOME = PageOutcome(
 )
 
 
-# The very statements Storage sends (psycopg's %(name)s placeholders).
+# The very statements Database sends (psycopg's %(name)s placeholders).
 RAW_CLAIM = CLAIM_NEXT_QUEUED_JOBS
 RAW_COMPLETE = COMPLETE_JOB
 
 
 def complete_params(claimed: tuple[Any, ...]) -> dict[str, Any]:
-    """The parameters Storage.complete_job sends for a job claimed by RAW_CLAIM (a row of its RETURNING)."""
+    """The parameters Database.complete_job sends for a job claimed by RAW_CLAIM (a row of its RETURNING)."""
     job_id, document_id, page_number, attempts, lease_token, *_ = claimed
     job = ClaimedJob(str(job_id), str(document_id), page_number, attempts, str(lease_token))
     return fenced_write(job, OUTCOME, AttemptOutcome.KEPT)
@@ -71,15 +71,15 @@ class RunResult:
         return self.jobs / self.seconds
 
 
-def _seed(storage: Storage, jobs: int, variant: str) -> None:
+def _seed(db: Database, jobs: int, variant: str) -> None:
     """Empty tables, then ``jobs`` QUEUED jobs in documents of 100 pages, as the upload function makes them."""
-    with storage.engine.begin() as conn:
+    with db.engine.begin() as conn:
         conn.execute(text("TRUNCATE documents, jobs, attempts, idempotency_keys"))
     for start in range(0, jobs, PAGES_PER_DOCUMENT):
         pages = list(range(1, min(PAGES_PER_DOCUMENT, jobs - start) + 1))
         new = NewDocument("bench", f"uploads/claims/{variant}/{start}.pdf", uuid.uuid4().hex, "", 1, "bench/model")
-        storage.create_document(new, kind="pdf", pages=pages)
-    with storage.engine.connect() as conn:
+        db.create_document(new, kind="pdf", pages=pages)
+    with db.engine.connect() as conn:
         conn.execute(text("COMMIT"))
         conn.execute(text("ANALYZE documents, jobs"))
 
@@ -93,16 +93,16 @@ def _transactions(admin: psycopg.Connection[Any], database: str) -> int:
     return int(row[0])
 
 
-def _storage_worker(storage: Storage, barrier: threading.Barrier, tally: Tally) -> None:
+def _storage_worker(db: Database, barrier: threading.Barrier, tally: Tally) -> None:
     try:
         barrier.wait()
         while True:
-            jobs = storage.claim_next_queued_jobs(limit=1, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS)
+            jobs = db.claim_next_queued_jobs(limit=1, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS)
             if not jobs:
                 return
             job: ClaimedJob = jobs[0]
             tally.claimed.append(job.job_id)
-            if storage.complete_job(job, OUTCOME) is None:
+            if db.complete_job(job, OUTCOME) is None:
                 tally.lost.append(job.job_id)
     except BaseException as exc:
         tally.errors.append(exc)
@@ -135,15 +135,13 @@ def _raw_worker(conn: psycopg.Connection[Any], barrier: threading.Barrier, tally
         tally.errors.append(exc)
 
 
-def _run(
-    variant: str, url: str, storage: Storage, admin: psycopg.Connection[Any], jobs: int, database: str
-) -> RunResult:
-    _seed(storage, jobs, variant)
+def _run(variant: str, url: str, db: Database, admin: psycopg.Connection[Any], jobs: int, database: str) -> RunResult:
+    _seed(db, jobs, variant)
     tally = Tally()
     barrier = threading.Barrier(THREADS + 1)
     raw: list[psycopg.Connection[Any]] = []
     engine = None
-    if variant.startswith("storage"):
+    if variant.startswith("database"):
         engine, subject = _subject(variant, url, THREADS)
         warm = [engine.connect() for _ in range(THREADS)]  # open the pool's connections before the clock starts
         for conn in warm:
@@ -172,21 +170,21 @@ def _run(
     transactions = _transactions(admin, database) - before
     if tally.errors:
         raise tally.errors[0]
-    _check(variant, storage, tally, jobs)
+    _check(variant, db, tally, jobs)
     return RunResult(variant, jobs, seconds, transactions, cpu_seconds)
 
 
-def _subject(variant: str, url: str, pool_size: int) -> tuple[Engine, Storage]:
+def _subject(variant: str, url: str, pool_size: int) -> tuple[Engine, Database]:
     engine = create_database_engine(url, pool_size=pool_size)
-    return engine, Storage(engine)
+    return engine, Database(engine)
 
 
-def round_trips_per_pair(variant: str, url: str, storage: Storage, *, pairs: int = 20) -> float:
+def round_trips_per_pair(variant: str, url: str, db: Database, *, pairs: int = 20) -> float:
     """Client-server round trips (ReadyForQuery messages in libpq's protocol trace) per claim+complete pair,
     on one connection (pool of one), traced after a warm-up."""
-    _seed(storage, pairs + 5, f"trace-{variant}")
+    _seed(db, pairs + 5, f"trace-{variant}")
     engine: Engine | None = None
-    if variant.startswith("storage"):
+    if variant.startswith("database"):
         engine, subject = _subject(variant, url, 1)
         tally = Tally()
         worker: Callable[[int], None] = functools.partial(_storage_pairs, subject, tally)
@@ -214,11 +212,11 @@ def round_trips_per_pair(variant: str, url: str, storage: Storage, *, pairs: int
     return trips / pairs
 
 
-def _storage_pairs(storage: Storage, tally: Tally, pairs: int) -> None:
+def _storage_pairs(db: Database, tally: Tally, pairs: int) -> None:
     for _ in range(pairs):
-        [job] = storage.claim_next_queued_jobs(limit=1, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS)
+        [job] = db.claim_next_queued_jobs(limit=1, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS)
         tally.claimed.append(job.job_id)
-        storage.complete_job(job, OUTCOME)
+        db.complete_job(job, OUTCOME)
 
 
 def _raw_pairs(conn: psycopg.Connection[Any], tally: Tally, pairs: int) -> None:
@@ -234,7 +232,7 @@ def _raw_pairs(conn: psycopg.Connection[Any], tally: Tally, pairs: int) -> None:
             conn.commit()
 
 
-def _check(variant: str, storage: Storage, tally: Tally, jobs: int) -> None:
+def _check(variant: str, db: Database, tally: Tally, jobs: int) -> None:
     """Every job claimed exactly once, every completion under its lease, and the table agrees."""
     counts = Counter(tally.claimed)
     duplicates = {job: n for job, n in counts.items() if n > 1}
@@ -244,7 +242,7 @@ def _check(variant: str, storage: Storage, tally: Tally, jobs: int) -> None:
         raise CorrectnessError(f"{variant}: {len(counts)} of {jobs} jobs were claimed")
     if tally.lost:
         raise CorrectnessError(f"{variant}: {len(tally.lost)} fenced completions found their lease gone")
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         completed = conn.execute(text("SELECT count(*) FROM jobs WHERE status = 'COMPLETED' AND attempts = 1"))
         pages = conn.execute(text("SELECT coalesce(sum(pages_completed), 0) FROM documents"))
         counted = (completed.scalar_one(), pages.scalar_one())
@@ -257,7 +255,7 @@ def run(*, quick: bool) -> Result:
     rounds = 2 if quick else 4
     # The jobs of each side are claimed in rounds, the variants alternating (ABC CBA ABC …), so that drift in
     # the machine's load (the server is shared) hits each side alike.
-    base = ["raw-autocommit", "storage", "raw-transaction"]
+    base = ["raw-autocommit", "database", "raw-transaction"]
     order: list[str] = []
     for number in range(rounds):
         order += base if number % 2 == 0 else list(reversed(base))
@@ -269,13 +267,13 @@ def run(*, quick: bool) -> Result:
             # mostly noise: without waiting for them the figure is about the code path (round trips, CPU).
             conn.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = off')
         setup_engine = create_database_engine(url, pool_size=2)
-        storage = Storage(setup_engine)
+        db = Database(setup_engine)
         results: list[RunResult] = []
         with psycopg.connect(plain_url(url).rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-            _run("storage", url, storage, admin, min(jobs, 500), database)  # warm-up, not counted
+            _run("database", url, db, admin, min(jobs, 500), database)  # warm-up, not counted
             for variant in order:
-                results.append(_run(variant, url, storage, admin, jobs // rounds, database))
-            round_trips = {variant: round_trips_per_pair(variant, url, storage) for variant in base}
+                results.append(_run(variant, url, db, admin, jobs // rounds, database))
+            round_trips = {variant: round_trips_per_pair(variant, url, db) for variant in base}
         setup_engine.dispose()
 
     def aggregate(variant: str) -> tuple[float, float]:
@@ -294,27 +292,27 @@ def run(*, quick: bool) -> Result:
         theirs = [r.rate for r in results if r.variant == baseline]
         return median([a / b for a, b in zip(mine, theirs, strict=True)])
 
-    storage_rate, storage_tx = aggregate("storage")
+    database_rate, database_tx = aggregate("database")
     raw_rate, raw_tx = aggregate("raw-autocommit")
     txn_rate, txn_tx = aggregate("raw-transaction")
-    ratio = paired("storage", "raw-autocommit")
+    ratio = paired("database", "raw-autocommit")
     return Result(
         key="claims",
         title=f"Claim throughput ({THREADS} threads, {jobs:,} jobs per side in {rounds} alternating rounds)",
-        ratio_label="Storage / raw psycopg",
+        ratio_label="Database / raw psycopg",
         ratio=ratio,
         target=0.7,
         direction=">=",
         summary=(
-            f"Storage {storage_rate:,.0f} pairs/s vs raw psycopg {raw_rate:,.0f} pairs/s (same autocommitted "
-            f"statements); round trips per pair {round_trips['storage']:g} vs {round_trips['raw-autocommit']:g}; "
+            f"Database {database_rate:,.0f} pairs/s vs raw psycopg {raw_rate:,.0f} pairs/s (same autocommitted "
+            f"statements); round trips per pair {round_trips['database']:g} vs {round_trips['raw-autocommit']:g}; "
             "no job claimed twice"
         ),
         rows=[
-            ("Storage (claim_next_queued_jobs limit 1 + complete_job)", f"{storage_rate:,.0f} pairs/s"),
-            ("raw psycopg 3, same SQL, autocommit (as Storage runs single statements)", f"{raw_rate:,.0f} pairs/s"),
-            ("**Storage / raw, judged** (median of the per-round ratios)", f"**{ratio:.2f}**"),
-            ("Storage / raw, from the totals", f"{storage_rate / raw_rate:.2f}"),
+            ("Database (claim_next_queued_jobs limit 1 + complete_job)", f"{database_rate:,.0f} pairs/s"),
+            ("raw psycopg 3, same SQL, autocommit (as Database runs single statements)", f"{raw_rate:,.0f} pairs/s"),
+            ("**Database / raw, judged** (median of the per-round ratios)", f"**{ratio:.2f}**"),
+            ("Database / raw, from the totals", f"{database_rate / raw_rate:.2f}"),
             (
                 "raw psycopg 3, same SQL, one BEGIN … COMMIT per statement",
                 f"{txn_rate:,.0f} pairs/s",
@@ -325,7 +323,7 @@ def run(*, quick: bool) -> Result:
             ),
             (
                 "server transactions per claim+complete pair (pg_stat_database.xact_commit)",
-                f"Storage {storage_tx:.2f}, raw {raw_tx:.2f}, raw BEGIN/COMMIT {txn_tx:.2f}",
+                f"Database {database_tx:.2f}, raw {raw_tx:.2f}, raw BEGIN/COMMIT {txn_tx:.2f}",
             ),
             (
                 "client (Python) CPU per pair, all 16 threads",

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psycopg
+from pagescribe.database import Database
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "corpus"
@@ -243,14 +243,14 @@ class CallTimer:
 
 
 class StorageTimer(CallTimer):
-    """Wall time spent inside the Storage methods of one instance (each is one short transaction, so this is
+    """Wall time spent inside the Database methods of one instance (each is one short transaction, so this is
     the database time as the code experiences it: pool checkout and the statement)."""
 
     def __init__(self) -> None:
         super().__init__(STORAGE_METHODS)
 
     def attach(self, target: object) -> None:
-        assert isinstance(target, Storage)
+        assert isinstance(target, Database)
         super().attach(target)
 
 

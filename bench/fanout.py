@@ -55,12 +55,12 @@ def run(*, quick: bool, scratch: Path) -> Result:
         runtime = pipeline.stack.runtime
         upload_calls = ApiCalls()
         upload_calls.attach(runtime.queue._client)  # the upload function's SQS client (private: a benchmark)
-        upload_calls.attach(runtime.store._client)
+        upload_calls.attach(runtime.objects._client)
         db = StorageTimer()
-        db.attach(runtime.storage)
+        db.attach(runtime.db)
         sends, download = CallTimer(["send"]), CallTimer(["download"])
         sends.attach(runtime.queue)
-        download.attach(runtime.store)
+        download.attach(runtime.objects)
         probe = sqs_client()
         _bare_loop(probe, _fresh_queue(probe, "bench-warmup"), 20)  # warm moto's SQS code paths, not counted
 
@@ -69,7 +69,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
         document_id = pipeline.document_id(upload)
         sent = upload.response["documents"][0]["messages_sent"]
         queue_depth = _depth(probe, pipeline.stack.resources.queue_url)
-        with runtime.storage.engine.connect() as conn:
+        with runtime.db.engine.connect() as conn:
             committed = conn.execute(
                 text("SELECT count(*) FROM jobs WHERE document_id = :id AND enqueued_at IS NOT NULL"),
                 {"id": document_id},
@@ -101,7 +101,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
             ("SQS API calls, upload function", f"{sqs_upload} ({upload_calls.describe('sqs:')})"),
             ("SQS API calls, bare loop", f"{bare_calls.count('sqs:')} ({bare_calls.describe('sqs:')})"),
             ("S3 API calls, upload function", f"{upload_calls.count('s3:')} ({upload_calls.describe('s3:')})"),
-            ("database time of the upload (Storage calls)", f"{db.total_seconds * 1000:.0f} ms: {db.describe()}"),
+            ("database time of the upload (Database calls)", f"{db.total_seconds * 1000:.0f} ms: {db.describe()}"),
             ("upload: sending the messages (JobQueue.send)", f"{sends.total_seconds:.2f} s"),
             ("upload: downloading the PDF from S3", f"{download.total_seconds:.2f} s"),
             (

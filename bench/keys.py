@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from pagescribe.database import Database, create_database_engine
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage, create_database_engine
 from pagescribe.tenancy import KeyRing, create_key
 
 from bench.common import fresh_database, median, percentile
@@ -34,10 +34,10 @@ def main() -> int:
     with fresh_database("keys") as url:
         engine = create_database_engine(url)
         try:
-            storage = Storage(engine)
-            keys = [create_key(storage, f"tenant-{index % 50}")[1] for index in range(KEYS)]
-            uncached = KeyRing(Settings(api_key_cache_seconds=0), storage)
-            cached = KeyRing(Settings(api_key_cache_seconds=30), storage)
+            db = Database(engine)
+            keys = [create_key(db, f"tenant-{index % 50}")[1] for index in range(KEYS)]
+            uncached = KeyRing(Settings(api_key_cache_seconds=0), db)
+            cached = KeyRing(Settings(api_key_cache_seconds=30), db)
             for key in keys:
                 cached.tenant_for(key)
             looked_up, remembered = _timed(uncached.tenant_for, keys), _timed(cached.tenant_for, keys)

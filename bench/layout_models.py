@@ -30,10 +30,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pagescribe.documents import DocumentKind, render_page
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.scoring import cer
+from pagescribe.sources import DocumentKind, render_page
 from pagescribe_local.evaluation import text_layer_truth
 from PIL import Image
 

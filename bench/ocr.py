@@ -30,11 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage, inspect_document, render_page
 from pagescribe.providers.base import PageImage, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.scoring import cer, markdown_tables
 from pagescribe.settings import Settings
+from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage, inspect_document, render_page
 from pagescribe_local.evaluation import text_layer_truth
 from PIL import Image
 

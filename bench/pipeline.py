@@ -8,8 +8,8 @@ import time
 import uuid
 from pathlib import Path
 
+from pagescribe.database import Database
 from pagescribe.domain import NewDocument, PageOutcome
-from pagescribe.storage import Storage
 
 from bench.common import Result, StorageTimer, fresh_database, median, percentile, spread_ms, timed_async_method
 from bench.pdfs import build_pdf
@@ -22,19 +22,19 @@ MODEL_SECONDS = 1.0
 PAGE_CONCURRENCY = 10
 
 
-def _page_storage_alone(storage: Storage, batches: int = 8) -> float:
-    """Median seconds per page of the transcribe path's Storage calls (a batch of ten claimed and its
+def _page_storage_alone(db: Database, batches: int = 8) -> float:
+    """Median seconds per page of the transcribe path's Database calls (a batch of ten claimed and its
     document read in one statement each, then each page's fenced result), with nothing else running."""
     new = NewDocument("bench", f"uploads/alone-{uuid.uuid4().hex}.pdf", "etag", "", 1, "bench/model")
-    created = storage.create_document(new, kind="pdf", pages=list(range(1, batches * BATCH + 1)))
+    created = db.create_document(new, kind="pdf", pages=list(range(1, batches * BATCH + 1)))
     outcome = PageOutcome("text", "stop", 1000, 4, 0.0001, "bench/model", "bench", "gen-1", 1000)
     durations: list[float] = []
     for start in range(0, len(created.job_ids), BATCH):
         started = time.perf_counter()
-        claims = storage.claim_jobs(created.job_ids[start : start + BATCH], lease_seconds=300, max_attempts=3)
-        storage.get_documents([job.document_id for job in claims.values()])
+        claims = db.claim_jobs(created.job_ids[start : start + BATCH], lease_seconds=300, max_attempts=3)
+        db.get_documents([job.document_id for job in claims.values()])
         for job in claims.values():
-            storage.complete_job(job, outcome)
+            db.complete_job(job, outcome)
         durations.append((time.perf_counter() - started) / len(claims))
     return median(durations)
 
@@ -59,7 +59,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
         timed_async_method(pipeline.stack.runtime.renderer, "render") as renders,
     ):
         db = StorageTimer()
-        db.attach(pipeline.stack.runtime.storage)
+        db.attach(pipeline.stack.runtime.db)
         children_before = _cpu_seconds(resource.RUSAGE_CHILDREN)
         self_before = _cpu_seconds(resource.RUSAGE_SELF)
         t0_wall, t0 = time.time(), time.perf_counter()
@@ -75,7 +75,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
         page_path = ("claim_jobs", "get_documents", "complete_job")
         in_pipeline = sum(db.seconds.get(name, 0.0) for name in page_path) / PAGES  # a mean: calls are timed apart
         db_seconds, db_calls, db_described = db.total_seconds, db.total_calls, db.describe()
-        alone = _page_storage_alone(pipeline.stack.runtime.storage)
+        alone = _page_storage_alone(pipeline.stack.runtime.db)
 
     render_cpu = _cpu_seconds(resource.RUSAGE_CHILDREN) - children_before  # the render processes, reaped on exit
     invocation_of = {job: inv for inv in transcribes for job in inv.job_ids}
@@ -123,10 +123,10 @@ def run(*, quick: bool, scratch: Path) -> Result:
             ),
             ("sum of the renders over the document", f"{sum(renders):.2f} s"),
             (
-                "database time in Storage calls (all functions), per page",
+                "database time in Database calls (all functions), per page",
                 f"{db_seconds / PAGES * 1000:.1f} ms in {db_calls / PAGES:.1f} calls",
             ),
-            ("Storage calls", db_described),
+            ("Database calls", db_described),
             (
                 "claim_jobs + get_documents (per batch) + complete_job, per page: in the pipeline (mean) / "
                 "alone (median)",

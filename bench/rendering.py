@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pagescribe.documents import DocumentKind, InvalidDocumentError, inspect_document, render_page
+from pagescribe.sources import DocumentKind, InvalidDocumentError, inspect_document, render_page
 
 from bench.common import CORPUS, Result, median
 

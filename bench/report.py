@@ -85,10 +85,10 @@ def machine_facts() -> dict[str, Any]:
 EXPLANATIONS: dict[str, str] = {
     "claims": """\
 Sixteen threads each repeat *claim the oldest due job* + *fenced completion* until nothing is left. The
-Storage side calls `Storage.claim_next_queued_jobs(limit=1)` and `Storage.complete_job` over
+Database side calls `Database.claim_next_queued_jobs(limit=1)` and `Database.complete_job` over
 `create_database_engine(url, pool_size=16)`. The raw side runs the very same SQL constants
 (`CLAIM_NEXT_QUEUED_JOBS`, `COMPLETE_JOB`) through psycopg 3, one connection per thread, `prepare_threshold=None`
-like the engine. Storage runs every single statement in autocommit, so the judged baseline is raw psycopg in
+like the engine. Database runs every single statement in autocommit, so the judged baseline is raw psycopg in
 autocommit (the same one-statement transactions); the same SQL in explicit `BEGIN … COMMIT` per statement is
 shown too. Every side and round gets fresh jobs (documents of 100 pages, as the upload function creates them);
 the sides alternate in rounds (ABC CBA …) and the judged ratio is the median of the per-round ratios, because
@@ -116,7 +116,7 @@ jobs table (`started_at` = the claim's commit, `completed_at` = the result's com
 model call as the provider client timed it) and the start of the invocation that carried the page: the
 per-page overhead is the page's time in the handler less its model call. Renders are timed around
 `RenderPool.render` (the wait for a free render process, the render in it, the image back). Database time is
-the wall time spent inside `Storage` methods (instrumented in this process only). Commits are durable here
+the wall time spent inside `Database` methods (instrumented in this process only). Commits are durable here
 (`synchronous_commit` as the server has it).""",
     "fanout": """\
 The upload function gets the S3 event of a 1,000-page PDF (`MAX_PAGES=1000` for this run; 300 pages with
@@ -126,7 +126,7 @@ time is compared with a bare loop that sends the same number of messages of the 
 through a client with the same configuration. Both send into a queue that starts empty, in the same moto
 server (moto's SQS recounts the queue for every message it accepts, so a call's cost grows with queue depth:
 the last row shows it). API calls are counted with botocore `before-call` hooks on the clients; database time
-is the wall time inside `Storage` methods. There is no fixed target: the ratio shows what the upload adds to
+is the wall time inside `Database` methods. There is no fixed target: the ratio shows what the upload adds to
 the sends it cannot avoid, and the call counts show it makes no more SQS calls than the bare minimum.""",
     "coldstart": """\
 For each function, `import functions.<name>.app` in a fresh interpreter (`python -c`, working directory the
@@ -255,14 +255,14 @@ def _findings(by_key: dict[str, Result]) -> str:
         parts.append(
             f"""### 1. Claims: a ping before every statement, and SQLAlchemy's statement layer
 
-**Found:** `create_database_engine` set `pool_pre_ping=True`, so every `Storage` call first sent an empty query
+**Found:** `create_database_engine` set `pool_pre_ping=True`, so every `Database` call first sent an empty query
 and waited for it: 4 round trips per claim+complete pair where raw psycopg makes 2 (libpq trace), 4.03 server
 transactions per pair against 2.02. And SQLAlchemy's `Connection.execute` (checkout events, the autocommit
 execution option set and reset on every checkout, compiled-cache lookup, `Row` building) cost 1.17 ms of client
 CPU per pair against 0.27 ms for raw psycopg: with 16 threads on 2 cores under one GIL, client CPU is
-throughput. Storage reached 0.50 of raw.
+throughput. Database reached 0.50 of raw.
 
-**Done (commit fd158a4):** `Storage` runs its named SQL constants (psycopg's `%(name)s` placeholders) on the pool's
+**Done (commit fd158a4):** `Database` runs its named SQL constants (psycopg's `%(name)s` placeholders) on the pool's
 psycopg connection itself, with `namedtuple_row`; SQLAlchemy keeps the pool and Alembic the migrations. The pool's
 connections are autocommit (a new document's rows still commit in one explicit transaction). Nothing pings: a
 connection the server closed (restart, failover, RDS Proxy's idle timeout) is found when used, dropped, and the
@@ -273,7 +273,7 @@ connection's backend and checks the next claim succeeds exactly once; the databa
 passes with the warm environment recovering on its next invocation.
 
 **Now:** round trips per pair {_row(claims, "client-server round trips")}; client CPU per pair
-{_row(claims, "client (Python) CPU")}; Storage / raw **{claims.ratio:.2f}** (target ≥ 0.7).
+{_row(claims, "client (Python) CPU")}; Database / raw **{claims.ratio:.2f}** (target ≥ 0.7).
 """
         )
     pipeline = by_key.get("pipeline")
@@ -281,7 +281,7 @@ passes with the warm environment recovering on its next invocation.
         parts.append(
             f"""### 2. Pipeline: per-page claims and reads, renders behind one lock
 
-**Found:** each page of a batch made three `Storage` calls (claim, read its document, result), each with its
+**Found:** each page of a batch made three `Database` calls (claim, read its document, result), each with its
 pre-ping, synchronously on the event loop, before its render could start; and pdfium, which is not thread-safe,
 rendered the batch's ten pages one at a time behind a process-wide lock (90 ms median per page in the batch,
 mostly waiting, against about 25 ms of work). The local Lambda service deleted handled messages one call each.
@@ -301,7 +301,7 @@ Wall time was 1.40× the ideal.
   15.1 ms → 9.6 ms per page in-process, with byte-identical images.
 
 **Now:** wall / ideal **{pipeline.ratio:.2f}** (target ≤ 1.25: {"met" if pipeline.met else "**not met**"});
-Storage per page {_row(pipeline, "claim_jobs + get_documents")} (in the pipeline / alone); renders
+Database per page {_row(pipeline, "claim_jobs + get_documents")} (in the pipeline / alone); renders
 {_row(pipeline, "render per page")} per page in the batch (median / p95, including the wait for a free
 process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95). What remains is mostly the
 render phase at the start of every batch: the last page starts its model call only when its own render is done,
@@ -327,7 +327,7 @@ section below argues against that.
             f"""### 3. Cold start: every function imported every module
 
 **Found:** `pagescribe.runtime` imported all the domain modules at the top, so the sweeper, API and migrate
-functions imported `pagescribe.documents` with pypdfium2 and Pillow, the transcribe function the API service,
+functions imported `pagescribe.sources` with pypdfium2 and Pillow, the transcribe function the API service,
 and so on.
 
 **Done (commits e167f14, ff654c8):** `Runtime` imports each domain module inside the cached property that builds

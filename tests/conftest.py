@@ -12,10 +12,10 @@ import boto3
 import psycopg
 import pytest
 from moto.server import ThreadedMotoServer
+from pagescribe.database import Database, create_database_engine
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage, create_database_engine
 from pagescribe_local.embedded import embedded_database_url as embedded_database_url_for
 from pagescribe_local.embedded import stop_embedded_database
 from sqlalchemy import text
@@ -64,13 +64,13 @@ def both_servers(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def storage(database_url: str) -> Iterator[Storage]:
+def db(database_url: str) -> Iterator[Database]:
     engine = create_database_engine(database_url, pool_size=20)
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE documents, jobs, attempts, api_keys, idempotency_keys, rate_buckets, tenant_days"))
         conn.execute(text("DELETE FROM tenants WHERE id <> 'default'"))
         conn.execute(text("UPDATE tenants SET callback_secret = NULL, daily_budget_usd = NULL"))
-    yield Storage(engine)
+    yield Database(engine)
     engine.dispose()
 
 
@@ -106,7 +106,7 @@ def fake_provider() -> Iterator[FakeChatServer]:
 def pipeline(
     aws_env: str,
     database_url: str,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Pipeline]:

@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 from pagescribe.aws import ApiGatewayKeys, apigateway_client
 from pagescribe.checks import PageFlag, describe_flags
-from pagescribe.documents import InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.database import Database, create_database_engine
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import (
@@ -42,7 +42,7 @@ from pagescribe.service import (
     parse_page_selection,
 )
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
-from pagescribe.storage import Storage, create_database_engine
+from pagescribe.sources import InvalidDocumentError, detect_kind, inspect_document
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 
 from pagescribe_local import evaluation
@@ -119,7 +119,7 @@ def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterato
             _reload_settings()
             runtime = get_runtime()
             # Build every shared piece now, on this thread, before pollers and request threads use them.
-            for warm in (runtime.storage, runtime.store, runtime.queue, runtime.documents, runtime.transcriber):
+            for warm in (runtime.db, runtime.objects, runtime.queue, runtime.documents, runtime.transcriber):
                 assert warm is not None
             lambdas = LambdaService(
                 resources,
@@ -306,7 +306,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
     """Print what each file would cost (pages times the model's observed mean cost per page) and start nothing."""
-    with _database(Path(args.data_dir)) as storage:
+    with _database(Path(args.data_dir)) as db:
         settings = get_settings()
         model = args.model or settings.model
         total: float | None = 0.0
@@ -320,7 +320,7 @@ def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
                     pages = sum(1 for page in chosen if page <= pages)
             except (InvalidDocumentError, ValueError) as exc:
                 raise CommandError(f"{path}: {exc}") from exc
-            estimate = estimate_cost(storage, model, pages)
+            estimate = estimate_cost(db, model, pages)
             cost = f"${estimate.cost_usd:.6f}" if estimate.cost_usd is not None else "unknown"
             print(f"{path.name}: {pages} pages x {model}: {cost}")
             total = total + estimate.cost_usd if total is not None and estimate.cost_usd is not None else None
@@ -540,7 +540,7 @@ def _migrate(_: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _database(data_dir: Path) -> Iterator[Storage]:
+def _database(data_dir: Path) -> Iterator[Database]:
     """DATABASE_URL's database (the deployed one, reached from here), or the embedded server of the local commands,
     migrated."""
     with _database_url(data_dir):
@@ -549,7 +549,7 @@ def _database(data_dir: Path) -> Iterator[Storage]:
         upgrade_database(url)
         engine = create_database_engine(url)
         try:
-            yield Storage(engine)
+            yield Database(engine)
         finally:
             engine.dispose()
 
@@ -562,8 +562,8 @@ def _tenant_argument(value: str) -> str:
 
 
 def _keys_create(args: argparse.Namespace) -> int:
-    with _database(Path(args.data_dir)) as storage:
-        key_id, key = create_key(storage, args.tenant)
+    with _database(Path(args.data_dir)) as db:
+        key_id, key = create_key(db, args.tenant)
     if args.usage_plan:
         ApiGatewayKeys(apigateway_client()).add(
             key, name=f"pagescribe-{args.tenant}-{key_label(key)}", plan=args.usage_plan
@@ -577,8 +577,8 @@ def _keys_create(args: argparse.Namespace) -> int:
 
 
 def _keys_list(args: argparse.Namespace) -> int:
-    with _database(Path(args.data_dir)) as storage:
-        keys = storage.list_api_keys(args.tenant)
+    with _database(Path(args.data_dir)) as db:
+        keys = db.list_api_keys(args.tenant)
     for record in keys:
         state = f"revoked {record.revoked_at:%Y-%m-%d %H:%M}" if record.revoked_at else "live"
         created = f"{record.created_at:%Y-%m-%d %H:%M}" if record.created_at else "-"
@@ -587,8 +587,8 @@ def _keys_list(args: argparse.Namespace) -> int:
 
 
 def _keys_revoke(args: argparse.Namespace) -> int:
-    with _database(Path(args.data_dir)) as storage:
-        revoked = storage.revoke_api_key(args.key, args.tenant)
+    with _database(Path(args.data_dir)) as db:
+        revoked = db.revoke_api_key(args.key, args.tenant)
     if not revoked:
         raise CommandError(f"no live key {args.key!r}" + (f" of tenant {args.tenant!r}" if args.tenant else ""))
     if args.usage_plan:
@@ -602,9 +602,9 @@ def _keys_revoke(args: argparse.Namespace) -> int:
 
 def _tenant_callback_secret(args: argparse.Namespace) -> int:
     secret = new_callback_secret()
-    with _database(Path(args.data_dir)) as storage:
-        storage.ensure_tenant(args.tenant)
-        storage.set_callback_secret(args.tenant, secret)
+    with _database(Path(args.data_dir)) as db:
+        db.ensure_tenant(args.tenant)
+        db.set_callback_secret(args.tenant, secret)
     print(json.dumps({"tenant": args.tenant, "callback_secret": secret}))
     print("pagescribe: the tenant's callbacks are signed with this secret from now on", file=sys.stderr)
     return 0
@@ -621,11 +621,11 @@ def _usd_argument(value: str) -> float:
 
 
 def _tenant_budget(args: argparse.Namespace) -> int:
-    with _database(Path(args.data_dir)) as storage:
-        storage.ensure_tenant(args.tenant)
+    with _database(Path(args.data_dir)) as db:
+        db.ensure_tenant(args.tenant)
         if args.clear or args.usd is not None:
-            storage.set_daily_budget(args.tenant, None if args.clear else args.usd)
-        day = storage.tenant_day(args.tenant)
+            db.set_daily_budget(args.tenant, None if args.clear else args.usd)
+        day = db.tenant_day(args.tenant)
         assert day is not None, "the tenant was just ensured"
         applied = day.daily_budget_usd if day.daily_budget_usd is not None else get_settings().daily_budget_usd
     print(

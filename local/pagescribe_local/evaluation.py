@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from pagescribe.checks import usable_text_layer
-from pagescribe.documents import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
 from pagescribe.scoring import cer, percentile, recall_precision, split_pages, wer
+from pagescribe.sources import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
 
 from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
 

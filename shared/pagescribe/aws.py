@@ -54,7 +54,7 @@ def sqs_client() -> SQSClient:
     return boto3.client("sqs", config=_CLIENT_CONFIG)
 
 
-class DocumentStore:
+class ObjectStore:
     """Reads uploads from, and writes transcripts to, the documents bucket."""
 
     def __init__(self, client: S3Client) -> None:

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from pagescribe.database import Database
 from pagescribe.domain import DueCallback
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
-from pagescribe.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,9 @@ class _Outcome:
 
 
 class CallbackNotifier:
-    def __init__(
-        self, settings: Settings, storage: Storage, secret: bytes | None, *, resolver: Resolver = resolve
-    ) -> None:
+    def __init__(self, settings: Settings, db: Database, secret: bytes | None, *, resolver: Resolver = resolve) -> None:
         self._settings = settings
-        self._storage = storage
+        self._db = db
         self._secret = secret
         self._resolve = resolver
 
@@ -107,8 +105,8 @@ class CallbackNotifier:
         (their deliverer died) end FAILED first."""
         settings = self._settings
         if document_id is None:  # a sweeper's round: give up the callbacks whose deliverers died
-            self._storage.abandon_callbacks(max_attempts=settings.callback_max_attempts)
-        due = self._storage.claim_due_callbacks(
+            self._db.abandon_callbacks(max_attempts=settings.callback_max_attempts)
+        due = self._db.claim_due_callbacks(
             limit=limit, document_id=document_id, max_attempts=settings.callback_max_attempts
         )
         deliveries = [delivery for delivery in map(self._prepare, due) if delivery is not None]
@@ -120,11 +118,11 @@ class CallbackNotifier:
         return sum(outcome.error is None for outcome in outcomes)
 
     def _prepare(self, callback: DueCallback) -> _Delivery | None:
-        document = self._storage.get_document(callback.document_id)
+        document = self._db.get_document(callback.document_id)
         if document is None:
             return None
         body = json.dumps(
-            {"event": "document.finished", **describe_document(self._storage, document)}, ensure_ascii=False
+            {"event": "document.finished", **describe_document(self._db, document)}, ensure_ascii=False
         ).encode("utf-8")
         timestamp, delivery = str(int(time.time())), str(uuid.uuid4())
         headers = {
@@ -133,7 +131,7 @@ class CallbackNotifier:
             TIMESTAMP_HEADER: timestamp,
             DELIVERY_HEADER: delivery,
         }
-        tenant_secret = self._storage.callback_secret(document.tenant_id)
+        tenant_secret = self._db.callback_secret(document.tenant_id)
         secret = tenant_secret.encode() if tenant_secret else self._secret
         if secret is not None:
             headers[SIGNATURE_HEADER] = sign(secret, timestamp, delivery, body)
@@ -196,14 +194,14 @@ class CallbackNotifier:
     def _record(self, callback: DueCallback, outcome: _Outcome) -> None:
         extra = {"document_id": callback.document_id, "attempt": callback.attempts}
         if outcome.error is None:
-            self._storage.record_callback(callback.document_id, status="DELIVERED", error=None)
+            self._db.record_callback(callback.document_id, status="DELIVERED", error=None)
             log.info("callback delivered", extra=extra)
         elif outcome.final or callback.attempts >= self._settings.callback_max_attempts:
-            self._storage.record_callback(callback.document_id, status="FAILED", error=outcome.error)
+            self._db.record_callback(callback.document_id, status="FAILED", error=outcome.error)
             log.warning("callback given up after %d attempts: %s", callback.attempts, outcome.error, extra=extra)
         else:
             retry_in = RETRY_BASE_SECONDS * 2.0 ** (callback.attempts - 1)
-            self._storage.record_callback(
+            self._db.record_callback(
                 callback.document_id, status="PENDING", error=outcome.error, retry_in_seconds=retry_in
             )
             log.warning("callback failed, retrying in %.0f s: %s", retry_in, outcome.error, extra=extra)

@@ -1,4 +1,4 @@
-"""The words of the domain: statuses, the records that pass between the domain, its storage and its handlers, and a
+"""The words of the domain: statuses, the records that pass between the domain, its database and its handlers, and a
 page's result. Plain data only: nothing here talks to PostgreSQL, S3, SQS or a model.
 
 A page is a *job* in the database. Its life: QUEUED → PROCESSING (claimed, with a lease) → COMPLETED, FAILED or

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
+from pagescribe.database import Database
 from pagescribe.domain import ClaimedJob, RateBucket
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage
 
 MAX_DELAY_SECONDS = 900  # SQS's longest message delay
 EARLY_SECONDS = 1.0  # a page back this much before its reserved slot calls anyway (SQS delays are whole seconds)
@@ -45,8 +45,8 @@ GO = Admission(0.0)
 
 
 class RateGovernor:
-    def __init__(self, settings: Settings, storage: Storage, provider: str) -> None:
-        self._storage = storage
+    def __init__(self, settings: Settings, db: Database, provider: str) -> None:
+        self._db = db
         self._bucket = (
             RateBucket(provider, settings.rate_limit_rpm, settings.rate_limit_tpm, settings.rate_limit_burst)
             if settings.rate_limit_rpm > 0
@@ -67,7 +67,7 @@ class RateGovernor:
         if slot is not None and slot > EARLY_SECONDS:  # back early (a resent message): the slot still holds
             return Admission(slot, keep_slot=True, why=f"its reserved slot for {model} is {slot:.1f} s away")
         prepaid = slot is not None and slot > -STALE_SLOT_SECONDS
-        grant = self._storage.take_rate_slot(
+        grant = self._db.take_rate_slot(
             self._bucket, model, prepaid=prepaid, max_wait=MAX_DELAY_SECONDS - EARLY_SECONDS
         )
         if grant.wait <= 0:
@@ -85,10 +85,10 @@ class RateGovernor:
         if self._bucket is None:
             return None
         pause = retry_after if retry_after is not None and retry_after > 0 else PAUSE_WITHOUT_RETRY_AFTER
-        self._storage.pause_rate_bucket(self._bucket, model, pause)
+        self._db.pause_rate_bucket(self._bucket, model, pause)
         return pause
 
     def settle(self, model: str, admission: Admission, actual_tokens: int) -> None:
         """The call's real tokens against those it took (token limits only)."""
         if self._bucket is not None and self._counts_tokens:
-            self._storage.settle_rate_tokens(self._bucket, model, estimate=admission.tokens, actual=actual_tokens)
+            self._db.settle_rate_tokens(self._bucket, model, estimate=admission.tokens, actual=actual_tokens)

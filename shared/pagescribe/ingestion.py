@@ -15,12 +15,12 @@ from urllib.parse import unquote_plus
 
 from aws_lambda_powertools.utilities.data_classes import S3Event
 
-from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
-from pagescribe.documents import DocumentInfo, InvalidDocumentError
+from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
+from pagescribe.database import Database
 from pagescribe.domain import DocumentRecord, DocumentStatus, NewDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage
+from pagescribe.sources import DocumentInfo, InvalidDocumentError
 from pagescribe.tenancy import TENANT_ID
 
 log = logging.getLogger(__name__)
@@ -102,18 +102,18 @@ class Ingestor:
     def __init__(
         self,
         settings: Settings,
-        storage: Storage,
-        store: DocumentStore,
+        db: Database,
+        objects: ObjectStore,
         queue: JobQueue,
         inspector: Inspector,
         finish: Callable[[str], object],
     ) -> None:
         self._settings = settings
-        self._storage = storage
-        self._store = store
+        self._db = db
+        self._objects = objects
         self._queue = queue
         self._inspector = inspector
-        self._finish = finish  # writes a finished document's transcript (pagescribe.transcripts)
+        self._finish = finish  # writes a finished document's transcript (pagescribe.assembly)
 
     def ingest(self, obj: UploadedObject) -> IngestResult:
         """Record the object as a document with its page jobs, then enqueue them (after commit).
@@ -137,7 +137,7 @@ class Ingestor:
         named = self._named_document(obj)
         pending = named if self._awaits(named, obj) else None
         new = self._new_document(obj, pending)
-        existing = self._storage.find_document(new)
+        existing = self._db.find_document(new)
         if existing is not None:
             log.info("duplicate S3 event: the object is already recorded", extra={"document_id": existing})
             return IngestResult(obj.bucket, obj.key, existing, "DUPLICATE")
@@ -146,7 +146,7 @@ class Ingestor:
 
         seen = self._examine(obj, new, pending, failure)
         new, kind, pages, donor, error = seen.new, seen.kind, seen.pages, seen.donor, seen.error
-        created = self._storage.create_document(
+        created = self._db.create_document(
             new,
             kind=kind,
             pages=pages,
@@ -171,7 +171,7 @@ class Ingestor:
         messages = [
             JobMessage(job_id, created.document_id, page) for job_id, page in zip(created.job_ids, pages, strict=True)
         ]
-        sent = send_committed(self._queue, self._storage, messages)
+        sent = send_committed(self._queue, self._db, messages)
         log.info(
             "document accepted",
             extra={
@@ -203,7 +203,7 @@ class Ingestor:
         new = replace(new, sha256=digest)
         error = _selection_error(requested, page_count)
         reuse = error is None and (pending.reuse if pending else True)
-        donor = self._storage.find_reusable_document(new, pages) if reuse else None
+        donor = self._db.find_reusable_document(new, pages) if reuse else None
         return _Examined(new, kind, pages, page_count, donor, error)
 
     def _new_document(self, obj: UploadedObject, pending: DocumentRecord | None) -> NewDocument:
@@ -224,20 +224,20 @@ class Ingestor:
         (that tenant's document), or uploads/<document-id>/<name> as keys were before tenants."""
         segments = obj.key[len(self._settings.upload_prefix) :].split("/")
         if len(segments) >= 3 and (document_id := _uuid(segments[1])) is not None:
-            document = self._storage.get_document(document_id)
+            document = self._db.get_document(document_id)
             if document is not None and document.tenant_id == segments[0]:
                 return document
         if len(segments) >= 2 and (document_id := _uuid(segments[0])) is not None:
-            return self._storage.get_document(document_id)
+            return self._db.get_document(document_id)
         return None
 
     def _tenant_of(self, obj: UploadedObject) -> str:
         """The tenant of a file put straight into the bucket: the one its key names (uploads/<tenant>/...) when it
         exists, else DEFAULT_TENANT."""
         segments = obj.key[len(self._settings.upload_prefix) :].split("/")
-        if len(segments) > 1 and TENANT_ID.fullmatch(segments[0]) and self._storage.tenant_exists(segments[0]):
+        if len(segments) > 1 and TENANT_ID.fullmatch(segments[0]) and self._db.tenant_exists(segments[0]):
             return segments[0]
-        self._storage.ensure_tenant(self._settings.default_tenant)
+        self._db.ensure_tenant(self._settings.default_tenant)
         return self._settings.default_tenant
 
     @staticmethod
@@ -275,7 +275,7 @@ class Ingestor:
         max_pages = sys.maxsize if selected else self._settings.max_pages
         with tempfile.TemporaryDirectory(prefix="pagescribe-upload-") as scratch:
             path = Path(scratch) / "source"
-            self._store.download(obj.bucket, obj.key, path, version_id=obj.version_id, etag=obj.etag or None)
+            self._objects.download(obj.bucket, obj.key, path, version_id=obj.version_id, etag=obj.etag or None)
             with path.open("rb") as source:
                 digest = hashlib.file_digest(source, "sha256").digest()
             info = self._inspector.inspect(path, max_pages=max_pages, max_image_pixels=self._settings.max_image_pixels)

@@ -291,7 +291,7 @@ def _furniture(
     page number (:func:`is_page_number`), is no heading and no table's, and lies more than FURNITURE_GAP median line
     heights away from the rest of the page's lines. Running headers and footers are not told apart here: a slide's
     top and bottom lines are set off in the same way and are its title and its message; the transcript finds them
-    by what recurs across the document's pages (:func:`pagescribe.transcripts.running_furniture`).
+    by what recurs across the document's pages (:func:`pagescribe.assembly.running_furniture`).
     """
     if len(lines) < 2:
         return {}

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagescribe.aws import JobMessage, JobQueue
-from pagescribe.storage import Storage
+from pagescribe.database import Database
 
 
 def send_committed(
-    queue: JobQueue, storage: Storage, messages: Sequence[JobMessage], *, delay_seconds: int = 0
+    queue: JobQueue, db: Database, messages: Sequence[JobMessage], *, delay_seconds: int = 0
 ) -> list[str]:
     """Send the messages of committed jobs, then stamp the ones SQS accepted as sent; their job ids."""
     sent = queue.send(messages, delay_seconds=delay_seconds)
-    storage.mark_enqueued(sent)
+    db.mark_enqueued(sent)
     return sent

@@ -31,7 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from pagescribe.documents import (
+from pagescribe.sources import (
     DocumentInfo,
     DocumentKind,
     InvalidDocumentError,
@@ -329,7 +329,7 @@ class RenderPool:
         orient: bool = True,
         blank_below: float = 0.0,
     ) -> RenderedPage:
-        """documents.render_page in a worker; InvalidDocumentError for a page that can never render."""
+        """sources.render_page in a worker; InvalidDocumentError for a page that can never render."""
         request = {
             "op": "render",
             "path": os.fspath(path),
@@ -353,13 +353,13 @@ class RenderPool:
         )
 
     async def text_layer(self, path: Path, page_number: int) -> TextLayer:
-        """documents.read_text_layer in a worker (loading a page parses its content, so it can be a bomb too)."""
+        """sources.read_text_layer in a worker (loading a page parses its content, so it can be a bomb too)."""
         request = {"op": "text", "path": os.fspath(path), "page_number": page_number}
         result, _ = await self._request(request, f"the text of page {page_number} could not be read")
         return TextLayer(str(result["text"]), str(result["laid_out"]))
 
     def inspect(self, path: Path, *, max_pages: int, max_image_pixels: int) -> DocumentInfo:
-        """documents.inspect_document in a worker, from a synchronous caller (the upload function): opening a file
+        """sources.inspect_document in a worker, from a synchronous caller (the upload function): opening a file
         to count its pages inflates whatever its cross-reference, object streams or page tree say, so a bomb fails
         here under the pool's limits with the limit named, never in the caller's process."""
         request = {

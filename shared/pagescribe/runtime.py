@@ -19,30 +19,31 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType
 
 from pagescribe.aws import (
-    DocumentStore,
     FailedInvocations,
     JobQueue,
+    ObjectStore,
     read_secret,
     read_secure_parameter,
     s3_client,
     sqs_client,
 )
 from pagescribe.settings import ConfigurationError, Settings, database_url_from_secret, get_settings
+from pagescribe.timebudget import TimeBudget
 
 # Each function builds only the parts it uses, so each part's module is imported where it is built: the sweeper
 # does not load the API's service or the renderer. A function imports the modules it always needs at cold start
 # through its own handler module.
 if TYPE_CHECKING:
+    from pagescribe.assembly import TranscriptWriter
     from pagescribe.callbacks import CallbackNotifier
+    from pagescribe.database import Database
     from pagescribe.ingestion import Ingestor
     from pagescribe.providers.base import TranscriptionProvider
     from pagescribe.rendering import RenderPool
     from pagescribe.service import DocumentService
-    from pagescribe.storage import Storage
     from pagescribe.sweeping import Sweeper
     from pagescribe.tenancy import KeyRing
     from pagescribe.transcription import SourceCache, Transcriber
-    from pagescribe.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +85,14 @@ class Runtime:
         raise ConfigurationError("set DATABASE_URL or DATABASE_SECRET_ARN: there is no database to use")
 
     @cached_property
-    def storage(self) -> Storage:
-        from pagescribe.storage import Storage, create_database_engine
+    def db(self) -> Database:
+        from pagescribe.database import Database, create_database_engine
 
-        return Storage(create_database_engine(self.database_url))
+        return Database(create_database_engine(self.database_url))
 
     @cached_property
-    def store(self) -> DocumentStore:
-        return DocumentStore(s3_client())
+    def objects(self) -> ObjectStore:
+        return ObjectStore(s3_client())
 
     @cached_property
     def queue(self) -> JobQueue:
@@ -120,6 +121,7 @@ class Runtime:
             max_connections=settings.page_concurrency,
             usage_accounting=settings.provider_usage_accounting,
             retry_rate_limited=settings.rate_limit_rpm == 0,  # with the governor on, a 429 pauses everyone instead
+            time=TimeBudget.from_settings(settings),
         )
 
     @cached_property
@@ -133,25 +135,25 @@ class Runtime:
             secret = read_secure_parameter(settings.callback_secret_parameter).encode()
         else:
             secret = None
-        return CallbackNotifier(settings, self.storage, secret)
+        return CallbackNotifier(settings, self.db, secret)
 
     @cached_property
     def sources(self) -> SourceCache:
         from pagescribe.transcription import SourceCache
 
-        return SourceCache(self.store)
+        return SourceCache(self.objects)
 
     @cached_property
     def transcripts(self) -> TranscriptWriter:
-        from pagescribe.transcripts import TranscriptWriter
+        from pagescribe.assembly import TranscriptWriter
 
-        return TranscriptWriter(self.settings, self.storage, self.store, self.notifier)
+        return TranscriptWriter(self.settings, self.db, self.objects, self.notifier)
 
     @cached_property
     def ingestor(self) -> Ingestor:
         from pagescribe.ingestion import Ingestor
 
-        return Ingestor(self.settings, self.storage, self.store, self.queue, self.renderer, self.transcripts.finish)
+        return Ingestor(self.settings, self.db, self.objects, self.queue, self.renderer, self.transcripts.finish)
 
     @cached_property
     def renderer(self) -> RenderPool:
@@ -161,7 +163,7 @@ class Runtime:
         return RenderPool(
             workers=settings.render_worker_count(),
             memory_limit_mb=settings.render_memory_limit_mb,
-            timeout_seconds=settings.render_timeout_seconds,
+            timeout_seconds=TimeBudget.from_settings(settings).render_timeout,
         )
 
     @cached_property
@@ -169,7 +171,7 @@ class Runtime:
         from pagescribe.transcription import Transcriber
 
         return Transcriber(
-            self.settings, self.storage, self.queue, self.provider, self.sources, self.renderer, self.transcripts
+            self.settings, self.db, self.queue, self.provider, self.sources, self.renderer, self.transcripts
         )
 
     @cached_property
@@ -178,13 +180,13 @@ class Runtime:
 
         settings = self.settings
         signed = settings.callback_secret is not None or settings.callback_secret_parameter is not None
-        return DocumentService(settings, self.storage, self.store, self.queue, callbacks_signed=signed)
+        return DocumentService(settings, self.db, self.objects, self.queue, callbacks_signed=signed)
 
     @cached_property
     def keyring(self) -> KeyRing:
         from pagescribe.tenancy import KeyRing
 
-        return KeyRing(self.settings, self.storage)
+        return KeyRing(self.settings, self.db)
 
     @cached_property
     def sweeper(self) -> Sweeper:
@@ -193,7 +195,7 @@ class Runtime:
         failures = self.settings.upload_failures_queue_url
         failed_uploads = FailedInvocations(sqs_client(), failures) if failures else None
         return Sweeper(
-            self.settings, self.storage, self.queue, self.transcripts, self.notifier, self.ingestor, failed_uploads
+            self.settings, self.db, self.queue, self.transcripts, self.notifier, self.ingestor, failed_uploads
         )
 
     @cached_property
@@ -206,8 +208,8 @@ class Runtime:
         built = self.__dict__
         if "provider" in built and not self.loop.is_running():
             self.run(self.provider.aclose())
-        if "storage" in built:
-            self.storage.engine.dispose()
+        if "db" in built:
+            self.db.engine.dispose()
         if "sources" in built:
             self.sources.close()
         if "renderer" in built:

@@ -11,12 +11,12 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
-from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
+from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
+from pagescribe.database import Database
 from pagescribe.domain import DocumentRecord, DocumentStatus, PendingDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
-from pagescribe.storage import Storage
 
 UPLOAD_CONTENT_TYPES = ("application/pdf", "image/png", "image/jpeg", "image/tiff", "image/webp")
 FINISHED = {DocumentStatus.COMPLETED, DocumentStatus.PARTIAL, DocumentStatus.FAILED}
@@ -65,8 +65,8 @@ class Estimate:
         return asdict(self)
 
 
-def estimate_cost(storage: Storage, model: str, pages: int | None) -> Estimate:
-    price, calls = storage.model_price(model)
+def estimate_cost(db: Database, model: str, pages: int | None) -> Estimate:
+    price, calls = db.model_price(model)
     if price is None:
         return Estimate(model, pages, None, None, f"unknown: no call of {model} has reported a cost yet")
     basis = f"the mean cost per page of the latest {calls} calls of {model}, escalations not counted"
@@ -144,14 +144,14 @@ class DocumentService:
     def __init__(
         self,
         settings: Settings,
-        storage: Storage,
-        store: DocumentStore,
+        db: Database,
+        objects: ObjectStore,
         queue: JobQueue,
         callbacks_signed: bool,
     ) -> None:
         self._settings = settings
-        self._storage = storage
-        self._store = store
+        self._db = db
+        self._objects = objects
         self._queue = queue
         self._callbacks_signed = callbacks_signed
 
@@ -168,13 +168,13 @@ class DocumentService:
                 field="Idempotency-Key",
             )
         digest = hashlib.sha256(json.dumps(asdict(upload), sort_keys=True).encode()).digest()
-        first = self._storage.idempotent_answer(tenant, idempotency_key)
+        first = self._db.idempotent_answer(tenant, idempotency_key)
         if first is None:
             created = self._create(upload, tenant)
             answer = {**asdict(created), "expires_at": created.expires_at.isoformat()}
-            if self._storage.remember_answer(tenant, idempotency_key, digest, created.document_id, answer):
+            if self._db.remember_answer(tenant, idempotency_key, digest, created.document_id, answer):
                 return created
-            first = self._storage.idempotent_answer(tenant, idempotency_key)  # a concurrent request was first
+            first = self._db.idempotent_answer(tenant, idempotency_key)  # a concurrent request was first
             assert first is not None, "the key's answer exists: its insert conflicted"
         request, answer = first
         if request != digest:
@@ -196,7 +196,7 @@ class DocumentService:
                 requested = parse_page_selection(upload.pages, max_pages=self._settings.max_pages)
             except ValueError as exc:
                 raise RequestError(str(exc), field="pages") from exc
-        if upload.callback_url and not (self._callbacks_signed or self._storage.callback_secret(tenant)):
+        if upload.callback_url and not (self._callbacks_signed or self._db.callback_secret(tenant)):
             raise RequestError(
                 "callback_url needs a callback secret: the tenant's (pagescribe tenants callback-secret) or the "
                 "stack's CALLBACK_SECRET (or CALLBACK_SECRET_PARAMETER), so that callbacks can be signed",
@@ -214,7 +214,7 @@ class DocumentService:
         bucket = self._settings.require("bucket_name")
         document_id = str(uuid.uuid4())
         key = f"{self._settings.upload_prefix}{tenant}/{document_id}/{safe_filename(upload.filename)}"
-        self._storage.create_pending_document(
+        self._db.create_pending_document(
             PendingDocument(
                 document_id=document_id,
                 bucket=bucket,
@@ -231,10 +231,8 @@ class DocumentService:
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds
-        url = self._store.presign_put(bucket, key, content_type=upload.content_type, expires_in=expires_in)
-        estimate = estimate_cost(
-            self._storage, upload.model or self._settings.model, len(requested) if requested else None
-        )
+        url = self._objects.presign_put(bucket, key, content_type=upload.content_type, expires_in=expires_in)
+        estimate = estimate_cost(self._db, upload.model or self._settings.model, len(requested) if requested else None)
         return CreatedUpload(
             document_id,
             key,
@@ -258,7 +256,7 @@ class DocumentService:
     def _document(self, document_id: str, tenant: str) -> DocumentRecord | None:
         """The tenant's document with this id; None for another tenant's, as for an unknown id."""
         canonical = parse_document_id(document_id)
-        document = self._storage.get_document(canonical) if canonical else None
+        document = self._db.get_document(canonical) if canonical else None
         return document if document is not None and document.tenant_id == tenant else None
 
     def describe(self, document_id: str, tenant: str) -> dict[str, Any] | None:
@@ -266,8 +264,8 @@ class DocumentService:
         if document is None:
             return None
         pages = document.page_count if document.status is not DocumentStatus.AWAITING_UPLOAD else None
-        estimate = estimate_cost(self._storage, document.model, pages)
-        return {**describe_document(self._storage, document), "estimate": estimate.as_dict()}
+        estimate = estimate_cost(self._db, document.model, pages)
+        return {**describe_document(self._db, document), "estimate": estimate.as_dict()}
 
     def transcript(self, document_id: str, fmt: TranscriptFormat, tenant: str) -> TranscriptAnswer | None:
         document = self._document(document_id, tenant)
@@ -279,7 +277,7 @@ class DocumentService:
         if fmt is TranscriptFormat.JSON:
             key = key.removesuffix(".md") + ".json"
         try:
-            return TranscriptAnswer(document.status, self._store.get_text(document.bucket, key))
+            return TranscriptAnswer(document.status, self._objects.get_text(document.bucket, key))
         except ObjectMissingError:
             return TranscriptAnswer(document.status, None, "the transcript file is missing from the bucket")
 
@@ -294,8 +292,8 @@ class DocumentService:
                 f"the document's failed pages were retried {document.retries} times; the limit is "
                 f"MAX_DOCUMENT_RETRIES={limit}"
             )
-        retried = self._storage.retry_failed_pages(document.document_id, max_retries=limit)
+        retried = self._db.retry_failed_pages(document.document_id, max_retries=limit)
         send_committed(
-            self._queue, self._storage, [JobMessage(job_id, document.document_id, page) for job_id, page in retried]
+            self._queue, self._db, [JobMessage(job_id, document.document_id, page) for job_id, page in retried]
         )
         return [page for _, page in retried]

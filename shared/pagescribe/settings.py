@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     )
 
     provider_timeout_seconds: float = Field(default=180.0, gt=0)
+    provider_connect_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Longest wait for a connection to the provider (within the call's budget)."
+    )
     function_timeout_seconds: float = Field(default=300.0, gt=0)
     result_reserve_seconds: float = Field(
         default=10.0, ge=0, description="Time kept back from every model call to write its result."

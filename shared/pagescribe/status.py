@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagescribe.database import Database
 from pagescribe.domain import DocumentRecord, JobStatus
-from pagescribe.storage import Storage
 
 
-def describe_document(storage: Storage, document: DocumentRecord) -> dict[str, Any]:
-    summary = storage.page_summary(document.document_id)
-    spend = storage.spend(document.document_id)
-    issues = storage.page_issues(document.document_id)
+def describe_document(db: Database, document: DocumentRecord) -> dict[str, Any]:
+    summary = db.page_summary(document.document_id)
+    spend = db.spend(document.document_id)
+    issues = db.page_issues(document.document_id)
     by_status = {status.value: 0 for status in JobStatus}
     for row in summary:
         by_status[row.status.value] = row.pages

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
+from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import FailedInvocations, JobMessage, JobQueue
 from pagescribe.callbacks import CallbackNotifier
+from pagescribe.database import Database
 from pagescribe.ingestion import Ingestor, uploaded_objects
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage
-from pagescribe.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Sweeper:
     def __init__(
         self,
         settings: Settings,
-        storage: Storage,
+        db: Database,
         queue: JobQueue,
         transcripts: TranscriptWriter,
         notifier: CallbackNotifier,
@@ -40,7 +40,7 @@ class Sweeper:
         failed_uploads: FailedInvocations | None,
     ) -> None:
         self._settings = settings
-        self._storage = storage
+        self._db = db
         self._queue = queue
         self._transcripts = transcripts
         self._notifier = notifier
@@ -50,24 +50,24 @@ class Sweeper:
     def sweep(self) -> SweepReport:
         """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap."""
         settings, limit = self._settings, self._settings.sweep_batch_size
-        requeued = self._storage.requeue_expired_leases(max_attempts=settings.max_attempts, limit=limit)
-        failed, documents = self._storage.fail_expired_leases(max_attempts=settings.max_attempts, limit=limit)
+        requeued = self._db.requeue_expired_leases(max_attempts=settings.max_attempts, limit=limit)
+        failed, documents = self._db.fail_expired_leases(max_attempts=settings.max_attempts, limit=limit)
         finished = sum(
             self._transcripts.finish(progress.document_id) is not None
             for progress in documents
             if progress.all_pages_done
         )
 
-        due = self._storage.claim_unsent_jobs(resend_after_seconds=settings.resend_after_seconds, limit=limit)
+        due = self._db.claim_unsent_jobs(resend_after_seconds=settings.resend_after_seconds, limit=limit)
         sent = set(self._queue.send([JobMessage(job_id, doc, page) for job_id, doc, page in due]))
         unsent = [job_id for job_id, _, _ in due if job_id not in sent]
-        self._storage.release_unsent_jobs(unsent)
+        self._db.release_unsent_jobs(unsent)
 
-        stuck = self._storage.claim_unfinished_documents(grace_seconds=settings.finish_grace_seconds, limit=limit)
+        stuck = self._db.claim_unfinished_documents(grace_seconds=settings.finish_grace_seconds, limit=limit)
         finished += sum(self._transcripts.finish(document_id) is not None for document_id in stuck)
 
         uploads_failed = self._account_for_failed_uploads(limit)
-        expired = self._storage.expire_awaiting_uploads(
+        expired = self._db.expire_awaiting_uploads(
             after_seconds=settings.upload_url_expiry_seconds + settings.upload_grace_seconds,
             error="the upload never arrived: no file came before the upload URL expired "
             f"(UPLOAD_URL_EXPIRY_SECONDS={settings.upload_url_expiry_seconds}, "

@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from pagescribe.database import Database
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage
 
 KEY_PREFIX = "psk_"
 LABEL_LENGTH = 12  # the key's first characters, listed to tell keys apart
@@ -58,10 +58,10 @@ def key_label(key: str) -> str:
     return key[:LABEL_LENGTH]
 
 
-def create_key(storage: Storage, tenant_id: str) -> tuple[str, str]:
+def create_key(db: Database, tenant_id: str) -> tuple[str, str]:
     """A new key for the tenant (created if new): (its id, the key itself, which is not stored)."""
     key = new_key()
-    return storage.add_api_key(check_tenant_id(tenant_id), key_hash(key), key_label(key)), key
+    return db.add_api_key(check_tenant_id(tenant_id), key_hash(key), key_label(key)), key
 
 
 def new_callback_secret() -> str:
@@ -71,9 +71,9 @@ def new_callback_secret() -> str:
 class KeyRing:
     """Which tenant a presented key belongs to, looked up once per API_KEY_CACHE_SECONDS in this environment."""
 
-    def __init__(self, settings: Settings, storage: Storage, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: Settings, db: Database, clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
-        self._storage = storage
+        self._db = db
         self._clock = clock
         self._lock = threading.Lock()
         self._cache: dict[bytes, tuple[float, tuple[str, bool] | None]] = {}
@@ -104,7 +104,7 @@ class KeyRing:
             cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
             return cached[1]
-        found = self._storage.find_api_key(digest)
+        found = self._db.find_api_key(digest)
         with self._lock:
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.clear()

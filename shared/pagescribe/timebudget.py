@@ -1,10 +1,13 @@
-"""The time policy of a page: how long its model call may take inside what is left of the invocation.
+"""The time policy of a page, whole: how long each phase may take inside what is left of the invocation.
 
-A call gets the configured provider timeout, capped by the invocation's remaining time less the reserve kept back to
-write its result; a page that would get less than the minimum call budget is not called (it is left for redelivery, or
-sent back to the queue). A claim's lease outlasts the invocation by a margin, so that an expired lease proves its
-holder dead. The numbers are settings (PROVIDER_TIMEOUT_SECONDS, RESULT_RESERVE_SECONDS, MIN_CALL_BUDGET_SECONDS,
-LEASE_MARGIN_SECONDS); the provider client keeps each call inside the budget it is given.
+A page is rendered, then sent to the model, then its result is written. The render of one page may take
+RENDER_TIMEOUT_SECONDS (a page over it is a bomb: it fails and its render process is replaced). A model call gets
+PROVIDER_TIMEOUT_SECONDS, capped by the invocation's remaining time less RESULT_RESERVE_SECONDS, kept back to write its
+result; a page that would get less than MIN_CALL_BUDGET_SECONDS is not called (it is left for redelivery, or sent back
+to the queue). Within the call, each HTTP request may take what is left of the call's budget, and its connection
+PROVIDER_CONNECT_TIMEOUT_SECONDS at most. A claim's lease outlasts the invocation by LEASE_MARGIN_SECONDS, so that an
+expired lease proves its holder dead. The numbers are settings; nothing else in the package decides a time limit of
+a page's work.
 """
 
 from __future__ import annotations
@@ -15,11 +18,23 @@ from pagescribe.settings import Settings
 
 
 @dataclass(frozen=True)
+class RequestTimeouts:
+    """The limits of one HTTP request to the provider, in seconds."""
+
+    connect: float
+    read: float
+    write: float
+    pool: float
+
+
+@dataclass(frozen=True)
 class TimeBudget:
     provider_timeout: float
     result_reserve: float
     min_call: float
     lease_margin: float
+    connect_timeout: float
+    render_timeout: float
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TimeBudget:
@@ -28,6 +43,8 @@ class TimeBudget:
             result_reserve=settings.result_reserve_seconds,
             min_call=settings.min_call_budget_seconds,
             lease_margin=settings.lease_margin_seconds,
+            connect_timeout=settings.provider_connect_timeout_seconds,
+            render_timeout=settings.render_timeout_seconds,
         )
 
     def call(self, remaining: float) -> float:
@@ -36,6 +53,12 @@ class TimeBudget:
 
     def enough_for_a_call(self, remaining: float) -> bool:
         return self.call(remaining) >= self.min_call
+
+    def request(self, left_of_call: float) -> RequestTimeouts:
+        """Limits of one HTTP request when ``left_of_call`` seconds of the call's budget are left."""
+        return RequestTimeouts(
+            connect=min(self.connect_timeout, left_of_call), read=left_of_call, write=left_of_call, pool=left_of_call
+        )
 
     def lease(self, remaining: float) -> float:
         """Seconds a claim's lease lasts: past the end of the invocation by the margin."""

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pagescribe.aws import DocumentStore, JobMessage, JobQueue, ObjectMissingError
+from pagescribe.assembly import TranscriptWriter
+from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
 from pagescribe.checks import (
     Answer,
     Flag,
@@ -30,7 +31,7 @@ from pagescribe.checks import (
     merge_flags,
     usable_text_layer,
 )
-from pagescribe.documents import DocumentKind, InvalidDocumentError, RenderedPage
+from pagescribe.database import Database
 from pagescribe.domain import (
     NO_OUTCOME,
     ClaimedJob,
@@ -54,9 +55,8 @@ from pagescribe.providers.base import (
 )
 from pagescribe.rendering import RenderPool
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage
+from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage
 from pagescribe.timebudget import TimeBudget
-from pagescribe.transcripts import TranscriptWriter
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ class SourceCache:
     share one document). Bounded by entry count, but a file a page is reading is never evicted; one
     download per document at a time."""
 
-    def __init__(self, store: DocumentStore, *, max_entries: int = 4) -> None:
-        self._store = store
+    def __init__(self, objects: ObjectStore, *, max_entries: int = 4) -> None:
+        self._objects = objects
         self._max_entries = max_entries
         self._root = Path(tempfile.mkdtemp(prefix="pagescribe-sources-"))
         self._entries: OrderedDict[str, Path] = OrderedDict()
@@ -189,7 +189,7 @@ class SourceCache:
                 return cached
             path = self._root / f"{len(self._entries)}-{document.document_id}"
             await asyncio.to_thread(
-                self._store.download,
+                self._objects.download,
                 document.bucket,
                 document.object_key,
                 path,
@@ -268,7 +268,7 @@ class Transcriber:
     def __init__(
         self,
         settings: Settings,
-        storage: Storage,
+        db: Database,
         queue: JobQueue,
         provider: TranscriptionProvider,
         sources: SourceCache,
@@ -276,14 +276,14 @@ class Transcriber:
         transcripts: TranscriptWriter,
     ) -> None:
         self._settings = settings
-        self._storage = storage
+        self._db = db
         self._queue = queue
         self._provider = provider
         self._sources = sources
         self._renderer = renderer
         self._transcripts = transcripts
         self._thresholds = thresholds(settings)
-        self._governor = RateGovernor(settings, storage, provider.name)
+        self._governor = RateGovernor(settings, db, provider.name)
         self._time = TimeBudget.from_settings(settings)
 
     def batch(self, bodies: Sequence[str], remaining_seconds: Callable[[], float]) -> TranscriptionBatch:
@@ -302,12 +302,12 @@ class Transcriber:
             raise NotEnoughTimeError(
                 f"only {remaining_seconds:.1f} s of the invocation left; the batch's jobs are left for redelivery"
             )
-        claims = self._storage.claim_jobs(
+        claims = self._db.claim_jobs(
             job_ids,
             lease_seconds=self._time.lease(remaining_seconds),
             max_attempts=self._settings.max_attempts,
         )
-        documents = self._storage.get_documents([job.document_id for job in claims.values()])
+        documents = self._db.get_documents([job.document_id for job in claims.values()])
         return claims, documents
 
     async def transcribe_claimed(
@@ -382,7 +382,7 @@ class Transcriber:
         """Ask the escalation model once for a page whose answer is hard-flagged. The escalation is recorded (with the
         flagged answer, kept as the page's text meanwhile) before the call, under the lease: a duplicate or a later
         delivery of the page finds it escalated and never escalates it again."""
-        if not self._storage.escalate_job(ctx.job, checked.outcome):
+        if not self._db.escalate_job(ctx.job, checked.outcome):
             return self._lease_lost(ctx)
         why = describe_flags(hard_flags(checked.flags))
         log.warning("page escalated to %s: %s", model, why, extra=ctx.log_extra)
@@ -461,7 +461,7 @@ class Transcriber:
         for failure in failures:
             latency = round(failure.latency_seconds * 1000)
             call = FailedCall(model, self._provider.name, failure.status_code, failure.message, latency)
-            self._storage.record_failed_call(ctx.job, call)
+            self._db.record_failed_call(ctx.job, call)
             count_for_model("ModelCalls", model)
             if failure.status_code == 429:
                 count_for_model("RateLimited", model)
@@ -479,7 +479,7 @@ class Transcriber:
         return await self._fail(ctx, reason, replace(NO_OUTCOME, flags=tuple(flag.as_dict() for flag in flags)))
 
     async def _complete(self, ctx: _Context, outcome: PageOutcome) -> PageResult:
-        progress = self._storage.complete_job(ctx.job, outcome)
+        progress = self._db.complete_job(ctx.job, outcome)
         if progress is None:
             return self._lease_lost(ctx)
         log.info(
@@ -498,7 +498,7 @@ class Transcriber:
         return PageResult.COMPLETED
 
     async def _fail(self, ctx: _Context, reason: str, outcome: PageOutcome = NO_OUTCOME) -> PageResult:
-        progress = self._storage.fail_job(ctx.job, reason, outcome)
+        progress = self._db.fail_job(ctx.job, reason, outcome)
         if progress is None:
             return self._lease_lost(ctx)
         log.warning("page failed: %s", reason, extra={**ctx.log_extra, "flags": [f["flag"] for f in outcome.flags]})
@@ -525,7 +525,7 @@ class Transcriber:
 
     async def _spend_gate(self, ctx: _Context, model: str) -> PageResult | None:
         """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""
-        verdict = self._storage.admit_spend(ctx.job, model, daily_budget_usd=self._settings.daily_budget_usd)
+        verdict = self._db.admit_spend(ctx.job, model, daily_budget_usd=self._settings.daily_budget_usd)
         if verdict.daily_budget_usd:
             gauge("DailyBudgetUsedPercent", 100 * verdict.spent_today / verdict.daily_budget_usd)
         if verdict.verdict in ("CAP", "DAILY_BUDGET"):
@@ -536,7 +536,7 @@ class Transcriber:
         return None
 
     async def _skip(self, ctx: _Context, reason: str) -> PageResult:
-        progress = self._storage.skip_job(ctx.job, reason)
+        progress = self._db.skip_job(ctx.job, reason)
         if progress is None:
             return self._lease_lost(ctx)
         log.warning("page skipped: %s", reason, extra=ctx.log_extra)
@@ -548,7 +548,7 @@ class Transcriber:
         """Back to the queue before any call, its attempt given back: no Lambda time is spent waiting."""
         delay = admission.delay_seconds
         reason = f"held back {delay} s before its model call: {admission.why}"
-        deferred = self._storage.defer_job(
+        deferred = self._db.defer_job(
             ctx.job, reason, delay_seconds=delay, slot_at=admission.slot_at, keep_slot=admission.keep_slot
         )
         if not deferred:
@@ -564,7 +564,7 @@ class Transcriber:
                 ctx, f"attempts exhausted ({ctx.job.attempts} of {self._settings.max_attempts}): {reason}"
             )
         delay = retry_delay_seconds(self._settings, ctx.job.attempts, retry_after)
-        if not self._storage.requeue_job(ctx.job, reason, delay_seconds=delay):
+        if not self._db.requeue_job(ctx.job, reason, delay_seconds=delay):
             return self._lease_lost(ctx)
         self._send_again(ctx, delay)
         log.warning("page requeued in %d s: %s", delay, reason, extra=ctx.log_extra)
@@ -575,7 +575,7 @@ class Transcriber:
         """The page's message, again, due in ``delay`` seconds (its row is QUEUED again and committed)."""
         job = ctx.job
         send_committed(
-            self._queue, self._storage, [JobMessage(job.job_id, job.document_id, job.page_number)], delay_seconds=delay
+            self._queue, self._db, [JobMessage(job.job_id, job.document_id, job.page_number)], delay_seconds=delay
         )
 
     def _lease_lost(self, ctx: _Context) -> PageResult:

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Ok, Status
@@ -89,7 +89,7 @@ def upload_through_presigned_url(api: Pipeline, created: dict[str, Any], data: b
 
 
 def test_the_full_flow_create_upload_transcribe_status_transcript_retry(
-    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, callback_receiver: Any
+    api: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, callback_receiver: Any
 ) -> None:
     url, receiver = callback_receiver
     # Given a document created through the API, for pages 1, 2 and 4, with a callback
@@ -147,7 +147,7 @@ def test_the_full_flow_create_upload_transcribe_status_transcript_retry(
 
 
 def test_a_failed_callback_never_fails_the_document_and_is_retried(
-    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, callback_receiver: Any
+    api: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, callback_receiver: Any
 ) -> None:
     url, receiver = callback_receiver
     receiver.answers.extend([500])
@@ -156,7 +156,7 @@ def test_a_failed_callback_never_fails_the_document_and_is_retried(
     )
     upload_through_presigned_url(api, created, (corpus / "smile.png").read_bytes())
     api.run_until_idle()
-    document = storage.get_document(created["document_id"])
+    document = db.get_document(created["document_id"])
     assert document is not None and document.status.value == "COMPLETED"
     assert document.callback_status == "PENDING" and document.callback_error == "HTTP 500"
     assert len(receiver.received) == 1
@@ -164,7 +164,7 @@ def test_a_failed_callback_never_fails_the_document_and_is_retried(
 
 def test_callbacks_to_non_public_addresses_are_refused_by_default(
     api: Pipeline,
-    storage: Storage,
+    db: Database,
     corpus: Path,
     callback_receiver: Any,
     monkeypatch: pytest.MonkeyPatch,
@@ -180,7 +180,7 @@ def test_callbacks_to_non_public_addresses_are_refused_by_default(
     upload_through_presigned_url(api, created, (corpus / "smile.png").read_bytes())
     api.run_until_idle()
     # Then the document completes, the callback is refused once with the reason, and nothing was sent
-    document = storage.get_document(created["document_id"])
+    document = db.get_document(created["document_id"])
     assert document is not None and document.status.value == "COMPLETED"
     assert document.callback_status == "FAILED" and "not a public address" in (document.callback_error or "")
     assert receiver.received == []
@@ -246,7 +246,7 @@ def test_the_committed_openapi_document_matches_the_code() -> None:
 
 
 def test_a_presigned_url_makes_one_document_and_a_second_put_never_swaps_its_file(
-    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    api: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a document created through the API and its file PUT to the presigned URL
     code, created = call("POST", "/documents", body={"filename": "a.pdf", "content_type": "application/pdf"})
@@ -263,7 +263,7 @@ def test_a_presigned_url_makes_one_document_and_a_second_put_never_swaps_its_fil
     # Then neither PUT becomes a document: each is refused, naming the document that owns the prefix
     assert [doc["status"] for doc in again] == ["REFUSED", "REFUSED"]
     assert {doc["document_id"] for doc in again} == {created["document_id"]}
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
     # And the recorded document is never transcribed from the file that replaced its own: its pages fail, saying so
     api.run_until_idle()
@@ -304,7 +304,7 @@ def test_models_the_operator_allows_may_be_named(api: Pipeline, monkeypatch: pyt
 
 
 def test_a_document_is_retried_at_most_max_document_retries_times(
-    api: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    api: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a stack allowing two retries per document, and a page the provider always refuses
     monkeypatch.setenv("MAX_DOCUMENT_RETRIES", "2")
@@ -327,5 +327,5 @@ def test_a_document_is_retried_at_most_max_document_retries_times(
     assert [code for code, _ in answers] == [202, 202, 429]
     assert "MAX_DOCUMENT_RETRIES=2" in answers[2][1]["message"]
     assert fake_provider.calls == 3  # the first delivery and two retries, each one attempt (a 400 is not retried)
-    document = storage.get_document(document_id)
+    document = db.get_document(document_id)
     assert document is not None and document.retries == 2

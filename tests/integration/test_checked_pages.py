@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from pagescribe.checks import clean_answer
-from pagescribe.documents import DocumentKind, extract_text_layer, read_text_layer, render_page
+from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
+from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
 
 from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Ok
 from tests.support.answers import captured
@@ -108,7 +108,7 @@ def four_pages(corpus: Path) -> Path:
 
 def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_answer(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     four_pages: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -123,7 +123,7 @@ def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_an
         {(PRIMARY, 1): 1, (PRIMARY, 2): 1, (PRIMARY, 3): 1, (PRIMARY, 4): 1, (STRONG, 2): 1, (STRONG, 3): 1}
     )
     # And the kept answers of those pages come from it, and every page completed
-    jobs = page_rows(storage, doc["document_id"])
+    jobs = page_rows(db, doc["document_id"])
     assert [j["status"] for j in jobs] == ["COMPLETED"] * 4
     assert [j["model"] for j in jobs] == [PRIMARY, STRONG, STRONG, PRIMARY]
     assert [j["result_text"] for j in jobs] == [extract_text_layer(four_pages, n) for n in range(1, 5)]
@@ -158,7 +158,7 @@ def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_an
 
 
 def test_without_an_escalation_model_hard_flagged_pages_fail_with_the_flag_as_reason(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, four_pages: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, four_pages: Path
 ) -> None:
     # Given no escalation model, and a primary model that loops on page 2 and refuses page 3
     pages = _page_images(four_pages, 4)
@@ -168,7 +168,7 @@ def test_without_an_escalation_model_hard_flagged_pages_fail_with_the_flag_as_re
     pipeline.run_until_idle()
     # Then each page was asked once, and the two weak pages failed, naming the flag and its value, keeping their text
     assert fake_provider.calls == 4
-    jobs = page_rows(storage, doc["document_id"])
+    jobs = page_rows(db, doc["document_id"])
     assert [j["status"] for j in jobs] == ["COMPLETED", "FAILED", "FAILED", "COMPLETED"]
     assert "repetition=" in jobs[1]["error"] and "(threshold 8)" in jobs[1]["error"]
     assert "refusal=" in jobs[2]["error"] and "(threshold 0.5)" in jobs[2]["error"]
@@ -188,7 +188,7 @@ def test_without_an_escalation_model_hard_flagged_pages_fail_with_the_flag_as_re
 
 def test_under_triple_duplicate_delivery_each_page_is_escalated_at_most_once(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     four_pages: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -211,7 +211,7 @@ def test_under_triple_duplicate_delivery_each_page_is_escalated_at_most_once(
     assert _calls(fake_provider, pages) == Counter(
         {(PRIMARY, 1): 1, (PRIMARY, 2): 1, (PRIMARY, 3): 1, (PRIMARY, 4): 1, (STRONG, 2): 1, (STRONG, 3): 1}
     )
-    jobs = page_rows(storage, doc["document_id"])
+    jobs = page_rows(db, doc["document_id"])
     assert [(j["status"], j["escalation"]) for j in jobs] == [
         ("COMPLETED", None),
         ("COMPLETED", "DONE"),
@@ -223,7 +223,7 @@ def test_under_triple_duplicate_delivery_each_page_is_escalated_at_most_once(
 
 def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_to_the_escalation_model(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -243,14 +243,14 @@ def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_
     first = pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=15)
     # Then the page was not half-called: it is back in the queue, escalated, with the loop's answer kept meanwhile
     assert first["batchItemFailures"] == []
-    [job] = page_rows(storage, doc["document_id"])
+    [job] = page_rows(db, doc["document_id"])
     assert (job["status"], job["escalation"], job["attempts"]) == ("QUEUED", "PENDING", 1)
     assert "only" in job["error"] and STRONG in job["error"]
     assert _calls(fake_provider, pages) == Counter({(PRIMARY, 1): 1})
     # And when the page is delivered again it goes straight to the escalation model, whose answer is kept
     pipeline.run_until_idle()
     assert _calls(fake_provider, pages) == Counter({(PRIMARY, 1): 1, (STRONG, 1): 1})
-    [job] = page_rows(storage, doc["document_id"])
+    [job] = page_rows(db, doc["document_id"])
     assert (job["status"], job["model"], job["escalation"]) == ("COMPLETED", STRONG, "DONE")
     assert [f["flag"] for f in job["flags"]] == ["repetition"]
     assert _status(doc["document_id"])["cost"] == pytest.approx(2 * COST)
@@ -259,7 +259,7 @@ def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_
 @pytest.mark.parametrize(("text_layer", "status"), [("fallback", "COMPLETED"), ("off", "FAILED")])
 def test_a_page_that_renders_blank_is_not_sent_to_the_model(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     monkeypatch: pytest.MonkeyPatch,
     text_layer: str,
@@ -273,7 +273,7 @@ def test_a_page_that_renders_blank_is_not_sent_to_the_model(
     pipeline.run_until_idle()
     # Then no model was asked to read a blank image, and the page is flagged blank_render
     assert fake_provider.calls == 0
-    [job] = page_rows(storage, doc["document_id"])
+    [job] = page_rows(db, doc["document_id"])
     assert job["status"] == status and [f["flag"] for f in job["flags"]] == ["blank_render"]
     markdown, js = pipeline.transcript(doc["document_id"])
     assert "flags: blank_render=0 (threshold 1e-05)" in markdown and js["cost"] == 0
@@ -286,7 +286,7 @@ def test_a_page_that_renders_blank_is_not_sent_to_the_model(
 
 def test_with_text_layer_auto_a_two_column_page_stands_in_laid_out_column_by_column(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -300,7 +300,7 @@ def test_with_text_layer_auto_a_two_column_page_stands_in_laid_out_column_by_col
     pipeline.run_until_idle()
     # Then no model was asked, and the page's text is its text layer laid out: the left column, then the right one
     assert fake_provider.calls == 0
-    [job] = page_rows(storage, doc["document_id"])
+    [job] = page_rows(db, doc["document_id"])
     assert (job["status"], job["provider"]) == ("COMPLETED", "pdf-text-layer")
     assert job["result_text"] == read_text_layer(source, 1).laid_out != extract_text_layer(source, 1)
     text = " ".join(job["result_text"].split())

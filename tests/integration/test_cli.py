@@ -18,8 +18,8 @@ import boto3
 import httpx
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.documents import DocumentKind, extract_text_layer, render_page
-from pagescribe.storage import Storage
+from pagescribe.database import Database
+from pagescribe.sources import DocumentKind, extract_text_layer, render_page
 from PIL import Image
 
 from tests.fakes.chat_server import FakeChatServer, Ok, expected_text
@@ -252,7 +252,7 @@ def test_an_upside_down_scan_is_read_upright_by_the_offline_engine_and_flagged_r
 
 
 def test_estimate_then_a_capped_run_then_the_tenants_budget(
-    database_url: str, storage: Storage, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+    database_url: str, db: Database, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
 ) -> None:
     env = command_environment(database_url, fake_provider)
     source = corpus / "pdflatex-4-pages.pdf"

@@ -13,10 +13,10 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import migrate as migrate_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from sqlalchemy import create_engine, inspect
 
 from tests.conftest import ADMIN_URL
@@ -119,7 +119,7 @@ def test_deleting_the_stack_keeps_the_data(
 
 
 def test_the_database_and_provider_key_come_from_secrets_manager_and_ssm(
-    pipeline: Pipeline, storage: Storage, corpus: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, corpus: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the connection in a Secrets Manager secret and the provider key in an SSM SecureString, and a
     # provider that refuses requests without that key

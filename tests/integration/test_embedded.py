@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pagescribe.database import Database, create_database_engine
 from pagescribe.domain import NewDocument
 from pagescribe.migrate import upgrade_database
-from pagescribe.storage import Storage, create_database_engine
 from pagescribe_local.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
 from sqlalchemy import create_engine, inspect, text
 
@@ -171,14 +171,14 @@ def test_the_claim_statement_runs_on_the_embedded_server(data_dir: Path) -> None
     url = embedded_database_url(data_dir, database="claims")
     upgrade_database(url)
     engine = create_database_engine(url)
-    storage = Storage(engine)
+    db = Database(engine)
     new = NewDocument(bucket="b", object_key="uploads/x.pdf", etag="e", version_id="", size_bytes=1, model="m")
-    created = storage.create_document(new, kind="pdf", pages=[1, 2, 3])
+    created = db.create_document(new, kind="pdf", pages=[1, 2, 3])
     assert len(created.job_ids) == 3
 
     # When one job is claimed twice
-    first = storage.claim_job(created.job_ids[0], lease_seconds=60, max_attempts=3)
-    second = storage.claim_job(created.job_ids[0], lease_seconds=60, max_attempts=3)
+    first = db.claim_job(created.job_ids[0], lease_seconds=60, max_attempts=3)
+    second = db.claim_job(created.job_ids[0], lease_seconds=60, max_attempts=3)
 
     # Then the first claim takes it and the second finds it taken
     assert first is not None

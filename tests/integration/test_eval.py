@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.documents import DocumentKind, extract_text_layer, render_page
+from pagescribe.sources import DocumentKind, extract_text_layer, render_page
 
 from tests.fakes.chat_server import FakeChatServer, Ok
 from tests.support.commands import command_environment, pagescribe

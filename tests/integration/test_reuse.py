@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from pagescribe.tenancy import create_key
 from sqlalchemy import text
 
@@ -27,13 +27,13 @@ def call(method: str, path: str, body: Any, headers: dict[str, str]) -> tuple[in
     return response["statusCode"], json.loads(response["body"])
 
 
-def documents(storage: Storage) -> int:
-    with storage.engine.connect() as conn:
+def documents(db: Database) -> int:
+    with db.engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM documents")).scalar_one())
 
 
 def test_the_same_bytes_uploaded_again_reuse_the_transcript_without_a_model_call(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a 4-page PDF transcribed once
     source = corpus / "pdflatex-4-pages.pdf"
@@ -55,7 +55,7 @@ def test_the_same_bytes_uploaded_again_reuse_the_transcript_without_a_model_call
 
 
 def test_a_changed_request_or_an_opt_out_transcribes_again(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a page transcribed once by the stack's model, and callers who may name another
     monkeypatch.setenv("ALLOWED_MODELS", "test/vision-model,test/other-model")
@@ -81,10 +81,10 @@ def test_a_changed_request_or_an_opt_out_transcribes_again(
 
 
 def test_another_tenants_identical_file_is_not_reused(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a file transcribed for tenant acme
-    create_key(storage, "acme")
+    create_key(db, "acme")
     image = (corpus / "smile.png").read_bytes()
     pipeline.upload("uploads/acme/scan.png", image)
     pipeline.run_until_idle()
@@ -97,7 +97,7 @@ def test_another_tenants_identical_file_is_not_reused(
     assert other["status"] == "PROCESSING" and fake_provider.calls == 2
 
 
-def test_an_idempotency_key_gives_its_first_answer_again(pipeline: Pipeline, storage: Storage) -> None:
+def test_an_idempotency_key_gives_its_first_answer_again(pipeline: Pipeline, db: Database) -> None:
     # Given a client that sends POST /documents, times out, and sends it again with the same Idempotency-Key
     body = {"filename": "a.pdf", "content_type": "application/pdf", "pages": "1-2"}
     first = call("POST", "/documents", body, {"Idempotency-Key": "order-42"})
@@ -105,11 +105,11 @@ def test_an_idempotency_key_gives_its_first_answer_again(pipeline: Pipeline, sto
 
     # Then both answers are the first one, and there is one document
     assert first[0] == again[0] == 201 and first[1] == again[1]
-    assert documents(storage) == 1
+    assert documents(db) == 1
     # And the same key with another request is refused, naming the header; a new key makes a new document
     changed = call("POST", "/documents", {**body, "pages": "3"}, {"Idempotency-Key": "order-42"})
     assert changed[0] == 422 and "Idempotency-Key" in json.dumps(changed[1])
     assert (
         call("POST", "/documents", body, {"Idempotency-Key": "order-43"})[1]["document_id"] != first[1]["document_id"]
     )
-    assert documents(storage) == 2
+    assert documents(db) == 2

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.database import Database
 from pagescribe.domain import RateBucket
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Ok, Status
@@ -36,8 +36,8 @@ def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
     get_settings.cache_clear()
 
 
-def rows(storage: Storage, sql: str, **params: Any) -> list[Any]:
-    with storage.engine.connect() as conn:
+def rows(db: Database, sql: str, **params: Any) -> list[Any]:
+    with db.engine.connect() as conn:
         return list(conn.execute(text(sql), params).mappings())
 
 
@@ -69,22 +69,22 @@ def deliver(
     raise AssertionError(f"not done after {max_rounds} rounds")
 
 
-def finished(storage: Storage, document_id: str) -> Callable[[], bool]:
+def finished(db: Database, document_id: str) -> Callable[[], bool]:
     def check() -> bool:
-        document = storage.get_document(document_id)
+        document = db.get_document(document_id)
         return document is not None and document.finished_at is not None
 
     return check
 
 
-def seed_price(pipeline: Pipeline, storage: Storage, corpus: Path) -> None:
+def seed_price(pipeline: Pipeline, db: Database, corpus: Path) -> None:
     """One page transcribed earlier, so the model's price (PRICE) is known."""
     [seed] = pipeline.upload("uploads/seed.png", corpus / "smile.png")["documents"]
-    deliver(pipeline, until=finished(storage, seed["document_id"]))
+    deliver(pipeline, until=finished(db, seed["document_id"]))
 
 
 def test_a_429_pauses_every_environment_including_processes_that_never_saw_it(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the governor on, two one-page documents queued, and a provider whose next answer is a 429 for 120 s
     configure(monkeypatch, RATE_LIMIT_RPM="600")
@@ -102,20 +102,20 @@ def test_a_429_pauses_every_environment_including_processes_that_never_saw_it(
 
     # Then the second one makes no call: its page waits out the pause in the queue, its attempt given back
     assert answer["batchItemFailures"] == [] and fake_provider.calls == 1
-    jobs = rows(storage, "SELECT status, attempts, error, extract(epoch FROM available_at - now()) AS due_in FROM jobs")
+    jobs = rows(db, "SELECT status, attempts, error, extract(epoch FROM available_at - now()) AS due_in FROM jobs")
     assert [(j["status"], j["attempts"]) for j in jobs] == [("QUEUED", 0), ("QUEUED", 0)]
     assert all(re.match(r"held back (1[01][0-9]|120) s before its model call", j["error"]) for j in jobs), jobs
     assert any("paused" in j["error"] for j in jobs), jobs  # the one that never saw the 429
     assert all(100 < j["due_in"] <= 120 for j in jobs), jobs
-    [bucket] = rows(storage, "SELECT extract(epoch FROM paused_until - now()) AS pause FROM rate_buckets")
+    [bucket] = rows(db, "SELECT extract(epoch FROM paused_until - now()) AS pause FROM rate_buckets")
     assert 100 < bucket["pause"] <= 120
     # And the 429 is recorded as a call, with its status
-    [attempt] = rows(storage, "SELECT outcome, status_code, cost FROM attempts")
+    [attempt] = rows(db, "SELECT outcome, status_code, cost FROM attempts")
     assert dict(attempt) == {"outcome": "RATE_LIMITED", "status_code": 429, "cost": None}
 
 
 def test_pages_beyond_the_rate_wait_for_their_reserved_slot_in_the_queue_then_call_without_another_token(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the governor at 60 calls a minute (one a second) and a 4-page document's pages in one batch
     configure(monkeypatch, RATE_LIMIT_RPM="60")
@@ -128,7 +128,7 @@ def test_pages_beyond_the_rate_wait_for_their_reserved_slot_in_the_queue_then_ca
     # Then one page calls; the others reserve the next slots and go back to the queue, each due at its slot
     assert answer["batchItemFailures"] == [] and fake_provider.calls == 1
     waiting = rows(
-        storage,
+        db,
         "SELECT attempts, extract(epoch FROM rate_slot_at) AS slot,"
         " extract(epoch FROM available_at - rate_slot_at) AS after_slot FROM jobs WHERE status = 'QUEUED'"
         " ORDER BY rate_slot_at",
@@ -137,27 +137,27 @@ def test_pages_beyond_the_rate_wait_for_their_reserved_slot_in_the_queue_then_ca
     slots = [float(j["slot"]) for j in waiting]
     assert [round(later - earlier, 3) for earlier, later in itertools.pairwise(slots)] == [1.0, 1.0]
     assert all(0 <= j["after_slot"] < 2 for j in waiting)  # due at its slot, rounded up to whole seconds (SQS)
-    [bucket] = rows(storage, "SELECT requests FROM rate_buckets")
+    [bucket] = rows(db, "SELECT requests FROM rate_buckets")
     assert bucket["requests"] < -1.5  # three slots reserved ahead
 
     # When the deferred pages come back at their slots
-    deliver(pipeline, until=finished(storage, document["document_id"]))
+    deliver(pipeline, until=finished(db, document["document_id"]))
 
     # Then each calls once, taking nothing more from the bucket, and the document completes
     assert fake_provider.calls == 4
-    assert [(j["status"], j["attempts"]) for j in rows(storage, "SELECT status, attempts FROM jobs")] == [
+    assert [(j["status"], j["attempts"]) for j in rows(db, "SELECT status, attempts FROM jobs")] == [
         ("COMPLETED", 1)
     ] * 4
-    assert rows(storage, "SELECT count(*) AS n FROM attempts")[0]["n"] == 4
+    assert rows(db, "SELECT count(*) AS n FROM attempts")[0]["n"] == 4
 
 
-def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(storage: Storage) -> None:
+def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(db: Database) -> None:
     # Given a bucket of 0.6 calls a minute (a slot every 100 s), burst 1
     bucket = RateBucket("fake", requests_per_minute=0.6, tokens_per_minute=0, burst=1)
 
     # When four calls ask in a row
-    grants = [storage.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(3)]
-    prepaid = storage.take_rate_slot(bucket, "m", prepaid=True, max_wait=899)
+    grants = [db.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(3)]
+    prepaid = db.take_rate_slot(bucket, "m", prepaid=True, max_wait=899)
 
     # Then the first starts now, the next two reserve slots 100 s and 200 s ahead, and a page back for its slot
     # takes nothing
@@ -166,13 +166,13 @@ def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(
     assert 190 < grants[2].wait <= 200 and grants[2].reserved
     assert prepaid.wait == 0 and not prepaid.reserved
     # And a slot further away than SQS can delay is not reserved
-    far = [storage.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(8)]
+    far = [db.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(8)]
     assert not far[-1].reserved and far[-1].wait > 899
 
     # When a 429 opens a 30 s pause on another model's bucket
-    storage.take_rate_slot(bucket, "other", prepaid=False, max_wait=899)
-    storage.pause_rate_bucket(bucket, "other", 30)
-    paused = storage.take_rate_slot(bucket, "other", prepaid=True, max_wait=899)
+    db.take_rate_slot(bucket, "other", prepaid=False, max_wait=899)
+    db.pause_rate_bucket(bucket, "other", 30)
+    paused = db.take_rate_slot(bucket, "other", prepaid=True, max_wait=899)
 
     # Then even a page holding a slot waits for the pause, and nothing is reserved meanwhile
     assert paused.paused and not paused.reserved and 20 < paused.wait <= 30
@@ -192,13 +192,13 @@ def status(document_id: str) -> dict[str, Any]:
 
 
 def test_a_capped_document_spends_exactly_what_the_provider_reported_and_no_call_starts_after_its_cap(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a provider reporting PRICE per call, no history yet: the estimate is unknown
     fake_provider.set_default(Ok(cost=PRICE))
     unknown = create({"filename": "a.pdf", "content_type": "application/pdf", "pages": "1-4"})["estimate"]
     assert (unknown["cost_per_page_usd"], unknown["cost_usd"]) == (None, None) and "unknown" in unknown["basis"]
-    seed_price(pipeline, storage, corpus)
+    seed_price(pipeline, db, corpus)
 
     # When a 4-page document capped at 2.5 pages' worth is created (its estimate now known) and uploaded
     created = create(
@@ -209,7 +209,7 @@ def test_a_capped_document_spends_exactly_what_the_provider_reported_and_no_call
     calls_before = fake_provider.calls
 
     # ... and every batch is delivered three times at once, to three environments
-    deliver(pipeline, until=finished(storage, created["document_id"]), environments=3)
+    deliver(pipeline, until=finished(db, created["document_id"]), environments=3)
 
     # Then two pages were paid for, exactly what the provider reported, and no call started after the cap
     assert fake_provider.calls - calls_before == 2
@@ -228,7 +228,7 @@ def test_a_capped_document_spends_exactly_what_the_provider_reported_and_no_call
 @pytest.mark.parametrize("whose", ["stack", "tenant"])
 def test_a_tenants_daily_budget_skips_the_pages_beyond_it(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -241,26 +241,26 @@ def test_a_tenants_daily_budget_skips_the_pages_beyond_it(
         configure(monkeypatch, DAILY_BUDGET_USD=str(3.5 * PRICE))
     else:
         configure(monkeypatch, DAILY_BUDGET_USD="100")
-        assert storage.set_daily_budget("default", 3.5 * PRICE)
-    seed_price(pipeline, storage, corpus)
+        assert db.set_daily_budget("default", 3.5 * PRICE)
+    seed_price(pipeline, db, corpus)
 
     # When a 4-page document is transcribed
     [document] = pipeline.upload("uploads/report.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
-    deliver(pipeline, until=finished(storage, document["document_id"]))
+    deliver(pipeline, until=finished(db, document["document_id"]))
 
     # Then the calls stop where the day's spend would pass the budget, and the rest are skipped, saying why
     assert fake_provider.calls == 3
-    [day] = rows(storage, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
+    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
     assert float(day["spent_usd"]) == pytest.approx(3 * PRICE) and day["calls"] == 3
-    document_row = storage.get_document(document["document_id"])
+    document_row = db.get_document(document["document_id"])
     assert document_row is not None and document_row.status == "PARTIAL"
     assert document_row.error is not None and "daily budget" in document_row.error
-    jobs = rows(storage, "SELECT status FROM jobs WHERE document_id = :d", d=document["document_id"])
+    jobs = rows(db, "SELECT status FROM jobs WHERE document_id = :d", d=document["document_id"])
     assert sorted(j["status"] for j in jobs) == ["COMPLETED", "COMPLETED", "SKIPPED", "SKIPPED"]
 
 
 def test_every_call_counts_in_the_totals_whatever_became_of_it(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a provider that refuses a request, fails one for a moment (retried within the call), answers one page,
     # apologises instead of reading another, then refuses every request
@@ -274,18 +274,16 @@ def test_every_call_counts_in_the_totals_whatever_became_of_it(
 
     # When a 4-page document is transcribed
     [document] = pipeline.upload("uploads/report.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
-    deliver(pipeline, until=finished(storage, document["document_id"]))
+    deliver(pipeline, until=finished(db, document["document_id"]))
 
     # Then every request is recorded as a call, the failed ones too (the one retried within its call as well), and
     # the document's and the tenant's totals are their sum
-    outcomes = sorted(
-        (r["outcome"], r["status_code"]) for r in rows(storage, "SELECT outcome, status_code FROM attempts")
-    )
+    outcomes = sorted((r["outcome"], r["status_code"]) for r in rows(db, "SELECT outcome, status_code FROM attempts"))
     assert outcomes == [("ERROR", 400), ("ERROR", 400), ("ERROR", 503), ("KEPT", None), ("REJECTED", None)]
     assert fake_provider.calls == 5
-    described = storage.spend(document["document_id"])
+    described = db.spend(document["document_id"])
     assert described.calls == 5 and described.cost == pytest.approx(5 * PRICE)
-    [day] = rows(storage, "SELECT spent_usd, calls FROM tenant_days")
+    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days")
     assert float(day["spent_usd"]) == pytest.approx(5 * PRICE) and day["calls"] == 5
     _, transcript = pipeline.transcript(document["document_id"])
     errors = [a for page in transcript["pages"] for a in page["attempts"] if a["outcome"] == "ERROR"]

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.database import Database
 from pagescribe.domain import PageOutcome
 from pagescribe.handlers import api as api_app
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from pagescribe_local.stack import SCHEDULED_EVENT, UPLOAD_INVOCATIONS, LambdaService, LocalResources
 from sqlalchemy import text
 
@@ -45,7 +45,7 @@ def _reconfigure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
 
 def test_a_worker_killed_mid_call_is_recovered_and_the_page_completed(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -63,7 +63,7 @@ def test_a_worker_killed_mid_call_is_recovered_and_the_page_completed(
     assert fake_provider.calls == 1, "the worker never reached the model"
     worker.send_signal(signal.SIGKILL)
     worker.wait()
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "PROCESSING"
     # And the lease runs out, and the sweeper runs
     time.sleep(max(0.0, (page["lease_expires_at"].timestamp() - time.time())) + 0.5)
@@ -72,14 +72,14 @@ def test_a_worker_killed_mid_call_is_recovered_and_the_page_completed(
     # Then the page went back to the queue and was sent again, and the next delivery completes it
     assert report["leases_requeued"] == 1 and report["jobs_sent"] == 1
     pipeline.run_until_idle()
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["attempts"] == 2
     _, js = pipeline.transcript(doc["document_id"])
     assert js["status"] == "COMPLETED"
 
 
 def test_jobs_whose_send_failed_are_sent_by_the_sweeper(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a document recorded while SQS refused every send (the queue was gone)
     attributes = pipeline.sqs.get_queue_attributes(QueueUrl=pipeline.queue_url, AttributeNames=["All"])
@@ -93,13 +93,13 @@ def test_jobs_whose_send_failed_are_sent_by_the_sweeper(
     report = pipeline.sweep()
     # Then every job is sent once and stamped, and the pipeline completes the document
     assert report["jobs_sent"] == 4
-    assert all(p["enqueued_at"] is not None for p in page_rows(storage, doc["document_id"]))
+    assert all(p["enqueued_at"] is not None for p in page_rows(db, doc["document_id"]))
     pipeline.run_until_idle()
-    assert [p["status"] for p in page_rows(storage, doc["document_id"])] == ["COMPLETED"] * 4
+    assert [p["status"] for p in page_rows(db, doc["document_id"])] == ["COMPLETED"] * 4
     assert fake_provider.calls == 4
 
 
-def test_two_concurrent_sweepers_never_send_a_job_twice(pipeline: Pipeline, storage: Storage, corpus: Path) -> None:
+def test_two_concurrent_sweepers_never_send_a_job_twice(pipeline: Pipeline, db: Database, corpus: Path) -> None:
     # Given 200 jobs whose messages were lost
     name = pipeline.queue_url.rsplit("/", 1)[1]
     pipeline.sqs.delete_queue(QueueUrl=pipeline.queue_url)
@@ -117,16 +117,16 @@ def test_two_concurrent_sweepers_never_send_a_job_twice(pipeline: Pipeline, stor
 
 
 def test_a_lease_expired_on_the_last_attempt_fails_the_page_and_finishes_the_document(
-    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _reconfigure(monkeypatch, MAX_ATTEMPTS="1")
     [doc] = pipeline.upload("uploads/last.png", corpus / "smile.png")["documents"]
-    [page] = page_rows(storage, doc["document_id"])
-    job = storage.claim_job(str(page["id"]), lease_seconds=0.2, max_attempts=1)
+    [page] = page_rows(db, doc["document_id"])
+    job = db.claim_job(str(page["id"]), lease_seconds=0.2, max_attempts=1)
     assert job is not None
     time.sleep(0.5)
     report = pipeline.sweep()
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert report["leases_failed"] == 1 and page["status"] == "FAILED"
     assert "attempts exhausted (1 of 1)" in page["error"]
     _, js = pipeline.transcript(doc["document_id"])
@@ -134,16 +134,16 @@ def test_a_lease_expired_on_the_last_attempt_fails_the_page_and_finishes_the_doc
 
 
 def test_a_document_whose_finisher_died_is_finished(
-    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a document whose every page completed, but whose finishing invocation died before writing
     _reconfigure(monkeypatch, FINISH_GRACE_SECONDS="0")
     [doc] = pipeline.upload("uploads/orphan.png", corpus / "smile.png")["documents"]
-    [page] = page_rows(storage, doc["document_id"])
-    job = storage.claim_job(str(page["id"]), lease_seconds=60, max_attempts=3)
+    [page] = page_rows(db, doc["document_id"])
+    job = db.claim_job(str(page["id"]), lease_seconds=60, max_attempts=3)
     assert job is not None
     outcome = PageOutcome("hello", "stop", 1, 1, 0.0, "m", "fake", "gen-9")
-    progress = storage.complete_job(job, outcome)
+    progress = db.complete_job(job, outcome)
     assert progress is not None and progress.all_pages_done
     # When the sweeper runs
     report = pipeline.sweep()
@@ -155,7 +155,7 @@ def test_a_document_whose_finisher_died_is_finished(
 
 
 def test_an_upload_the_function_gave_up_on_becomes_a_failed_document_not_a_lost_one(
-    pipeline: Pipeline, storage: Storage, database_url: str, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, database_url: str, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given an S3 notification for an upload, delivered as Lambda delivers asynchronous events (three tries, then
     # the on-failure destination), while the upload function cannot reach its database
@@ -189,7 +189,7 @@ def test_an_upload_the_function_gave_up_on_becomes_a_failed_document_not_a_lost_
 
     # Then the upload is a FAILED document that says the function gave up and why, and the record is gone
     assert report["uploads_failed"] == 1
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         row = conn.execute(text("SELECT status, error, object_key FROM documents")).mappings().one()
     assert (row["status"], row["object_key"]) == ("FAILED", "uploads/during the outage.pdf")
     assert "the upload function failed on this file and gave up (RetriesExhausted: OperationalError" in row["error"]
@@ -199,7 +199,7 @@ def test_an_upload_the_function_gave_up_on_becomes_a_failed_document_not_a_lost_
 
 
 def test_a_document_whose_file_never_arrives_ends_failed_and_a_late_file_is_refused(
-    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a document created through the API whose upload URL has expired, and the grace after it gone by
     _reconfigure(monkeypatch, UPLOAD_URL_EXPIRY_SECONDS="60", UPLOAD_GRACE_SECONDS="30")
@@ -208,7 +208,7 @@ def test_a_document_whose_file_never_arrives_ends_failed_and_a_late_file_is_refu
         LambdaContext(29),
     )
     document_id = json.loads(created["body"])["document_id"]
-    with storage.engine.begin() as conn:  # the clock moves on: the document was created 91 s ago
+    with db.engine.begin() as conn:  # the clock moves on: the document was created 91 s ago
         conn.execute(
             text("UPDATE documents SET created_at = now() - interval '91 seconds' WHERE id = :id"), {"id": document_id}
         )
@@ -218,14 +218,14 @@ def test_a_document_whose_file_never_arrives_ends_failed_and_a_late_file_is_refu
 
     # Then the document is FAILED, saying that the upload never arrived
     assert report["uploads_expired"] == 1
-    document = storage.get_document(document_id)
+    document = db.get_document(document_id)
     assert document is not None and document.status.value == "FAILED"
     assert "the upload never arrived" in (document.error or "")
 
     # And a file PUT under its key afterwards is refused: no second, hidden document is made of it
     [late] = pipeline.upload(f"uploads/{document_id}/late.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
     assert late["status"] == "REFUSED" and late["document_id"] == document_id
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
     assert pipeline.receive_all() == []
 

@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 
 import boto3
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import Settings, get_settings
-from pagescribe.storage import Storage
 from pagescribe.tenancy import KeyRefused, KeyRing, create_key, key_hash
 from sqlalchemy import text
 
@@ -45,14 +45,14 @@ def call(method: str, path: str, key: str | None, body: Any = None) -> tuple[int
 
 
 @pytest.fixture
-def tenants(pipeline: Pipeline, storage: Storage, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def tenants(pipeline: Pipeline, db: Database, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The operator's API_KEY, and a key each for tenants acme and globex (looked up afresh on every request)."""
     monkeypatch.setenv("API_KEY", OPERATOR_KEY)
     monkeypatch.setenv("API_KEY_CACHE_SECONDS", "0")
     monkeypatch.setenv("CALLBACK_ALLOW_PRIVATE_NETWORKS", "true")
     shutdown_runtime()
     get_settings.cache_clear()
-    return {tenant: create_key(storage, tenant)[1] for tenant in ("acme", "globex")}
+    return {tenant: create_key(db, tenant)[1] for tenant in ("acme", "globex")}
 
 
 def upload(pipeline: Pipeline, created: dict[str, Any], data: bytes) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def upload(pipeline: Pipeline, created: dict[str, Any], data: bytes) -> dict[str
 
 
 def test_a_tenant_cannot_read_retry_or_see_another_tenants_documents(
-    pipeline: Pipeline, storage: Storage, tenants: dict[str, str], corpus: Path
+    pipeline: Pipeline, db: Database, tenants: dict[str, str], corpus: Path
 ) -> None:
     # Given a document of acme's, uploaded and transcribed, under acme's own prefix
     code, created = call("POST", "/documents", tenants["acme"], {"filename": "a.png", "content_type": "image/png"})
@@ -95,13 +95,13 @@ def test_a_tenant_cannot_read_retry_or_see_another_tenants_documents(
     assert call("GET", f"/documents/{document_id}", tenants["acme"])[0] == 200
     assert call("GET", f"/documents/{document_id}/transcript", tenants["acme"])[0] == 200
     assert call("GET", f"/documents/{document_id}", OPERATOR_KEY)[0] == 404
-    document = storage.get_document(document_id)
+    document = db.get_document(document_id)
     assert document is not None and document.tenant_id == "acme"
 
 
 def test_a_revoked_key_is_refused_and_keys_are_stored_only_hashed(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     tenants: dict[str, str],
     database_url: str,
     tmp_path: Path,
@@ -128,14 +128,14 @@ def test_a_revoked_key_is_refused_and_keys_are_stored_only_hashed(
     )
     assert call("GET", "/documents/00000000-0000-0000-0000-000000000000", tenants["globex"])[0] == 404
     # And neither key is anywhere in the database: only their hashes and labels
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         dump = json.dumps([list(map(str, row)) for row in conn.execute(text("SELECT * FROM api_keys"))])
     assert all(key not in dump and key[12:] not in dump for key in tenants.values())
     assert listed.stdout.count("\t") and all(key not in listed.stdout for key in tenants.values())
 
 
 def test_keys_create_shows_the_key_once_and_adds_it_to_the_usage_plan(
-    pipeline: Pipeline, storage: Storage, database_url: str, tmp_path: Path, fake_provider: FakeChatServer
+    pipeline: Pipeline, db: Database, database_url: str, tmp_path: Path, fake_provider: FakeChatServer
 ) -> None:
     # Given the stack's API Gateway usage plan (moto's)
     gateway = boto3.client("apigateway")
@@ -149,7 +149,7 @@ def test_keys_create_shows_the_key_once_and_adds_it_to_the_usage_plan(
     assert made.returncode == 0, made.stderr
     printed = json.loads(made.stdout)
     assert printed["tenant"] == "initech" and printed["api_key"].startswith("psk_")
-    assert storage.find_api_key(key_hash(printed["api_key"])) == ("initech", False)
+    assert db.find_api_key(key_hash(printed["api_key"])) == ("initech", False)
     keys = gateway.get_usage_plan_keys(usagePlanId=plan)["items"]
     assert [k["value"] for k in keys] == [printed["api_key"]]
     # And a tenant id that is not one is refused, naming it
@@ -166,10 +166,10 @@ def test_keys_create_shows_the_key_once_and_adds_it_to_the_usage_plan(
     ],
 )
 def test_a_file_put_straight_into_the_bucket_belongs_to_the_tenant_its_prefix_names(
-    pipeline: Pipeline, storage: Storage, tenants: dict[str, str], corpus: Path, key: str, tenant: str
+    pipeline: Pipeline, db: Database, tenants: dict[str, str], corpus: Path, key: str, tenant: str
 ) -> None:
     [document] = pipeline.upload(key, corpus / "smile.png")["documents"]
-    record = storage.get_document(document["document_id"])
+    record = db.get_document(document["document_id"])
     assert record is not None and record.tenant_id == tenant
 
 
@@ -198,7 +198,7 @@ def receiver() -> Iterator[tuple[str, type[_Receiver]]]:
 
 def test_callbacks_are_signed_with_the_tenants_own_rotatable_secret(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     tenants: dict[str, str],
     corpus: Path,
     receiver: tuple[str, type[_Receiver]],
@@ -231,15 +231,15 @@ def test_callbacks_are_signed_with_the_tenants_own_rotatable_secret(
     assert code == 422 and "callback_url" in json.dumps(refused)
 
 
-def test_a_revoked_key_is_refused_once_its_cached_answer_runs_out(storage: Storage) -> None:
+def test_a_revoked_key_is_refused_once_its_cached_answer_runs_out(db: Database) -> None:
     # Given a warm environment that looked a key up a moment ago and keeps answers 30 s
     now = [1000.0]
-    ring = KeyRing(Settings(api_key_cache_seconds=30, tenant_keys_only=True), storage, clock=lambda: now[0])
-    key_id, key = create_key(storage, "acme")
+    ring = KeyRing(Settings(api_key_cache_seconds=30, tenant_keys_only=True), db, clock=lambda: now[0])
+    key_id, key = create_key(db, "acme")
     assert ring.tenant_for(key) == "acme"
 
     # When the key is revoked
-    storage.revoke_api_key(key_id)
+    db.revoke_api_key(key_id)
 
     # Then the environment refuses it once the 30 s are up, and never an unknown or missing key
     now[0] += 31

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.documents import DocumentKind, render_page
+from pagescribe.database import Database
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
+from pagescribe.sources import DocumentKind, render_page
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok, Status, Truncated, expected_text
@@ -39,7 +39,7 @@ def _expected_texts(path: Path, kind: DocumentKind, pages: int) -> list[str]:
 
 
 def test_a_multi_page_pdf_goes_end_to_end(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a 4-page PDF dropped into uploads/
     source = corpus / "pdflatex-4-pages.pdf"
@@ -47,7 +47,7 @@ def test_a_multi_page_pdf_goes_end_to_end(
     # When the queue is drained through the transcribe function
     pipeline.run_until_idle()
     # Then every page is COMPLETED with what the model said for that very page, in order
-    pages = page_rows(storage, doc["document_id"])
+    pages = page_rows(db, doc["document_id"])
     expected = _expected_texts(source, DocumentKind.PDF, 4)
     assert [p["status"] for p in pages] == ["COMPLETED"] * 4
     assert [p["result_text"] for p in pages] == expected
@@ -63,7 +63,7 @@ def test_a_multi_page_pdf_goes_end_to_end(
     assert [p["page"] for p in js["pages"]] == [1, 2, 3, 4]
     assert [p["text"] for p in js["pages"]] == expected
     assert js["status"] == "COMPLETED" and js["cost"] > 0
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         row = conn.execute(
             text("SELECT status, transcript_key FROM documents WHERE id = :id"), {"id": doc["document_id"]}
         ).one()
@@ -71,7 +71,7 @@ def test_a_multi_page_pdf_goes_end_to_end(
 
 
 def test_three_concurrent_deliveries_of_each_message_make_one_model_call_per_page(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a 4-page document whose messages are each delivered three times, to three invocations at once
     [doc] = pipeline.upload("uploads/dups.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
@@ -83,8 +83,8 @@ def test_three_concurrent_deliveries_of_each_message_make_one_model_call_per_pag
     assert all(r["batchItemFailures"] == [] for r in responses)
     # Then each page was transcribed by exactly one model call and completed once
     assert fake_provider.calls == 4
-    assert [p["status"] for p in page_rows(storage, doc["document_id"])] == ["COMPLETED"] * 4
-    assert all(p["attempts"] == 1 for p in page_rows(storage, doc["document_id"]))
+    assert [p["status"] for p in page_rows(db, doc["document_id"])] == ["COMPLETED"] * 4
+    assert all(p["attempts"] == 1 for p in page_rows(db, doc["document_id"]))
     # And late duplicates, after completion, are acknowledged without a call
     late = pipeline.invoke_transcribe(
         {"Records": [sqs_record_for_body(m["Body"], pipeline.queue_arn) for m in messages]}
@@ -93,7 +93,7 @@ def test_three_concurrent_deliveries_of_each_message_make_one_model_call_per_pag
 
 
 def test_warm_invocations_reuse_one_provider_connection(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given four pages, delivered one message per invocation
     pipeline.upload("uploads/warm.pdf", corpus / "pdflatex-4-pages.pdf")
@@ -108,7 +108,7 @@ def test_warm_invocations_reuse_one_provider_connection(
 
 
 def test_a_hanging_provider_is_cut_off_at_the_budget_and_the_page_goes_back(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a provider that never answers and an invocation with 12 s left (reserve 5 s → budget 7 s)
     [doc] = pipeline.upload("uploads/hang.png", corpus / "smile.png")["documents"]
@@ -123,7 +123,7 @@ def test_a_hanging_provider_is_cut_off_at_the_budget_and_the_page_goes_back(
     assert context.get_remaining_time_in_millis() > 1000
     assert response["batchItemFailures"] == []
     # And the page is back in the queue: QUEUED, one attempt used, the reason recorded, a message sent
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "QUEUED" and page["attempts"] == 1
     assert "budget" in page["error"] and page["enqueued_at"] is not None
     [again] = pipeline.receive_all()
@@ -131,36 +131,36 @@ def test_a_hanging_provider_is_cut_off_at_the_budget_and_the_page_goes_back(
 
 
 def test_a_page_that_cannot_get_a_useful_budget_is_not_claimed(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     [doc] = pipeline.upload("uploads/late.png", corpus / "smile.png")["documents"]
     [message] = pipeline.receive_all()
     # With 6 s left, less the 5 s reserve, only 1 s would remain for the call (minimum 2 s)
     response = pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=6)
     assert response["batchItemFailures"] == [{"itemIdentifier": message["MessageId"]}]
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("QUEUED", 0)
     assert fake_provider.calls == 0
 
 
 def test_rate_limits_are_retried_within_the_budget(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     [doc] = pipeline.upload("uploads/429.png", corpus / "smile.png")["documents"]
     fake_provider.script(Status(429, "slow down", retry_after="1"), Status(503, "overloaded"), Ok())
     pipeline.run_until_idle()
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["attempts"] == 1
     assert fake_provider.calls == 3
 
 
 def test_a_client_error_fails_the_page_with_the_providers_message(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     [doc] = pipeline.upload("uploads/400.png", corpus / "smile.png")["documents"]
     fake_provider.script(Status(400, "image too small for this model"))
     pipeline.run_until_idle()
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "FAILED" and "image too small for this model" in page["error"]
     assert fake_provider.calls == 1
     markdown, js = pipeline.transcript(doc["document_id"])
@@ -168,18 +168,18 @@ def test_a_client_error_fails_the_page_with_the_providers_message(
 
 
 def test_a_truncated_answer_is_a_failed_page_that_keeps_its_text(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     [doc] = pipeline.upload("uploads/long.png", corpus / "smile.png")["documents"]
     fake_provider.script(Truncated("the first half of the pa"))
     pipeline.run_until_idle()
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "FAILED" and "truncated" in page["error"]
     assert page["result_text"] == "the first half of the pa" and page["finish_reason"] == "length"
 
 
 def test_server_errors_past_max_attempts_fail_the_page(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a provider that is down for good and a budget too short to retry inside one call
     monkeypatch.setenv("PROVIDER_TIMEOUT_SECONDS", "2")
@@ -192,7 +192,7 @@ def test_server_errors_past_max_attempts_fail_the_page(
     # When the queue is drained (each failed attempt re-sends the page)
     pipeline.run_until_idle()
     # Then the page ends FAILED after three attempts, saying so, and the document is finished
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "FAILED" and page["attempts"] == 3
     assert "attempts exhausted (3 of 3)" in page["error"] and "bad gateway" in page["error"]
     _, js = pipeline.transcript(doc["document_id"])
@@ -206,7 +206,7 @@ def test_malformed_messages_are_rejected_without_looping(pipeline: Pipeline, fak
 
 
 def test_sigterm_closes_the_warm_environment_cleanly(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a warm environment that has transcribed a page (its provider connection and pool are open)
     pipeline.upload("uploads/warm.png", corpus / "smile.png")

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from sqlalchemy import text
 
 from tests.support.aws_events import LambdaContext
@@ -20,8 +20,8 @@ from tests.support.sqs_watch import SqsSendWatch
 pytestmark = pytest.mark.integration
 
 
-def _jobs(storage: Storage, document_id: str) -> list[tuple[int, str, bool]]:
-    with storage.engine.connect() as conn:
+def _jobs(db: Database, document_id: str) -> list[tuple[int, str, bool]]:
+    with db.engine.connect() as conn:
         rows = conn.execute(
             text(
                 "SELECT page_number, status, enqueued_at IS NOT NULL AS sent FROM jobs "
@@ -32,15 +32,15 @@ def _jobs(storage: Storage, document_id: str) -> list[tuple[int, str, bool]]:
     return [(r.page_number, r.status, r.sent) for r in rows]
 
 
-def _document(storage: Storage, document_id: str) -> tuple[str, str | None, int]:
-    with storage.engine.connect() as conn:
+def _document(db: Database, document_id: str) -> tuple[str, str | None, int]:
+    with db.engine.connect() as conn:
         row = conn.execute(
             text("SELECT status, error, page_count FROM documents WHERE id = :id"), {"id": document_id}
         ).one()
     return row.status, row.error, row.page_count
 
 
-def test_a_pdf_becomes_one_job_and_one_message_per_page(pipeline: Pipeline, storage: Storage, corpus: Path) -> None:
+def test_a_pdf_becomes_one_job_and_one_message_per_page(pipeline: Pipeline, db: Database, corpus: Path) -> None:
     # Given a 4-page PDF uploaded under a key with spaces, unicode and '+' (S3 URL-encodes it in the event)
     key = "uploads/Quarterly report + notes ü.pdf"
     # When the upload function receives the notification
@@ -48,7 +48,7 @@ def test_a_pdf_becomes_one_job_and_one_message_per_page(pipeline: Pipeline, stor
     # Then one document with four queued, sent jobs exists, under the decoded key
     [doc] = response["documents"]
     assert (doc["status"], doc["pages"], doc["messages_sent"], doc["key"]) == ("PROCESSING", 4, 4, key)
-    assert _jobs(storage, doc["document_id"]) == [(p, "QUEUED", True) for p in range(1, 5)]
+    assert _jobs(db, doc["document_id"]) == [(p, "QUEUED", True) for p in range(1, 5)]
     # And exactly one message per job is on the queue, each naming its job
     bodies = [json.loads(m["Body"]) for m in pipeline.receive_all()]
     assert sorted(b["page"] for b in bodies) == [1, 2, 3, 4]
@@ -56,15 +56,13 @@ def test_a_pdf_becomes_one_job_and_one_message_per_page(pipeline: Pipeline, stor
     assert len({b["job_id"] for b in bodies}) == 4
 
 
-def test_a_tiff_counts_frames_as_pages(pipeline: Pipeline, storage: Storage, corpus: Path) -> None:
+def test_a_tiff_counts_frames_as_pages(pipeline: Pipeline, db: Database, corpus: Path) -> None:
     [doc] = pipeline.upload("uploads/smile.tiff", corpus / "smile.tiff")["documents"]
     assert doc["status"] == "PROCESSING" and doc["pages"] >= 1
-    assert len(_jobs(storage, doc["document_id"])) == doc["pages"]
+    assert len(_jobs(db, doc["document_id"])) == doc["pages"]
 
 
-def test_the_same_object_delivered_twice_yields_one_document(
-    pipeline: Pipeline, storage: Storage, corpus: Path
-) -> None:
+def test_the_same_object_delivered_twice_yields_one_document(pipeline: Pipeline, db: Database, corpus: Path) -> None:
     # Given one S3 notification
     event = pipeline.put("uploads/twice.pdf", corpus / "minimal-document.pdf")
     # When S3 delivers it twice (at-least-once)
@@ -72,7 +70,7 @@ def test_the_same_object_delivered_twice_yields_one_document(
     second = upload_app.handler(event, LambdaContext(60))["documents"][0]
     # Then the second delivery is recognised and adds nothing
     assert second["status"] == "DUPLICATE" and second["document_id"] == first["document_id"]
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
     assert len(pipeline.receive_all()) == first["pages"]
 
@@ -95,7 +93,7 @@ def test_a_batch_of_records_is_handled_record_by_record(pipeline: Pipeline, corp
     ],
 )
 def test_hopeless_inputs_end_as_failed_documents_with_a_reason(
-    pipeline: Pipeline, storage: Storage, corpus: Path, name: str, content: bytes | str | None, reason: str
+    pipeline: Pipeline, db: Database, corpus: Path, name: str, content: bytes | str | None, reason: str
 ) -> None:
     if content is None:  # a real PDF cut off halfway
         whole = (corpus / "pdflatex-4-pages.pdf").read_bytes()
@@ -107,14 +105,14 @@ def test_hopeless_inputs_end_as_failed_documents_with_a_reason(
     # When the upload function sees the object, it does not raise (S3 would retry a hopeless input)
     [doc] = pipeline.upload(f"uploads/{name}", data)["documents"]
     # Then the document is FAILED with a reason that says what is wrong, and nothing was queued
-    status, error, pages = _document(storage, doc["document_id"])
+    status, error, pages = _document(db, doc["document_id"])
     assert status == "FAILED" and error is not None and reason in error.lower()
-    assert pages == 0 and _jobs(storage, doc["document_id"]) == []
+    assert pages == 0 and _jobs(db, doc["document_id"]) == []
     assert pipeline.receive_all() == []
 
 
 def test_limits_name_the_setting_and_the_value(
-    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MAX_PAGES", "2")
     monkeypatch.setenv("MAX_UPLOAD_BYTES", "50000")
@@ -129,15 +127,15 @@ def test_limits_name_the_setting_and_the_value(
     assert pipeline.receive_all() == []
 
 
-def test_objects_outside_uploads_are_ignored(pipeline: Pipeline, storage: Storage, corpus: Path) -> None:
+def test_objects_outside_uploads_are_ignored(pipeline: Pipeline, db: Database, corpus: Path) -> None:
     [doc] = pipeline.upload("transcripts/something.md", b"# not an upload")["documents"]
     assert doc["status"] == "IGNORED"
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 0
 
 
 def test_a_failed_send_leaves_the_jobs_queued_and_unsent(
-    pipeline: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a queue URL that SQS rejects (the queue is gone), so SendMessageBatch fails after the commit
     pipeline.sqs.delete_queue(QueueUrl=pipeline.queue_url)
@@ -145,12 +143,12 @@ def test_a_failed_send_leaves_the_jobs_queued_and_unsent(
     [doc] = pipeline.upload("uploads/lost.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
     # Then its jobs are recorded, QUEUED with no enqueued_at, for the sweeper to send
     assert doc["status"] == "PROCESSING" and doc["messages_sent"] == 0
-    assert _jobs(storage, doc["document_id"]) == [(p, "QUEUED", False) for p in range(1, 5)]
+    assert _jobs(db, doc["document_id"]) == [(p, "QUEUED", False) for p in range(1, 5)]
 
 
 def test_page_messages_are_sent_only_after_their_jobs_are_committed(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     corpus: Path,
     moto_endpoint: str,
     database_url: str,
@@ -165,8 +163,8 @@ def test_page_messages_are_sent_only_after_their_jobs_are_committed(
 
         # When a 4-page document is uploaded, and the sweeper sends again a job whose message was lost
         [doc] = pipeline.upload("uploads/committed.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
-        [first] = [row["id"] for row in page_rows(storage, doc["document_id"]) if row["page_number"] == 1]
-        with storage.engine.begin() as conn:
+        [first] = [row["id"] for row in page_rows(db, doc["document_id"]) if row["page_number"] == 1]
+        with db.engine.begin() as conn:
             conn.execute(
                 text("UPDATE jobs SET enqueued_at = NULL WHERE id = :id"),
                 {"id": first},

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from pagescribe.storage import Storage
+from pagescribe.database import Database
 from sqlalchemy import create_engine, text
 
 from tests.support.pipeline import REPO, Pipeline
@@ -44,22 +44,22 @@ def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str, inte
         time.sleep(interval)
 
 
-def jobs(storage: Storage, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
+def jobs(db: Database, job_ids: list[str] | None = None) -> list[dict[str, Any]]:
     """Job rows (all, or the named ones), ordered by document and page."""
     where, params = ("WHERE id = ANY(CAST(:ids AS uuid[]))", {"ids": job_ids}) if job_ids is not None else ("", {})
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         rows = conn.execute(text(f"SELECT * FROM jobs {where} ORDER BY document_id, page_number"), params).mappings()
         return [dict(r) for r in rows]
 
 
-def documents(storage: Storage) -> list[dict[str, Any]]:
-    with storage.engine.connect() as conn:
+def documents(db: Database) -> list[dict[str, Any]]:
+    with db.engine.connect() as conn:
         return [dict(r) for r in conn.execute(text("SELECT * FROM documents ORDER BY created_at")).mappings()]
 
 
-def wait_for_leases_to_expire(storage: Storage, job_ids: list[str]) -> None:
+def wait_for_leases_to_expire(db: Database, job_ids: list[str]) -> None:
     """Sleep until every named job's lease has run out by the database's clock (what the claim checks)."""
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         left = conn.execute(
             text(
                 "SELECT coalesce(max(extract(epoch FROM lease_expires_at - now())), 0) FROM jobs "

@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from sqlalchemy import text
 
 from tests.support.aws_events import LambdaContext, api_event
@@ -77,8 +77,8 @@ def call(
         return status, answer
 
 
-def _counts(storage: Storage) -> dict[str, int]:
-    with storage.engine.connect() as conn:
+def _counts(db: Database) -> dict[str, int]:
+    with db.engine.connect() as conn:
         tables = conn.execute(
             text("SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('documents', 'jobs')")
         ).scalar_one()
@@ -142,10 +142,10 @@ def test_the_key_header_name_is_case_insensitive_and_health_needs_none(api: Pipe
     ],
 )
 def test_oversized_bodies_are_refused_unread(
-    api: Pipeline, storage: Storage, size: int, key: str | None, status: int
+    api: Pipeline, db: Database, size: int, key: str | None, status: int
 ) -> None:
     # Given a body over the 64 KiB limit, most of it one huge prompt
-    before = _counts(storage)
+    before = _counts(db)
     body = json.dumps({**VALID, "prompt": "x" * size})
     # When it is POSTed
     code, answer = call("POST", "/documents", body=body, key=key)
@@ -153,7 +153,7 @@ def test_oversized_bodies_are_refused_unread(
     assert code == status
     if status == 413:
         assert answer == {"message": "the request body exceeds 65536 bytes"}
-    assert _counts(storage) == before
+    assert _counts(db) == before
 
 
 @pytest.mark.parametrize(
@@ -175,14 +175,14 @@ def test_oversized_bodies_are_refused_unread(
         pytest.param('{"filename": "\\ud800.pdf", "content_type": "application/pdf"}', id="lone-surrogate"),
     ],
 )
-def test_malformed_json_gets_422(api: Pipeline, storage: Storage, body: str) -> None:
+def test_malformed_json_gets_422(api: Pipeline, db: Database, body: str) -> None:
     # Given a body that is not a JSON object of the right shape
-    before = _counts(storage)
+    before = _counts(db)
     # When it is POSTed
     code, answer = call("POST", "/documents", body=body)
     # Then it is a 422 that says so, and nothing was created
     assert code == 422 and answer["message"].startswith("invalid request")
-    assert _counts(storage) == before
+    assert _counts(db) == before
 
 
 @pytest.mark.parametrize(
@@ -215,15 +215,15 @@ def test_malformed_json_gets_422(api: Pipeline, storage: Storage, body: str) -> 
     ],
 )
 def test_wrong_types_and_values_get_422_naming_the_field(
-    api: Pipeline, storage: Storage, body: dict[str, Any], field: str
+    api: Pipeline, db: Database, body: dict[str, Any], field: str
 ) -> None:
     # Given a JSON object with one field of the wrong type or an unacceptable value
-    before = _counts(storage)
+    before = _counts(db)
     # When it is POSTed
     code, answer = call("POST", "/documents", body=body)
     # Then the 422 names that field, and nothing was created
     assert code == 422 and answer["field"] == field, answer
-    assert _counts(storage) == before
+    assert _counts(db) == before
 
 
 @pytest.mark.parametrize(
@@ -237,15 +237,15 @@ def test_wrong_types_and_values_get_422_naming_the_field(
         {"filename ": "b.pdf"},
     ],
 )
-def test_extra_fields_are_refused_not_ignored(api: Pipeline, storage: Storage, extra: dict[str, Any]) -> None:
+def test_extra_fields_are_refused_not_ignored(api: Pipeline, db: Database, extra: dict[str, Any]) -> None:
     # Given a valid request with a field the API does not have (an attempt to choose an id, status, bucket, key)
-    before = _counts(storage)
+    before = _counts(db)
     # When it is POSTed
     code, answer = call("POST", "/documents", body={**VALID, **extra})
     # Then it is a 422 naming the field, and nothing was created
     [name] = extra
     assert code == 422 and answer["field"] == name
-    assert _counts(storage) == before
+    assert _counts(db) == before
 
 
 # Ids
@@ -253,11 +253,11 @@ def test_extra_fields_are_refused_not_ignored(api: Pipeline, storage: Storage, e
 
 @pytest.mark.parametrize("document_id", [str(uuid.uuid4()), *SQL_LOOKING, *NOT_UUIDS])
 def test_unknown_sql_looking_and_non_uuid_ids_get_404_and_touch_nothing(
-    api: Pipeline, storage: Storage, document_id: str
+    api: Pipeline, db: Database, document_id: str
 ) -> None:
     # Given a real document, so that a query that matched too much would show
     assert call("POST", "/documents", body=VALID)[0] == 201
-    before = _counts(storage)
+    before = _counts(db)
     # When every per-document route is asked about an id that names no document (raw and URL-encoded)
     answers = [
         call(method, f"/documents/{spelling}{suffix}")
@@ -267,10 +267,10 @@ def test_unknown_sql_looking_and_non_uuid_ids_get_404_and_touch_nothing(
     # Then each is a 404 (or, for an id the router cannot take, a 404 for the route), and the tables are intact
     assert {code for code, _ in answers} == {404}
     assert {answer["message"] for _, answer in answers} <= {"no document with this id", "no such route"}
-    assert _counts(storage) == before == {"tables": 2, "documents": 1, "jobs": 0}
+    assert _counts(db) == before == {"tables": 2, "documents": 1, "jobs": 0}
 
 
-def test_alternative_spellings_of_a_real_id_find_the_document_and_nothing_else(api: Pipeline, storage: Storage) -> None:
+def test_alternative_spellings_of_a_real_id_find_the_document_and_nothing_else(api: Pipeline, db: Database) -> None:
     # Given a document
     _, created = call("POST", "/documents", body=VALID)
     document_id = created["document_id"]
@@ -309,13 +309,13 @@ KEY_SHAPE = re.compile(r"^uploads/default/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0
     ],
 )
 def test_a_hostile_filename_becomes_a_safe_key_under_the_documents_own_prefix(
-    api: Pipeline, storage: Storage, filename: str, stored_name: str
+    api: Pipeline, db: Database, filename: str, stored_name: str
 ) -> None:
     # When a document is created with a filename that tries to leave its place
     code, created = call("POST", "/documents", body={"filename": filename, "content_type": "application/pdf"})
     # Then it is created, its key is exactly uploads/<its tenant>/<its id>/<one safe name>, within S3's key length limit
     assert code == 201
-    document = storage.get_document(created["document_id"])
+    document = db.get_document(created["document_id"])
     assert document is not None
     key = document.object_key
     assert key == f"uploads/default/{created['document_id']}/{stored_name}"
@@ -326,16 +326,14 @@ def test_a_hostile_filename_becomes_a_safe_key_under_the_documents_own_prefix(
 
 
 @pytest.mark.parametrize("filename", ["..", ".", "/", "../", "\\", "a/..", "\x00", " \t "])
-def test_a_filename_with_no_usable_name_gets_422(api: Pipeline, storage: Storage, filename: str) -> None:
-    before = _counts(storage)
+def test_a_filename_with_no_usable_name_gets_422(api: Pipeline, db: Database, filename: str) -> None:
+    before = _counts(db)
     code, answer = call("POST", "/documents", body={"filename": filename, "content_type": "application/pdf"})
     assert code == 422 and answer["field"] == "filename"
-    assert _counts(storage) == before
+    assert _counts(db) == before
 
 
-def test_sql_in_stored_fields_is_stored_as_text(
-    api: Pipeline, storage: Storage, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sql_in_stored_fields_is_stored_as_text(api: Pipeline, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given SQL-looking values in every free-text field (the model one allowed by an operator who allows anything)
     body = {**VALID, "model": "x'; DROP TABLE jobs; --", "prompt": "'); DELETE FROM documents; --"}
     monkeypatch.setenv("ALLOWED_MODELS", f"test/vision-model,{body['model']}")
@@ -347,9 +345,9 @@ def test_sql_in_stored_fields_is_stored_as_text(
     code, status = call("GET", f"/documents/{created['document_id']}")
     # Then the values are data, stored and returned verbatim, and the tables are all still there
     assert code == 200 and status["model"] == body["model"]
-    document = storage.get_document(created["document_id"])
+    document = db.get_document(created["document_id"])
     assert document is not None and document.prompt == body["prompt"]
-    assert _counts(storage) == {"tables": 2, "documents": 1, "jobs": 0}
+    assert _counts(db) == {"tables": 2, "documents": 1, "jobs": 0}
 
 
 # Routes and methods
@@ -377,20 +375,18 @@ def test_sql_in_stored_fields_is_stored_as_text(
         ("TRACE", "/health"),
     ],
 )
-def test_unknown_routes_and_wrong_methods_get_404_or_405(
-    api: Pipeline, storage: Storage, method: str, path: str
-) -> None:
+def test_unknown_routes_and_wrong_methods_get_404_or_405(api: Pipeline, db: Database, method: str, path: str) -> None:
     # Given a document, so that a route that did something would show
     assert call("POST", "/documents", body=VALID)[0] == 201
-    before = _counts(storage)
+    before = _counts(db)
     # When a route or method the API does not have is called (with the key, and a body)
     code, _ = call(method, path, body=VALID)
     # Then it is a 404 or 405, and nothing changed
     assert code in (404, 405)
-    assert _counts(storage) == before
+    assert _counts(db) == before
 
 
-def test_after_all_the_abuse_the_api_still_works(api: Pipeline, storage: Storage) -> None:
+def test_after_all_the_abuse_the_api_still_works(api: Pipeline, db: Database) -> None:
     # Given a barrage of the abuse above, in one warm execution environment
     for document_id in SQL_LOOKING + NOT_UUIDS:
         call("GET", f"/documents/{document_id}")
@@ -405,4 +401,4 @@ def test_after_all_the_abuse_the_api_still_works(api: Pipeline, storage: Storage
     assert call("GET", f"/documents/{created['document_id']}")[1]["status"] == "AWAITING_UPLOAD"
     assert call("GET", f"/documents/{created['document_id']}/transcript")[0] == 409
     assert call("POST", f"/documents/{created['document_id']}/retry")[0] == 409
-    assert _counts(storage) == {"tables": 2, "documents": 1, "jobs": 0}
+    assert _counts(db) == {"tables": 2, "documents": 1, "jobs": 0}

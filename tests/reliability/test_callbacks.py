@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import pytest
 from pagescribe.callbacks import MAX_ANSWER_BYTES, CallbackNotifier, public_address
+from pagescribe.database import Database
 from pagescribe.domain import NewDocument
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage
 from sqlalchemy import text
 
 pytestmark = pytest.mark.integration
@@ -98,15 +98,15 @@ def start(receivers: list[RawReceiver], answer: str) -> tuple[RawReceiver, str]:
     return receiver, f"http://{host}:{port}/hooks/pagescribe"
 
 
-def document_awaiting_callback(storage: Storage, url: str) -> str:
+def document_awaiting_callback(db: Database, url: str) -> str:
     """A finished document whose callback to ``url`` is due."""
-    created = storage.create_document(
+    created = db.create_document(
         NewDocument(bucket="b", object_key=f"uploads/{uuid.uuid4()}", etag="e", version_id="", size_bytes=1, model="m"),
         kind=None,
         pages=[],
         error="the file is empty (0 bytes)",
     )
-    with storage.engine.begin() as conn:
+    with db.engine.begin() as conn:
         conn.execute(
             text(
                 "UPDATE documents SET callback_url = :url, callback_status = 'PENDING', callback_attempts = 0, "
@@ -117,60 +117,58 @@ def document_awaiting_callback(storage: Storage, url: str) -> str:
     return created.document_id
 
 
-def callback_state(storage: Storage, document_id: str) -> tuple[str, str | None]:
-    document = storage.get_document(document_id)
+def callback_state(db: Database, document_id: str) -> tuple[str, str | None]:
+    document = db.get_document(document_id)
     assert document is not None
     return document.callback_status or "", document.callback_error
 
 
-def notifier(storage: Storage, **settings: object) -> CallbackNotifier:
+def notifier(db: Database, **settings: object) -> CallbackNotifier:
     return CallbackNotifier(
         Settings(callback_allow_private_networks=True, **settings),  # type: ignore[arg-type]
-        storage,
+        db,
         SECRET,
     )
 
 
-def test_a_huge_answer_is_read_to_64_kib_and_the_connection_dropped(
-    storage: Storage, receivers: list[RawReceiver]
-) -> None:
+def test_a_huge_answer_is_read_to_64_kib_and_the_connection_dropped(db: Database, receivers: list[RawReceiver]) -> None:
     # Given a receiver that answers 200 with an 800 MiB body
     receiver, url = start(receivers, "huge")
-    document_id = document_awaiting_callback(storage, url)
+    document_id = document_awaiting_callback(db, url)
 
     # When the callback is delivered
-    delivered = notifier(storage).deliver_due()
+    delivered = notifier(db).deliver_due()
 
     # Then it counts as delivered, and the receiver could send only what the socket buffers held before the
     # connection was dropped, a sliver of its 800 MiB
-    assert delivered == 1 and callback_state(storage, document_id) == ("DELIVERED", None)
+    assert delivered == 1 and callback_state(db, document_id) == ("DELIVERED", None)
     receiver.stop.set()
     assert receiver.body_bytes_sent < 64 << 20, receiver.body_bytes_sent
     assert MAX_ANSWER_BYTES == 64 * 1024
 
 
 def test_a_trickling_receiver_is_cut_off_at_the_deadline_and_delays_no_one_else(
-    storage: Storage, receivers: list[RawReceiver]
+    db: Database, receivers: list[RawReceiver]
 ) -> None:
     # Given a receiver that answers a byte a second, for ever (each read is within the per-step timeout), and
     # another document whose receiver answers at once
     _, slow_url = start(receivers, "trickle")
     fast, fast_url = start(receivers, "ok")
-    slow_document = document_awaiting_callback(storage, slow_url)
-    fast_document = document_awaiting_callback(storage, fast_url)
+    slow_document = document_awaiting_callback(db, slow_url)
+    fast_document = document_awaiting_callback(db, fast_url)
 
     # When one round delivers both
-    delivered = notifier(storage, callback_deadline_seconds=3.0, callback_timeout_seconds=5.0).deliver_due()
+    delivered = notifier(db, callback_deadline_seconds=3.0, callback_timeout_seconds=5.0).deliver_due()
 
     # Then the trickle is cut at the delivery's deadline, to be retried later, and the other was delivered
     assert delivered == 1
-    status, error = callback_state(storage, slow_document)
+    status, error = callback_state(db, slow_document)
     assert status == "PENDING" and error == "no complete answer within CALLBACK_DEADLINE_SECONDS=3", error
-    assert callback_state(storage, fast_document) == ("DELIVERED", None)
+    assert callback_state(db, fast_document) == ("DELIVERED", None)
     assert len(fast.requests) == 1
 
 
-def test_the_connection_goes_to_the_address_that_was_checked(storage: Storage, receivers: list[RawReceiver]) -> None:
+def test_the_connection_goes_to_the_address_that_was_checked(db: Database, receivers: list[RawReceiver]) -> None:
     # Given a name whose first answer is this machine and every later one another address (DNS rebinding)
     receiver, url = start(receivers, "ok")
     port = url.split(":")[2].split("/")[0]
@@ -180,15 +178,15 @@ def test_the_connection_goes_to_the_address_that_was_checked(storage: Storage, r
         answers.append(host)
         return ["127.0.0.1"] if len(answers) == 1 else ["10.255.255.1"]
 
-    document_id = document_awaiting_callback(storage, f"http://callbacks.example:{port}/hooks/pagescribe")
-    notifier_ = CallbackNotifier(Settings(callback_allow_private_networks=True), storage, SECRET, resolver=rebinding)
+    document_id = document_awaiting_callback(db, f"http://callbacks.example:{port}/hooks/pagescribe")
+    notifier_ = CallbackNotifier(Settings(callback_allow_private_networks=True), db, SECRET, resolver=rebinding)
 
     # When the callback is delivered
     assert notifier_.deliver_due() == 1
 
     # Then the name was resolved once, and the POST reached the address of that answer, naming the host
     assert answers == ["callbacks.example"]
-    assert callback_state(storage, document_id) == ("DELIVERED", None)
+    assert callback_state(db, document_id) == ("DELIVERED", None)
     [request] = receiver.requests
     assert f"host: callbacks.example:{port}".encode() in request.lower()
 
@@ -217,28 +215,28 @@ def test_public_addresses_are_public(address: str) -> None:
     assert public_address(address)
 
 
-def test_a_callback_to_a_nat64_literal_is_refused_without_a_connection(storage: Storage) -> None:
+def test_a_callback_to_a_nat64_literal_is_refused_without_a_connection(db: Database) -> None:
     # Given the default policy and a callback URL naming the metadata service through NAT64
-    document_id = document_awaiting_callback(storage, "http://[64:ff9b::a9fe:a9fe]/latest/meta-data/")
+    document_id = document_awaiting_callback(db, "http://[64:ff9b::a9fe:a9fe]/latest/meta-data/")
 
     # When it is due
-    CallbackNotifier(Settings(), storage, SECRET).deliver_due()
+    CallbackNotifier(Settings(), db, SECRET).deliver_due()
 
     # Then it is refused for good, naming the address
-    status, error = callback_state(storage, document_id)
+    status, error = callback_state(db, document_id)
     assert status == "FAILED" and "64:ff9b::a9fe:a9fe, which is not a public address" in (error or ""), error
 
 
 def test_the_signature_covers_a_timestamp_and_a_delivery_id_so_a_receiver_can_refuse_replays(
-    storage: Storage, receivers: list[RawReceiver]
+    db: Database, receivers: list[RawReceiver]
 ) -> None:
     # Given two documents' callbacks to one receiver
     receiver, url = start(receivers, "ok")
     for _ in range(2):
-        document_awaiting_callback(storage, url)
+        document_awaiting_callback(db, url)
 
     # When they are delivered
-    assert notifier(storage).deliver_due() == 2
+    assert notifier(db).deliver_due() == 2
 
     # Then each carries a fresh timestamp and its own delivery id, and the signature verifies over both and the body
     # as docs/security.md tells a receiver to check it; changing any of the three breaks it
@@ -258,19 +256,19 @@ def test_the_signature_covers_a_timestamp_and_a_delivery_id_so_a_receiver_can_re
         assert headers["x-pagescribe-signature"] != "sha256=" + hmac.new(SECRET, replayed, hashlib.sha256).hexdigest()
 
 
-def test_a_callback_whose_deliverer_keeps_dying_is_given_up_after_its_attempts(storage: Storage) -> None:
+def test_a_callback_whose_deliverer_keeps_dying_is_given_up_after_its_attempts(db: Database) -> None:
     # Given a callback claimed CALLBACK_MAX_ATTEMPTS times whose deliverer died each time (never recorded)
-    document_id = document_awaiting_callback(storage, "http://127.0.0.1:9/never")
-    with storage.engine.begin() as conn:
+    document_id = document_awaiting_callback(db, "http://127.0.0.1:9/never")
+    with db.engine.begin() as conn:
         conn.execute(
             text("UPDATE documents SET callback_attempts = 5, callback_next_at = now() WHERE id = :id"),
             {"id": document_id},
         )
 
     # When the next round comes
-    delivered = notifier(storage, callback_max_attempts=5).deliver_due()
+    delivered = notifier(db, callback_max_attempts=5).deliver_due()
 
     # Then it is not claimed again but given up, saying why
     assert delivered == 0
-    status, error = callback_state(storage, document_id)
+    status, error = callback_state(db, document_id)
     assert status == "FAILED" and (error or "").startswith("no delivery recorded after 5 attempts"), error

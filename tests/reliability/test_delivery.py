@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from psycopg import OperationalError
 from sqlalchemy import make_url
 
@@ -89,23 +89,23 @@ def _batches(messages: list[dict[str, Any]], size: int = 10) -> list[list[dict[s
     return [messages[i : i + size] for i in range(0, len(messages), size)]
 
 
-def _statuses(storage: Storage, job_ids: list[str]) -> Counter[str]:
-    return Counter(str(r["status"]) for r in jobs(storage, job_ids))
+def _statuses(db: Database, job_ids: list[str]) -> Counter[str]:
+    return Counter(str(r["status"]) for r in jobs(db, job_ids))
 
 
 def _versions(pipeline: Pipeline, document_id: str) -> dict[str, int]:
     return {key.rsplit(".", 1)[1]: n for key, n in transcript_versions(pipeline, document_id).items()}
 
 
-def _assert_every_page_completed_once(pipeline: Pipeline, storage: Storage, *, retried: Collection[str] = ()) -> None:
+def _assert_every_page_completed_once(pipeline: Pipeline, db: Database, *, retried: Collection[str] = ()) -> None:
     """Every job COMPLETED with one attempt (two for ``retried``); every document COMPLETED, its counter equal
     to its page count (a page completed twice would push it past), finished, its transcript written once."""
-    rows = jobs(storage)
+    rows = jobs(db)
     assert rows and Counter(r["status"] for r in rows) == {"COMPLETED": len(rows)}
     attempts = {str(r["id"]): r["attempts"] for r in rows}
     assert attempts == {job_id: 2 if job_id in retried else 1 for job_id in attempts}
     assert all(r["result_text"] and r["lease_expires_at"] is None for r in rows)
-    for doc in documents(storage):
+    for doc in documents(db):
         assert (doc["status"], doc["pages_completed"], doc["pages_failed"]) == ("COMPLETED", doc["page_count"], 0)
         assert doc["finished_at"] is not None and doc["transcript_key"] == f"transcripts/{doc['id']}.md"
         _, js = pipeline.transcript(str(doc["id"]))
@@ -122,7 +122,7 @@ def _assert_nothing_left_to_sweep(pipeline: Pipeline) -> None:
 
 
 def test_every_message_delivered_three_times_at_once_and_again_late_is_transcribed_once(
-    deployed: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    deployed: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     pipeline = deployed
     # Given 50 four-page documents: 200 page jobs, one message each on the queue
@@ -152,10 +152,10 @@ def test_every_message_delivered_three_times_at_once_and_again_late_is_transcrib
     assert [c + d for c, d in zip(completed, duplicates, strict=True)] == [200, 200, 200]
     # And each page cost exactly one model call and completed once, in its first attempt
     assert fake_provider.calls == 200
-    _assert_every_page_completed_once(pipeline, storage)
-    assert {str(d["id"]) for d in documents(storage)} == {u["document_id"] for u in uploaded}
-    before = {r["id"]: (r["completed_at"], r["updated_at"], r["result_text"]) for r in jobs(storage)}
-    finished = {d["id"]: d["finished_at"] for d in documents(storage)}
+    _assert_every_page_completed_once(pipeline, db)
+    assert {str(d["id"]) for d in documents(db)} == {u["document_id"] for u in uploaded}
+    before = {r["id"]: (r["completed_at"], r["updated_at"], r["result_text"]) for r in jobs(db)}
+    finished = {d["id"]: d["finished_at"] for d in documents(db)}
 
     # When every message is delivered once more, late, after its page completed
     fake_provider.default_delay = 0
@@ -164,8 +164,8 @@ def test_every_message_delivered_three_times_at_once_and_again_late_is_transcrib
         assert response["batchItemFailures"] == []
     # Then nothing happened: no model call, no row touched, no document finished again, no transcript rewritten
     assert fake_provider.calls == 200
-    assert {r["id"]: (r["completed_at"], r["updated_at"], r["result_text"]) for r in jobs(storage)} == before
-    assert {d["id"]: d["finished_at"] for d in documents(storage)} == finished
+    assert {r["id"]: (r["completed_at"], r["updated_at"], r["result_text"]) for r in jobs(db)} == before
+    assert {d["id"]: d["finished_at"] for d in documents(db)} == finished
     assert all(_versions(pipeline, str(doc_id)) == ONE_TRANSCRIPT for doc_id in finished)
     _assert_nothing_left_to_sweep(pipeline)
 
@@ -175,7 +175,7 @@ def test_every_message_delivered_three_times_at_once_and_again_late_is_transcrib
 
 def test_workers_killed_between_claim_and_result_lose_no_page(
     deployed: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -202,8 +202,8 @@ def test_workers_killed_between_claim_and_result_lose_no_page(
         wait_until(
             lambda: (
                 fake_provider.calls == 40
-                and _statuses(storage, doomed_jobs) == {"COMPLETED": 20, "PROCESSING": 20}
-                and all(d["finished_at"] for d in documents(storage) if d["pages_completed"] == d["page_count"])
+                and _statuses(db, doomed_jobs) == {"COMPLETED": 20, "PROCESSING": 20}
+                and all(d["finished_at"] for d in documents(db) if d["pages_completed"] == d["page_count"])
             ),
             timeout=30,
             what="the workers to claim 40 pages, write 20 and hang on 20",
@@ -211,16 +211,16 @@ def test_workers_killed_between_claim_and_result_lose_no_page(
     finally:
         for worker in workers:
             worker.kill()
-    victims = [str(r["id"]) for r in jobs(storage, doomed_jobs) if r["status"] == "PROCESSING"]
+    victims = [str(r["id"]) for r in jobs(db, doomed_jobs) if r["status"] == "PROCESSING"]
     assert len(victims) == 20 == len(messages) // 10
-    assert all(r["attempts"] == 1 and r["result_text"] is None for r in jobs(storage, victims))
+    assert all(r["attempts"] == 1 and r["result_text"] is None for r in jobs(db, victims))
     # And the other 160 messages are delivered normally meanwhile
     for batch in _batches(healthy):
         response = pipeline.invoke_transcribe(sqs_event(batch, pipeline.queue_arn))
         assert response["batchItemFailures"] == []
         settle(pipeline, batch, response)
     # And the dead workers' leases run out, and the sweeper runs
-    wait_for_leases_to_expire(storage, victims)
+    wait_for_leases_to_expire(db, victims)
     report = pipeline.sweep()
     # Then exactly the victims go back to the queue and are sent again
     assert (report["leases_requeued"], report["leases_failed"], report["jobs_sent"]) == (20, 0, 20)
@@ -234,12 +234,12 @@ def test_workers_killed_between_claim_and_result_lose_no_page(
     pipeline.run_until_idle()
     # Then every page is COMPLETED; the victims in their second attempt, every other page in its first
     assert fake_provider.calls == 40 + 160 + 20
-    _assert_every_page_completed_once(pipeline, storage, retried=set(victims))
+    _assert_every_page_completed_once(pipeline, db, retried=set(victims))
     _assert_nothing_left_to_sweep(pipeline)
 
 
 def test_a_redelivered_batch_spanning_many_documents_completes_every_page(
-    deployed: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    deployed: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     """What the sweeper's re-sends look like: one batch of ten pages from ten different documents (the first
     deliveries of a document's pages usually share a batch). Found by the test above: pages failed as
@@ -263,9 +263,9 @@ def test_a_redelivered_batch_spanning_many_documents_completes_every_page(
             )
     pipeline.run_until_idle()
     # Then every page of the batch was rendered from its document and completed
-    assert [r["error"] for r in jobs(storage, [job_id_of(m) for m in spread])] == [None] * 10
+    assert [r["error"] for r in jobs(db, [job_id_of(m) for m in spread])] == [None] * 10
     assert fake_provider.calls == 40
-    _assert_every_page_completed_once(pipeline, storage)
+    _assert_every_page_completed_once(pipeline, db)
 
 
 # --- 3. zombie workers ---------------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_a_redelivered_batch_spanning_many_documents_completes_every_page(
 
 def test_a_worker_paused_past_its_lease_cannot_overwrite_the_page_that_was_taken_over(
     deployed: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -290,7 +290,7 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_page_that_was_taken
     zombie = start_environment("transcribe", sqs_event([message], pipeline.queue_arn), timeout=20)
     job_id = job_id_of(message)
     wait_until(
-        lambda: fake_provider.calls == 1 and _statuses(storage, [job_id]) == {"PROCESSING": 1},
+        lambda: fake_provider.calls == 1 and _statuses(db, [job_id]) == {"PROCESSING": 1},
         timeout=20,
         what="the worker to claim the page and call the model",
     )
@@ -298,11 +298,11 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_page_that_was_taken
     os.kill(zombie.pid, signal.SIGSTOP)
     try:
         # And its lease runs out, the sweeper sends the page again and another invocation completes it
-        wait_for_leases_to_expire(storage, [job_id])
+        wait_for_leases_to_expire(db, [job_id])
         report = pipeline.sweep()
         assert (report["leases_requeued"], report["jobs_sent"]) == (1, 1)
         pipeline.run_until_idle()
-        [row] = jobs(storage, [job_id])
+        [row] = jobs(db, [job_id])
         assert (row["status"], row["attempts"], row["result_text"]) == ("COMPLETED", 2, "the newer worker's answer")
     finally:
         # And then the frozen worker wakes up and goes on with its late answer
@@ -313,20 +313,20 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_page_that_was_taken
     assert response["batchItemFailures"] == []
     assert "lease lost" in logs and '"LeaseLost":[1.0]' in logs
     # And the newer result stands, counted once, in the one transcript written
-    [row] = jobs(storage, [job_id])
+    [row] = jobs(db, [job_id])
     assert (row["status"], row["attempts"], row["result_text"]) == ("COMPLETED", 2, "the newer worker's answer")
     markdown, js = pipeline.transcript(doc["document_id"])
     assert "the newer worker's answer" in markdown and "paused" not in js["pages"][0]["text"]
     # And the zombie sent nothing: no message on the queue, nothing for the sweeper to do
     assert pipeline.receive_all() == []
     assert fake_provider.calls == 2
-    _assert_every_page_completed_once(pipeline, storage, retried={job_id})
+    _assert_every_page_completed_once(pipeline, db, retried={job_id})
     _assert_nothing_left_to_sweep(pipeline)
 
 
 def test_a_result_write_delayed_past_the_lease_matches_no_row_and_the_newer_result_stands(
     deployed: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     database_url: str,
@@ -348,7 +348,7 @@ def test_a_result_write_delayed_past_the_lease_matches_no_row_and_the_newer_resu
             "transcribe", sqs_event([message], pipeline.queue_arn), timeout=12, env={"DATABASE_URL": relayed}
         )
         wait_until(
-            lambda: fake_provider.calls == 1 and _statuses(storage, [job_id]) == {"PROCESSING": 1},
+            lambda: fake_provider.calls == 1 and _statuses(db, [job_id]) == {"PROCESSING": 1},
             timeout=20,
             what="the worker to claim the page and call the model",
         )
@@ -357,7 +357,7 @@ def test_a_result_write_delayed_past_the_lease_matches_no_row_and_the_newer_resu
         relay.hold()
         wait_until(lambda: relay.held_bytes > 0, timeout=10, what="the worker's result write to be sent")
         # And meanwhile its lease runs out, the sweeper sends the page again and another invocation completes it
-        wait_for_leases_to_expire(storage, [job_id])
+        wait_for_leases_to_expire(db, [job_id])
         report = pipeline.sweep()
         assert (report["leases_requeued"], report["jobs_sent"]) == (1, 1)
         pipeline.run_until_idle()
@@ -368,12 +368,12 @@ def test_a_result_write_delayed_past_the_lease_matches_no_row_and_the_newer_resu
     assert response["batchItemFailures"] == []
     assert "lease lost" in logs and '"LeaseLost":[1.0]' in logs
     # And the newer result stands, counted once, in the one transcript written
-    [row] = jobs(storage, [job_id])
+    [row] = jobs(db, [job_id])
     assert (row["status"], row["attempts"], row["result_text"]) == ("COMPLETED", 2, "the newer answer")
     markdown, _ = pipeline.transcript(doc["document_id"])
     assert "the newer answer" in markdown and "the late answer" not in markdown
     assert fake_provider.calls == 2
-    _assert_every_page_completed_once(pipeline, storage, retried={job_id})
+    _assert_every_page_completed_once(pipeline, db, retried={job_id})
     _assert_nothing_left_to_sweep(pipeline)
 
 
@@ -381,7 +381,7 @@ def test_a_result_write_delayed_past_the_lease_matches_no_row_and_the_newer_resu
 
 
 def test_jobs_whose_whole_send_failed_after_commit_are_sent_by_the_sweeper(
-    deployed: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    deployed: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     pipeline = deployed
     # Given ten four-page documents recorded while SQS refused every send (the queue was gone)
@@ -391,24 +391,24 @@ def test_jobs_whose_whole_send_failed_after_commit_are_sent_by_the_sweeper(
     pipeline.sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "360"})
     # Then the jobs are committed, QUEUED and unstamped, with no message anywhere
     assert [u["messages_sent"] for u in uploaded] == [0] * 10
-    rows = jobs(storage)
+    rows = jobs(db)
     assert len(rows) == 40 and all(r["status"] == "QUEUED" and r["enqueued_at"] is None for r in rows)
     assert pipeline.receive_all() == []
     # When the sweeper runs
     report = pipeline.sweep()
     # Then it sends every job once and stamps it
     assert (report["jobs_sent"], report["jobs_unsent"]) == (40, 0)
-    assert all(r["enqueued_at"] is not None for r in jobs(storage))
+    assert all(r["enqueued_at"] is not None for r in jobs(db))
     # And draining the queue completes every page exactly once
     pipeline.run_until_idle()
     assert fake_provider.calls == 40
-    _assert_every_page_completed_once(pipeline, storage)
+    _assert_every_page_completed_once(pipeline, db)
     _assert_nothing_left_to_sweep(pipeline)
 
 
 def test_entries_sqs_refuses_in_a_batch_are_sent_by_the_sweeper_and_no_page_is_done_twice(
     deployed: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     aws_env: str,
@@ -426,7 +426,7 @@ def test_entries_sqs_refuses_in_a_batch_are_sent_by_the_sweeper_and_no_page_is_d
         assert [u["messages_sent"] for u in uploaded] == [2] * 10
         assert len(sqs.faults.bodies_refused) == len(sqs.faults.bodies_unacknowledged) == 10
         # And only the accepted jobs are stamped as sent (pages 1 and 3); pages 2 and 4 wait for the sweeper
-        rows = jobs(storage)
+        rows = jobs(db)
         stamped = Counter((r["page_number"], r["enqueued_at"] is not None) for r in rows)
         assert stamped == {(1, True): 10, (2, False): 10, (3, True): 10, (4, False): 10}
         assert all(r["status"] == "QUEUED" for r in rows)
@@ -435,12 +435,12 @@ def test_entries_sqs_refuses_in_a_batch_are_sent_by_the_sweeper_and_no_page_is_d
         report = pipeline.sweep()
         # Then it counts what SQS reported, and unstamps the jobs it could not send, for the next sweep
         assert (report["jobs_sent"], report["jobs_unsent"]) == (16, 4)
-        assert sum(r["enqueued_at"] is None for r in jobs(storage)) == 4
+        assert sum(r["enqueued_at"] is None for r in jobs(db)) == 4
         # When SQS is healthy again and the sweeper runs again
         sqs.faults = SqsFaults()
         report = pipeline.sweep()
         assert (report["jobs_sent"], report["jobs_unsent"]) == (4, 0)
-        assert all(r["enqueued_at"] is not None for r in jobs(storage))
+        assert all(r["enqueued_at"] is not None for r in jobs(db))
         # Then the queue holds a message for every job, and more for the entries whose answer was lost (a job whose
         # answer was lost twice has three)
         queued = pipeline.receive_all()
@@ -455,7 +455,7 @@ def test_entries_sqs_refuses_in_a_batch_are_sent_by_the_sweeper_and_no_page_is_d
         pipeline.run_until_idle()
     # Then every page is completed exactly once, with one model call each, the duplicates acknowledged
     assert fake_provider.calls == 40
-    _assert_every_page_completed_once(pipeline, storage)
+    _assert_every_page_completed_once(pipeline, db)
     _assert_nothing_left_to_sweep(pipeline)
 
 
@@ -465,7 +465,7 @@ def test_entries_sqs_refuses_in_a_batch_are_sent_by_the_sweeper_and_no_page_is_d
 @pytest.mark.parametrize("database_url", ["embedded"], indirect=True)
 def test_a_database_restart_in_the_middle_of_a_run_loses_and_doubles_nothing(
     deployed: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     database_url: str,
@@ -495,7 +495,7 @@ def test_a_database_restart_in_the_middle_of_a_run_loses_and_doubles_nothing(
         fake_provider.default_delay = 5  # the answers come once the server is down (a fast stop takes < 1 s)
         worker = start_environment("transcribe", sqs_event(in_flight, pipeline.queue_arn), timeout=17)
         wait_until(
-            lambda: fake_provider.calls == 20 and _statuses(storage, in_flight_jobs) == {"PROCESSING": 10},
+            lambda: fake_provider.calls == 20 and _statuses(db, in_flight_jobs) == {"PROCESSING": 10},
             timeout=20,
             what="the in-flight batch to be claimed and its calls to reach the provider",
         )
@@ -519,14 +519,12 @@ def test_a_database_restart_in_the_middle_of_a_run_loses_and_doubles_nothing(
         # When the server is back (same socket, so the same URL)
         assert server.socket_dir == socket_dir
         fake_provider.default_delay = 0
-        storage.engine.dispose()  # the test's own inspection queries below go through this pool, unpinged
+        db.engine.dispose()  # the test's own inspection queries below go through this pool, unpinged
         # Then nothing was marked done wrongly: the in-flight pages are still leased, without a result, and
         # the refused ones untouched
-        assert all(r["result_text"] is None for r in jobs(storage, in_flight_jobs))
-        assert _statuses(storage, in_flight_jobs) == {"PROCESSING": 10}
-        assert all(
-            (r["status"], r["attempts"]) == ("QUEUED", 0) for r in jobs(storage, [job_id_of(m) for m in refused])
-        )
+        assert all(r["result_text"] is None for r in jobs(db, in_flight_jobs))
+        assert _statuses(db, in_flight_jobs) == {"PROCESSING": 10}
+        assert all((r["status"], r["attempts"]) == ("QUEUED", 0) for r in jobs(db, [job_id_of(m) for m in refused]))
         # And the warm environment's pooled connection, killed by the restart, is found dead and replaced on its
         # next invocation, which succeeds
         after = pipeline.receive()
@@ -542,15 +540,15 @@ def test_a_database_restart_in_the_middle_of_a_run_loses_and_doubles_nothing(
     # And draining the queue completes everything but the in-flight pages, whose redelivered messages find them
     # still leased (acknowledged as duplicates)
     pipeline.run_until_idle()
-    assert _statuses(storage, in_flight_jobs) == {"PROCESSING": 10}
+    assert _statuses(db, in_flight_jobs) == {"PROCESSING": 10}
     # And once their leases run out the sweeper puts them back, and they complete
-    wait_for_leases_to_expire(storage, in_flight_jobs)
+    wait_for_leases_to_expire(db, in_flight_jobs)
     report = pipeline.sweep()
     assert (report["leases_requeued"], report["jobs_sent"]) == (10, 10)
     pipeline.run_until_idle()
     # Then every page is COMPLETED exactly once: the interrupted ones in their second attempt, the answers
     # lost in the outage the only calls made twice
     assert fake_provider.calls == 10 + 10 + 10 + 10 + PAGES + 10
-    assert len(jobs(storage)) == 11 * PAGES
-    _assert_every_page_completed_once(pipeline, storage, retried=set(in_flight_jobs))
+    assert len(jobs(db)) == 11 * PAGES
+    _assert_every_page_completed_once(pipeline, db, retried=set(in_flight_jobs))
     _assert_nothing_left_to_sweep(pipeline)

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import transcribe as transcribe_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from sqlalchemy import text
 
 from tests.fakes.chat_server import (
@@ -92,8 +92,8 @@ class Run:
         return [f for r in self.responses for f in r["batchItemFailures"]]
 
 
-def _unfinished(storage: Storage) -> int:
-    with storage.engine.connect() as conn:
+def _unfinished(db: Database) -> int:
+    with db.engine.connect() as conn:
         return int(
             conn.execute(text("SELECT count(*) FROM jobs WHERE status IN ('QUEUED', 'PROCESSING')")).scalar_one()
         )
@@ -124,26 +124,26 @@ def invoke_event(event: dict[str, Any], run: Run) -> dict[str, Any]:
     return response
 
 
-def drain(pipeline: Pipeline, storage: Storage, *, max_rounds: int = 40) -> Run:
+def drain(pipeline: Pipeline, db: Database, *, max_rounds: int = 40) -> Run:
     """Play the event source mapping until every page is finished and the queue is empty: receive (long
     polling 1 s, so delayed retries arrive) and invoke."""
     run = Run()
     for _ in range(max_rounds):
-        wait = 0 if _unfinished(storage) == 0 else 1  # all done: only confirm that nothing is left
+        wait = 0 if _unfinished(db) == 0 else 1  # all done: only confirm that nothing is left
         messages = pipeline.sqs.receive_message(
             QueueUrl=pipeline.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait, AttributeNames=["All"]
         ).get("Messages", [])
         if not messages:
-            if _unfinished(storage) == 0:
+            if _unfinished(db) == 0:
                 return run
             continue
         invoke(pipeline, messages, run)
     raise AssertionError(f"the pages did not finish in {max_rounds} rounds: {run}")
 
 
-def assert_no_silent_pages(storage: Storage) -> None:
+def assert_no_silent_pages(db: Database) -> None:
     """No page anywhere is COMPLETED with no text: a page is either transcribed or says why it is not."""
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         silent = conn.execute(
             text(
                 "SELECT id, result_text FROM jobs WHERE status = 'COMPLETED' "
@@ -217,7 +217,7 @@ PERSISTENT_RETRYABLE: list[Any] = [
 @pytest.mark.parametrize(("fault", "reason"), PERSISTENT_RETRYABLE)
 def test_a_fault_that_never_clears_fails_the_page_after_max_attempts(
     faults: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     fault: Callable[[], Behaviour],
@@ -231,13 +231,13 @@ def test_a_fault_that_never_clears_fails_the_page_after_max_attempts(
     # When the first delivery is handled
     invoke(faults, [original], run)
     # Then the page is back in the queue: QUEUED, one attempt used, the reason recorded, a new message sent
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("QUEUED", 1)
     assert reason in page["error"] and page["enqueued_at"] is not None
     # When the queue is drained through the transcribe function
-    rest = drain(faults, storage)
+    rest = drain(faults, db)
     # Then the page is FAILED after MAX_ATTEMPTS attempts, saying so and why, each attempt on a new message
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", MAX_ATTEMPTS)
     assert page["error"].startswith(f"attempts exhausted ({MAX_ATTEMPTS} of {MAX_ATTEMPTS}): ")
     assert reason in page["error"]
@@ -251,7 +251,7 @@ def test_a_fault_that_never_clears_fails_the_page_after_max_attempts(
     assert run.batch_item_failures == [] and rest.batch_item_failures == []
     assert 1 <= fake_provider.calls <= MAX_ATTEMPTS * MAX_HTTP_ATTEMPTS_PER_CALL
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 # More shapes of a retryable answer, each checked on its first attempt: requeued with the reason on a new message.
@@ -292,7 +292,7 @@ RETRYABLE_SHAPES: list[Any] = [
 
 @pytest.mark.parametrize(("fault", "reason"), RETRYABLE_SHAPES)
 def test_every_shape_of_a_retryable_answer_requeues_the_page_with_its_reason(
-    faults: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, fault: Behaviour, reason: str
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, fault: Behaviour, reason: str
 ) -> None:
     # Given a one-page document and a provider answering with this fault every time
     [doc] = faults.upload("uploads/shape.png", corpus / "smile.png")["documents"]
@@ -305,13 +305,13 @@ def test_every_shape_of_a_retryable_answer_requeues_the_page_with_its_reason(
     assert_within_deadlines(run)
     assert response["batchItemFailures"] == []
     # And the page is QUEUED again with the reason, and exactly one new message carries it
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"], page["result_text"]) == ("QUEUED", 1, None)
     assert reason in page["error"]
     [again] = faults.receive_all()
     assert again["MessageId"] != original["MessageId"] and json.loads(again["Body"])["job_id"] == str(page["id"])
     assert 1 <= fake_provider.calls <= MAX_HTTP_ATTEMPTS_PER_CALL
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 CLIENT_ERRORS: list[Any] = [
@@ -338,15 +338,15 @@ CLIENT_ERRORS: list[Any] = [
 
 @pytest.mark.parametrize(("fault", "reason"), CLIENT_ERRORS)
 def test_a_client_error_fails_the_page_at_once_with_the_providers_message(
-    faults: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, fault: Behaviour, reason: str
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, fault: Behaviour, reason: str
 ) -> None:
     # Given a provider that refuses the page
     [doc] = faults.upload("uploads/refused.png", corpus / "smile.png")["documents"]
     fake_provider.set_default(fault)
     # When the queue is drained
-    run = drain(faults, storage)
+    run = drain(faults, db)
     # Then the page FAILED on its first attempt with the provider's own words, after a single call
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert reason in page["error"] and "attempts exhausted" not in page["error"]
     assert fake_provider.calls == 1
@@ -355,11 +355,11 @@ def test_a_client_error_fails_the_page_at_once_with_the_providers_message(
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 def test_an_unreachable_provider_fails_the_page_after_max_attempts(
-    faults: Pipeline, storage: Storage, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    faults: Pipeline, db: Database, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a provider endpoint where nothing listens (connections are refused at once)
     with socket.socket() as probe:
@@ -370,9 +370,9 @@ def test_an_unreachable_provider_fails_the_page_after_max_attempts(
     shutdown_runtime()
     [doc] = faults.upload("uploads/nobody.png", corpus / "smile.png")["documents"]
     # When the queue is drained
-    run = drain(faults, storage)
+    run = drain(faults, db)
     # Then the page is FAILED after MAX_ATTEMPTS attempts, saying the provider could not be reached
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", MAX_ATTEMPTS)
     assert page["error"].startswith(
         f"attempts exhausted ({MAX_ATTEMPTS} of {MAX_ATTEMPTS}): could not reach the provider"
@@ -381,26 +381,26 @@ def test_an_unreachable_provider_fails_the_page_after_max_attempts(
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 @pytest.mark.parametrize("partial", ["the first half of the pa", ""], ids=["partial-text", "nothing-before-the-limit"])
 def test_a_truncated_answer_fails_the_page_and_keeps_the_partial_text(
-    faults: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, partial: str
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, partial: str
 ) -> None:
     # Given a model that stops at the output token limit
     [doc] = faults.upload("uploads/long.png", corpus / "smile.png")["documents"]
     fake_provider.set_default(Truncated(partial))
     # When the queue is drained
-    run = drain(faults, storage)
+    run = drain(faults, db)
     # Then the page is FAILED (never a silent success), keeping what the model did say
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"], page["finish_reason"]) == ("FAILED", 1, "length")
     assert page["result_text"] == partial and "truncated" in page["error"] and "MAX_OUTPUT_TOKENS" in page["error"]
     assert fake_provider.calls == 1
     assert_within_deadlines(run)
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 # Faults that clear: within one call's budget (one attempt), or on the next delivery (the page was requeued).
@@ -422,7 +422,7 @@ TRANSIENT: list[Any] = [
 @pytest.mark.parametrize(("script", "attempts"), TRANSIENT)
 def test_a_transient_fault_that_clears_completes_the_page(
     faults: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     script: list[Behaviour],
@@ -433,9 +433,9 @@ def test_a_transient_fault_that_clears_completes_the_page(
     [doc] = faults.upload("uploads/transient.png", source)["documents"]
     fake_provider.script(*script)
     # When the queue is drained
-    run = drain(faults, storage)
+    run = drain(faults, db)
     # Then the page is COMPLETED with the model's answer for that page, after the expected number of attempts
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"], page["error"]) == ("COMPLETED", attempts, None)
     [request] = fake_provider.requests[-1:]
     assert page["result_text"] == expected_text(_image_of(request))
@@ -445,7 +445,7 @@ def test_a_transient_fault_that_clears_completes_the_page(
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 def _image_of(request: dict[str, Any]) -> bytes:
@@ -456,7 +456,7 @@ def _image_of(request: dict[str, Any]) -> bytes:
 
 
 def test_requeues_back_off_exponentially_and_honour_a_longer_retry_after(
-    faults: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a 20 s base retry delay and a provider that is down
     monkeypatch.setenv("RETRY_BASE_SECONDS", "20")
@@ -468,7 +468,7 @@ def test_requeues_back_off_exponentially_and_honour_a_longer_retry_after(
     run = Run()
 
     def delay_of_requeue() -> float:
-        with storage.engine.connect() as conn:
+        with db.engine.connect() as conn:
             return float(
                 conn.execute(
                     text("SELECT EXTRACT(EPOCH FROM available_at - now()) FROM jobs WHERE document_id = :id"),
@@ -487,7 +487,7 @@ def test_requeues_back_off_exponentially_and_honour_a_longer_retry_after(
     assert 15 <= delay_of_requeue() <= 20
     assert attributes() == {"ApproximateNumberOfMessages": 0, "ApproximateNumberOfMessagesDelayed": 1}
     # When the second attempt fails (the delayed message arrives; here a copy of its body, delivered now)
-    body = json.dumps({"job_id": str(page_rows(storage, doc["document_id"])[0]["id"])})
+    body = json.dumps({"job_id": str(page_rows(db, doc["document_id"])[0]["id"])})
     invoke_event({"Records": [sqs_record_for_body(body, faults.queue_arn)]}, run)
     # Then the wait doubles
     assert 35 <= delay_of_requeue() <= 40
@@ -499,15 +499,15 @@ def test_requeues_back_off_exponentially_and_honour_a_longer_retry_after(
     invoke_event({"Records": [sqs_record_for_body(body, faults.queue_arn)]}, run)
     # Then the page waits as long as the provider asked, without the invocation sitting out the wait
     assert 115 <= delay_of_requeue() <= 120
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("QUEUED", 3) and "HTTP 429: quota" in page["error"]
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 def test_a_retry_after_beyond_sqs_limits_is_capped_at_the_longest_delay(
-    faults: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a provider that asks for an hour's pause
     [doc] = faults.upload("uploads/hour.png", corpus / "smile.png")["documents"]
@@ -519,27 +519,27 @@ def test_a_retry_after_beyond_sqs_limits_is_capped_at_the_longest_delay(
     # Then the invocation did not wait: one call, back in the queue, due in SQS's longest delay (900 s)
     assert_within_deadlines(run)
     assert fake_provider.calls == 1
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         delay = conn.execute(
             text("SELECT EXTRACT(EPOCH FROM available_at - now()) FROM jobs WHERE document_id = :id"),
             {"id": doc["document_id"]},
         ).scalar_one()
     assert 890 <= float(delay) <= 900
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "QUEUED" and "come back in an hour" in page["error"]
 
 
 def test_concurrent_pages_each_end_in_their_own_documented_state(
-    faults: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a 4-page PDF whose pages, transcribed concurrently in one batch, meet four different answers
     [doc] = faults.upload("uploads/mixed.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
     fake_provider.script(Ok(), Status(400, "content policy"), Truncated("cut sho"), Hang(60))
     fake_provider.set_default(Ok())
     # When the queue is drained
-    run = drain(faults, storage)
+    run = drain(faults, db)
     # Then two pages are COMPLETED (one after its hang was retried), one refused, one truncated
-    pages = page_rows(storage, doc["document_id"])
+    pages = page_rows(db, doc["document_id"])
     assert sorted((p["status"], p["attempts"]) for p in pages) == [
         ("COMPLETED", 1),
         ("COMPLETED", 2),
@@ -557,19 +557,19 @@ def test_concurrent_pages_each_end_in_their_own_documented_state(
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 def test_a_provider_down_for_a_whole_batch_fails_every_page_in_time(
-    faults: Pipeline, storage: Storage, fake_provider: FakeChatServer, corpus: Path
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     # Given a 4-page PDF and a provider that hangs on every request
     [doc] = faults.upload("uploads/down.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
     fake_provider.set_default(Hang(60))
     # When the queue is drained (each batch carries all four pages, transcribed concurrently)
-    run = drain(faults, storage)
+    run = drain(faults, db)
     # Then every page is FAILED after MAX_ATTEMPTS, each invocation having returned before its deadline
-    pages = page_rows(storage, doc["document_id"])
+    pages = page_rows(db, doc["document_id"])
     assert [(p["status"], p["attempts"]) for p in pages] == [("FAILED", MAX_ATTEMPTS)] * 4
     assert all("no answer from the provider within" in p["error"] for p in pages)
     assert fake_provider.calls == 4 * MAX_ATTEMPTS  # a hang takes the whole budget: one HTTP request per attempt
@@ -577,7 +577,7 @@ def test_a_provider_down_for_a_whole_batch_fails_every_page_in_time(
     assert js["status"] == "FAILED"
     assert_within_deadlines(run)
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)
 
 
 @pytest.mark.parametrize(
@@ -591,7 +591,7 @@ def test_a_provider_down_for_a_whole_batch_fails_every_page_in_time(
 )
 def test_text_the_database_cannot_hold_never_wedges_a_page(
     faults: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     corpus: Path,
     fault: Behaviour,
@@ -602,9 +602,9 @@ def test_text_the_database_cannot_hold_never_wedges_a_page(
     [doc] = faults.upload("uploads/nul.png", corpus / "smile.png")["documents"]
     fake_provider.set_default(fault)
     # When the queue is drained
-    run = drain(faults, storage)
+    run = drain(faults, db)
     # Then the page reached a final state (not stuck PROCESSING behind a failed write), with no NUL stored
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == status
     assert "\x00" not in (page["result_text"] or "") + (page["error"] or "")
     if stored is not None:
@@ -614,4 +614,4 @@ def test_text_the_database_cannot_hold_never_wedges_a_page(
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
     assert_queue_empty(faults)
-    assert_no_silent_pages(storage)
+    assert_no_silent_pages(db)

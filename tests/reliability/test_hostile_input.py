@@ -16,10 +16,10 @@ from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
+from pagescribe.database import Database
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.storage import Storage
 from PIL import Image, TiffImagePlugin
 from sqlalchemy import text
 
@@ -128,8 +128,8 @@ def _corpus(name: str) -> Callable[[], bytes]:
     return lambda: (CORPUS / name).read_bytes()
 
 
-def _document(storage: Storage, document_id: str) -> dict[str, Any]:
-    with storage.engine.connect() as conn:
+def _document(db: Database, document_id: str) -> dict[str, Any]:
+    with db.engine.connect() as conn:
         row = conn.execute(text("SELECT * FROM documents WHERE id = :id"), {"id": document_id}).mappings().one()
         return dict(row)
 
@@ -266,7 +266,7 @@ HOPELESS: list[Any] = [
 @pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")  # Pillow, reading the cut TIFF's tags
 def test_a_hopeless_upload_fails_the_document_with_a_clear_reason(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     name: str,
     build: Callable[[], bytes],
@@ -278,16 +278,16 @@ def test_a_hopeless_upload_fails_the_document_with_a_clear_reason(
     [doc] = pipeline.upload(f"uploads/{name}", data)["documents"]
     # Then the document is FAILED with a reason that says what is wrong (and any limit, by its setting)
     assert doc["status"] == "FAILED" and reason in doc["error"]
-    row = _document(storage, doc["document_id"])
+    row = _document(db, doc["document_id"])
     assert (row["status"], row["error"], row["page_count"]) == ("FAILED", doc["error"], 0)
     # And there is no job, no message, no model call: nothing that could loop
-    assert page_rows(storage, doc["document_id"]) == []
+    assert page_rows(db, doc["document_id"]) == []
     assert pipeline.receive_all() == []
     assert fake_provider.calls == 0
 
 
 def test_the_same_hostile_object_delivered_again_is_recognised_not_reprocessed(
-    pipeline: Pipeline, storage: Storage
+    pipeline: Pipeline, db: Database
 ) -> None:
     # Given a hostile upload already rejected
     event = pipeline.put("uploads/again.pdf", _cut(0.5)())
@@ -296,7 +296,7 @@ def test_the_same_hostile_object_delivered_again_is_recognised_not_reprocessed(
     [second] = upload_app.handler(event, LambdaContext(60))["documents"]
     # Then it is a duplicate of the FAILED document, not a second document
     assert (first["status"], second["status"], second["document_id"]) == ("FAILED", "DUPLICATE", first["document_id"])
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
 
 
@@ -331,7 +331,7 @@ def test_the_same_hostile_object_delivered_again_is_recognised_not_reprocessed(
     ],
 )
 def test_an_upload_bomb_is_refused_within_bounded_memory(
-    pipeline: Pipeline, storage: Storage, name: str, build: Callable[[], bytes], reason: str
+    pipeline: Pipeline, db: Database, name: str, build: Callable[[], bytes], reason: str
 ) -> None:
     # Given a bomb in uploads/ (400 megapixels in 50 KB; 100,000 pages in 600 KB; a page tree in an object stream, or
     # a cross-reference stream, inflating to 1.5 GiB from 1.5 MB; 100,000 TIFF frames in 10 MB)
@@ -366,7 +366,7 @@ def test_an_upload_bomb_is_refused_within_bounded_memory(
     ],
 )
 def test_a_huge_page_renders_bounded_to_the_long_edge_cap(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, name: str, build: Callable[[], bytes]
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, name: str, build: Callable[[], bytes]
 ) -> None:
     # Given a page that would be gigapixels at the render DPI, accepted at upload
     [doc] = pipeline.upload(f"uploads/{name}", build())["documents"]
@@ -376,7 +376,7 @@ def test_a_huge_page_renders_bounded_to_the_long_edge_cap(
     response = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
     # Then the page is COMPLETED from an image no larger than the long-edge cap, in bounded memory
     assert response["batchItemFailures"] == []
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["result_text"]
     [request] = fake_provider.requests
     url = request["messages"][0]["content"][1]["image_url"]["url"]
@@ -386,7 +386,7 @@ def test_a_huge_page_renders_bounded_to_the_long_edge_cap(
 
 
 def test_the_transcribe_function_checks_the_pixel_limit_again_before_decoding(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, monkeypatch: pytest.MonkeyPatch
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a 400-megapixel PNG accepted while the limit was higher, and the limit since lowered to the default
     monkeypatch.setenv("MAX_IMAGE_PIXELS", "500000000")
@@ -402,7 +402,7 @@ def test_the_transcribe_function_checks_the_pixel_limit_again_before_decoding(
     response = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
     # Then the page FAILED from the image's header, naming the limit, without decoding it or calling the model
     assert response["batchItemFailures"] == []
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert "20000 x 20000 pixels" in page["error"] and "MAX_IMAGE_PIXELS=60000000" in page["error"]
     assert fake_provider.calls == 0
@@ -410,7 +410,7 @@ def test_the_transcribe_function_checks_the_pixel_limit_again_before_decoding(
 
 
 def test_a_decompression_bomb_page_fails_with_the_memory_limit_named_and_the_batch_goes_on(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, monkeypatch: pytest.MonkeyPatch, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, monkeypatch: pytest.MonkeyPatch, corpus: Path
 ) -> None:
     # Given a 66 KB PDF whose one page inflates to 2.5 GB of content (fine at upload: its headers are valid), and
     # a normal document, in one batch, with the render processes limited to 512 MB each
@@ -426,12 +426,12 @@ def test_a_decompression_bomb_page_fails_with_the_memory_limit_named_and_the_bat
     response = invoke_in_own_process(pipeline, "transcribe", sqs_event(messages, pipeline.queue_arn))
     # Then the function lived and reported nothing for redelivery: the bomb's page FAILED once, naming the limit
     assert response["batchItemFailures"] == []
-    [page] = page_rows(storage, bomb["document_id"])
+    [page] = page_rows(db, bomb["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert "could not be rendered within RENDER_MEMORY_LIMIT_MB=512" in page["error"], page["error"]
-    assert _document(storage, bomb["document_id"])["status"] == "FAILED"
+    assert _document(db, bomb["document_id"])["status"] == "FAILED"
     # And the other document's pages were transcribed, the bomb never reaching the model
-    assert [p["status"] for p in page_rows(storage, fine["document_id"])] == ["COMPLETED"] * 4
+    assert [p["status"] for p in page_rows(db, fine["document_id"])] == ["COMPLETED"] * 4
     assert fake_provider.calls == 4
     # And no process of the environment came near the bomb's size (the render process stopped at its limit)
     assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
@@ -477,7 +477,7 @@ PAGE_FAILURES: list[Any] = [
 @pytest.mark.parametrize(("name", "build", "page_reasons"), PAGE_FAILURES)
 def test_a_page_that_cannot_be_rendered_fails_with_a_reason_and_does_not_loop(
     pipeline: Pipeline,
-    storage: Storage,
+    db: Database,
     fake_provider: FakeChatServer,
     name: str,
     build: Callable[[], bytes],
@@ -490,7 +490,7 @@ def test_a_page_that_cannot_be_rendered_fails_with_a_reason_and_does_not_loop(
     drain(pipeline)
     # Then each broken page is FAILED on its first attempt, saying it could not be rendered and why;
     # the others are COMPLETED; the model was only asked about pages that rendered
-    pages = page_rows(storage, doc["document_id"])
+    pages = page_rows(db, doc["document_id"])
     for page, reason in zip(pages, page_reasons, strict=True):
         if reason is None:
             assert page["status"] == "COMPLETED" and page["result_text"]
@@ -504,9 +504,7 @@ def test_a_page_that_cannot_be_rendered_fails_with_a_reason_and_does_not_loop(
     assert "could not be rendered" in markdown
 
 
-def test_an_object_deleted_before_the_upload_function_runs_fails_the_document(
-    pipeline: Pipeline, storage: Storage
-) -> None:
+def test_an_object_deleted_before_the_upload_function_runs_fails_the_document(pipeline: Pipeline, db: Database) -> None:
     # Given an S3 notification for an object that was deleted before the upload function got to it
     event = pipeline.put("uploads/gone.pdf", CORPUS / "minimal-document.pdf")
     pipeline.s3.delete_object(Bucket=pipeline.bucket, Key="uploads/gone.pdf")
@@ -514,11 +512,11 @@ def test_an_object_deleted_before_the_upload_function_runs_fails_the_document(
     [doc] = upload_app.handler(event, LambdaContext(60))["documents"]
     # Then it returns normally with a FAILED document that says the object is missing, and queues nothing
     assert doc["status"] == "FAILED" and doc["error"].endswith("/uploads/gone.pdf no longer exists")
-    assert page_rows(storage, doc["document_id"]) == [] and pipeline.receive_all() == []
+    assert page_rows(db, doc["document_id"]) == [] and pipeline.receive_all() == []
 
 
 def test_a_source_deleted_before_transcription_fails_its_pages_without_looping(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer
 ) -> None:
     # Given an accepted 4-page document whose object is then deleted from the bucket
     [doc] = pipeline.upload("uploads/vanishing.pdf", CORPUS / "pdflatex-4-pages.pdf")["documents"]
@@ -526,14 +524,14 @@ def test_a_source_deleted_before_transcription_fails_its_pages_without_looping(
     # When the queue is drained
     drain(pipeline)
     # Then every page is FAILED once, saying the source is gone, and no model call was made
-    pages = page_rows(storage, doc["document_id"])
+    pages = page_rows(db, doc["document_id"])
     assert [(p["status"], p["attempts"]) for p in pages] == [("FAILED", 1)] * 4
     assert all(p["error"].startswith("the source document is gone") for p in pages)
     assert fake_provider.calls == 0
 
 
 def test_a_source_overwritten_with_junk_fails_its_pages_without_looping(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer
 ) -> None:
     # Given an accepted PDF whose object is then replaced by HTML (the bucket is not versioned)
     [doc] = pipeline.upload("uploads/swapped.pdf", CORPUS / "pdflatex-4-pages.pdf")["documents"]
@@ -541,7 +539,7 @@ def test_a_source_overwritten_with_junk_fails_its_pages_without_looping(
     # When the queue is drained
     drain(pipeline)
     # Then every page is FAILED once, saying that its file was replaced: the junk is never read as the document
-    pages = page_rows(storage, doc["document_id"])
+    pages = page_rows(db, doc["document_id"])
     assert [(p["status"], p["attempts"]) for p in pages] == [("FAILED", 1)] * 4
     assert all(p["error"].endswith("uploads/swapped.pdf was replaced after it was uploaded") for p in pages), pages
     assert fake_provider.calls == 0
@@ -564,17 +562,17 @@ def test_a_source_overwritten_with_junk_fails_its_pages_without_looping(
     ],
 )
 def test_keys_with_spaces_unicode_and_plus_go_end_to_end(
-    pipeline: Pipeline, storage: Storage, fake_provider: FakeChatServer, key: str
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, key: str
 ) -> None:
     # Given a one-page PDF under a key people actually produce
     [doc] = pipeline.upload(key, CORPUS / "minimal-document.pdf")["documents"]
     # Then the upload function decoded the key exactly and accepted the document
     assert (doc["status"], doc["key"], doc["pages"]) == ("PROCESSING", key, 1)
-    assert _document(storage, doc["document_id"])["object_key"] == key
+    assert _document(db, doc["document_id"])["object_key"] == key
     # When the queue is drained
     drain(pipeline)
     # Then the page was read from that very object and transcribed, and the transcript written
-    [page] = page_rows(storage, doc["document_id"])
+    [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "COMPLETED" and page["result_text"]
     _, js = pipeline.transcript(doc["document_id"])
     assert js["status"] == "COMPLETED"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagescribe.storage import Storage
+from pagescribe.database import Database
 from sqlalchemy import text
 
 
-def page_rows(storage: Storage, document_id: str) -> list[dict[str, Any]]:
+def page_rows(db: Database, document_id: str) -> list[dict[str, Any]]:
     """Every job row of a document, by page."""
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         rows = conn.execute(
             text("SELECT * FROM jobs WHERE document_id = :id ORDER BY page_number"), {"id": document_id}
         ).mappings()

@@ -24,8 +24,8 @@ from pagescribe.checks import (
     remove_non_characters,
     repetition,
 )
-from pagescribe.documents import DocumentKind, extract_text_layer, read_text_layer, render_page
 from pagescribe.scoring import recall_precision
+from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
 
 from tests.support import CORPUS
 from tests.support.answers import captured, captured_file, index

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pagescribe.documents import DocumentKind, render_page
 from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.scoring import markdown_tables
+from pagescribe.sources import DocumentKind, render_page
 
 from tests.support import CORPUS
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from pagescribe.checks import BLANK_PAGE, Answer, Flag, PageEvidence, Thresholds, check_answer
-from pagescribe.documents import DocumentKind, extract_text_layer, render_page
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.settings import ConfigurationError
+from pagescribe.sources import DocumentKind, extract_text_layer, render_page
 from PIL import Image
 
 pytest.importorskip("rapidocr")  # only a guard for machines without the extra: CI installs it

@@ -11,8 +11,8 @@ import io
 from pathlib import Path
 
 import pytest
-from pagescribe.documents import DocumentKind, inspect_document, render_page
 from pagescribe.orientation import Orientation, detect_orientation, upright
+from pagescribe.sources import DocumentKind, inspect_document, render_page
 from PIL import Image
 
 from tests.support import CORPUS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from pagescribe.aws import DocumentStore, s3_client
+from pagescribe.aws import ObjectStore, s3_client
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,7 @@ def test_a_presigned_put_is_signed_with_sigv4_for_the_region_on_its_host(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
 
     # When an upload URL is made
-    url = DocumentStore(s3_client()).presign_put(
+    url = ObjectStore(s3_client()).presign_put(
         "pagescribe-docs-123", "uploads/doc/report.pdf", content_type="application/pdf", expires_in=900
     )
 

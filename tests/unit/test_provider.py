@@ -28,6 +28,8 @@ from pagescribe.providers.base import (
     TranscriptionRequest,
 )
 from pagescribe.providers.openai_compat import OpenAICompatibleProvider
+from pagescribe.settings import Settings
+from pagescribe.timebudget import TimeBudget
 
 from tests.fakes.chat_server import (
     BodyError,
@@ -59,8 +61,12 @@ def page_request(image: PageImage = IMAGE, page_number: int = 1) -> Transcriptio
     )
 
 
+TIME = TimeBudget.from_settings(Settings())
+
+
 def make_provider(base_url: str, **kwargs: Any) -> TranscriptionProvider:
     kwargs.setdefault("api_key", API_KEY)
+    kwargs.setdefault("time", TIME)
     return OpenAICompatibleProvider(base_url=base_url, **kwargs)
 
 
@@ -150,7 +156,7 @@ def test_without_key_or_accounting_no_authorization_or_usage_is_sent(fake: FakeC
 
 
 def test_name_identifies_the_endpoint_and_repr_hides_the_key(fake: FakeChatServer) -> None:
-    provider = OpenAICompatibleProvider(base_url=fake.base_url, api_key="sk-secret-value")
+    provider = OpenAICompatibleProvider(base_url=fake.base_url, api_key="sk-secret-value", time=TIME)
     try:
         port = fake.base_url.split(":")[2].split("/")[0]
         assert provider.name == f"openai-compatible:127.0.0.1:{port}"

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.documents import (
+from pagescribe.rendering import RenderPool, RenderWorkerError
+from pagescribe.sources import (
     DocumentKind,
     InvalidDocumentError,
     RenderedPage,
@@ -24,7 +25,6 @@ from pagescribe.documents import (
     read_text_layer,
     render_page,
 )
-from pagescribe.rendering import RenderPool, RenderWorkerError
 
 from tests.support import CORPUS
 from tests.support.hostile import bilevel_png, decompression_bomb, page_with_contents
@@ -197,7 +197,7 @@ def test_a_document_error_in_a_worker_carries_the_in_process_reason(
     through_pool: Callable[[RenderPool], Coroutine[Any, Any, object]],
     in_process: Callable[[], object],
 ) -> None:
-    # Given a request that documents.py refuses (a password, a page that does not exist, the text of an image)
+    # Given a request that sources.py refuses (a password, a page that does not exist, the text of an image)
     render(pool, FIRST_PAGE, DocumentKind.PDF, 1)
     workers = pool.pids
     # When it is made through the pool and in this process
@@ -352,7 +352,7 @@ BOMB_SCENARIO = """
 import asyncio, json, sys
 from pathlib import Path
 from typing import Any
-from pagescribe.documents import DocumentKind, InvalidDocumentError
+from pagescribe.sources import DocumentKind, InvalidDocumentError
 from pagescribe.rendering import RenderPool
 
 async def main(bomb, page):

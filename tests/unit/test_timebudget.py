@@ -1,4 +1,4 @@
-"""The time policy of a page's model call, without a database, a provider or a clock."""
+"""The time policy of a page, without a database, a provider or a clock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import pytest
 from pagescribe.settings import Settings
 from pagescribe.timebudget import TimeBudget
 
-BUDGET = TimeBudget(provider_timeout=180, result_reserve=10, min_call=5, lease_margin=60)
+BUDGET = TimeBudget(
+    provider_timeout=180, result_reserve=10, min_call=5, lease_margin=60, connect_timeout=10, render_timeout=60
+)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +35,24 @@ def test_the_minimum_call_is_the_line_between_calling_and_leaving_the_page() -> 
 
 def test_a_lease_outlasts_the_invocation_by_the_margin() -> None:
     assert BUDGET.lease(120) == 180
-    assert TimeBudget(180, 10, 5, lease_margin=0).lease(120) == 120
+    assert TimeBudget(180, 10, 5, lease_margin=0, connect_timeout=10, render_timeout=60).lease(120) == 120
+
+
+@pytest.mark.parametrize(
+    ("left_of_call", "connect"),
+    [
+        (120, 10),  # a connection may take the connect timeout, the rest of the request what is left of the call
+        (4, 4),  # near the end of the call's budget, no phase outlasts it
+    ],
+)
+def test_each_request_of_a_call_is_limited_per_phase_within_what_is_left(left_of_call: float, connect: float) -> None:
+    timeouts = BUDGET.request(left_of_call)
+    assert (timeouts.connect, timeouts.read, timeouts.write, timeouts.pool) == (
+        connect,
+        left_of_call,
+        left_of_call,
+        left_of_call,
+    )
 
 
 def test_the_budget_is_read_from_the_settings() -> None:
@@ -43,5 +62,7 @@ def test_the_budget_is_read_from_the_settings() -> None:
         min_call_budget_seconds=3,
         lease_margin_seconds=30,
         function_timeout_seconds=300,
+        provider_connect_timeout_seconds=4,
+        render_timeout_seconds=20,
     )
-    assert TimeBudget.from_settings(settings) == TimeBudget(90, 7, 3, 30)
+    assert TimeBudget.from_settings(settings) == TimeBudget(90, 7, 3, 30, connect_timeout=4, render_timeout=20)

@@ -25,13 +25,14 @@ import json
 import logging
 import math
 import random
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
 
 from pagescribe.providers.base import FailedAttempt, PageImage, ProviderError, Transcription, TranscriptionRequest
+from pagescribe.timebudget import TimeBudget
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class OpenAICompatibleProvider:
         *,
         base_url: str,
         api_key: str | None,
-        connect_timeout: float = 10.0,
+        time: TimeBudget,
         max_connections: int = 10,
         usage_accounting: bool = True,
         app_name: str = "pagescribe",
@@ -73,7 +74,7 @@ class OpenAICompatibleProvider:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
         )
-        self._connect_timeout = connect_timeout
+        self._time = time
         self._usage_accounting = usage_accounting
         self._retry_rate_limited = retry_rate_limited
         url = self._client.base_url
@@ -143,9 +144,7 @@ class OpenAICompatibleProvider:
         remaining = deadline - loop.time()
         if remaining <= 0:
             raise TimeoutError  # reported like the deadline itself
-        timeout = httpx.Timeout(
-            connect=min(self._connect_timeout, remaining), read=remaining, write=remaining, pool=remaining
-        )
+        timeout = httpx.Timeout(**asdict(self._time.request(remaining)))
         try:
             response = await self._client.post(
                 "chat/completions", content=body, headers={"Content-Type": "application/json"}, timeout=timeout

@@ -1,4 +1,5 @@
-"""Documents on local disk: detect the type from the bytes, count pages, render one page to an image.
+"""Source files (what was uploaded) on local disk: detect the type from the bytes, count pages, render one page to
+an image, read its text layer.
 
 The functions run this code in render worker processes (``rendering.py``), one page at a time each; it is also called
 in-process (tests, ``pagescribe transcribe --estimate``), possibly from several threads, and pdfium is not thread-safe,

@@ -9,13 +9,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from pagescribe.aws import DocumentStore
+from pagescribe.aws import ObjectStore
 from pagescribe.callbacks import CallbackNotifier
 from pagescribe.checks import PageFlag, describe_flags
+from pagescribe.database import Database
 from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.layout import is_page_number
 from pagescribe.settings import Settings
-from pagescribe.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +197,10 @@ def _final_status(pages: list[PageRecord]) -> tuple[DocumentStatus, str | None]:
 
 
 class TranscriptWriter:
-    def __init__(self, settings: Settings, storage: Storage, store: DocumentStore, notifier: CallbackNotifier) -> None:
+    def __init__(self, settings: Settings, db: Database, objects: ObjectStore, notifier: CallbackNotifier) -> None:
         self._settings = settings
-        self._storage = storage
-        self._store = store
+        self._db = db
+        self._objects = objects
         self._notifier = notifier
 
     def transcript_key(self, document_id: str, suffix: str) -> str:
@@ -209,26 +209,26 @@ class TranscriptWriter:
     def finish(self, document_id: str) -> DocumentStatus | None:
         """Write the transcript files, then mark the document finished. Writing is idempotent, so the
         sweeper may finish a document whose finishing invocation died; None if it was already finished."""
-        document = self._storage.get_document(document_id)
+        document = self._db.get_document(document_id)
         if document is None or document.finished_at is not None:
             return None
-        pages = self._storage.load_pages(document_id)
-        attempts = self._storage.load_attempts(document_id)
+        pages = self._db.load_pages(document_id)
+        attempts = self._db.load_attempts(document_id)
         status, error = _final_status(pages)
         markdown_key = self.transcript_key(document_id, "md")
-        self._store.put_text(
+        self._objects.put_text(
             document.bucket,
             self.transcript_key(document_id, "json"),
             render_json(document, status, pages, attempts),
             content_type="application/json",
         )
-        self._store.put_text(
+        self._objects.put_text(
             document.bucket,
             markdown_key,
             render_markdown(document, pages),
             content_type="text/markdown; charset=utf-8",
         )
-        if not self._storage.finish_document(document_id, status=status, error=error, transcript_key=markdown_key):
+        if not self._db.finish_document(document_id, status=status, error=error, transcript_key=markdown_key):
             return None
         log.info("document finished", extra={"document_id": document_id, "status": status.value})
         self._notifier.deliver_due(document_id=document_id)

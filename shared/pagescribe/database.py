@@ -749,9 +749,9 @@ def _float(value: Any) -> float | None:
 def create_database_engine(url: str, *, pool_size: int = 1) -> Engine:
     """A tiny pool suited to Lambda behind RDS Proxy: autocommit connections, no prepared statements.
 
-    SQLAlchemy keeps the pool (and Alembic the migrations); ``Storage`` runs its statements on the pooled
+    SQLAlchemy keeps the pool (and Alembic the migrations); ``Database`` runs its statements on the pooled
     psycopg connections directly. Connections are not pinged before use: a connection found dead is replaced
-    and its statement run once more (see ``Storage._rows``), which costs a round trip only when one died."""
+    and its statement run once more (see ``Database._rows``), which costs a round trip only when one died."""
     return create_engine(
         url,
         pool_size=pool_size,
@@ -850,7 +850,7 @@ def _document(row: Any) -> DocumentRecord:
 _Work = Callable[[psycopg.Connection[Any]], T]
 
 
-class Storage:
+class Database:
     """The data-access layer: each method is one statement (one round trip, autocommitted) or, for a new
     document, one short transaction.
 

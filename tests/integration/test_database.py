@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
+from pagescribe.database import Database, create_database_engine
 from pagescribe.domain import ClaimedJob, DocumentStatus, JobStatus, NewDocument, PageOutcome
-from pagescribe.storage import Storage, create_database_engine
 from psycopg import pq
 from sqlalchemy import text
 
@@ -39,14 +39,14 @@ def _outcome(text_: str) -> PageOutcome:
     return PageOutcome(text_, "stop", 10, 5, 0.001, "test/model", "fake", "gen-1")
 
 
-def _status(storage: Storage, job_id: str) -> tuple[str, int]:
-    with storage.engine.connect() as conn:
+def _status(db: Database, job_id: str) -> tuple[str, int]:
+    with db.engine.connect() as conn:
         row = conn.execute(text("SELECT status, attempts FROM jobs WHERE id = :id"), {"id": job_id}).one()
     return row.status, row.attempts
 
 
-def _expire_lease(storage: Storage, job_id: str) -> None:
-    with storage.engine.begin() as conn:
+def _expire_lease(db: Database, job_id: str) -> None:
+    with db.engine.begin() as conn:
         conn.execute(
             text("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = :id"), {"id": job_id}
         )
@@ -54,16 +54,16 @@ def _expire_lease(storage: Storage, job_id: str) -> None:
 
 @dataclass
 class _Wire:
-    """What a Storage with a pool of one sent its server: per exchange (libpq protocol trace)."""
+    """What a Database with a pool of one sent its server: per exchange (libpq protocol trace)."""
 
     queries: list[str] = field(default_factory=list)  # the text of each statement sent
     round_trips: int = 0  # exchanges completed (ReadyForQuery messages)
 
 
 @contextmanager
-def _on_the_wire(storage: Storage) -> Iterator[tuple[Storage, _Wire]]:
-    engine = create_database_engine(storage.engine.url.render_as_string(hide_password=False))
-    traced = Storage(engine)
+def _on_the_wire(db: Database) -> Iterator[tuple[Database, _Wire]]:
+    engine = create_database_engine(db.engine.url.render_as_string(hide_password=False))
+    traced = Database(engine)
     traced.page_summary(str(uuid.uuid4()))  # connect before tracing
     pooled = engine.raw_connection()
     connection = pooled.driver_connection
@@ -89,113 +89,111 @@ def _on_the_wire(storage: Storage) -> Iterator[tuple[Storage, _Wire]]:
     wire.round_trips = sum(m.startswith("B\t") and m.split("\t")[2] == "ReadyForQuery" for m in messages)
 
 
-def test_a_document_and_its_jobs_are_recorded_once(storage: Storage) -> None:
+def test_a_document_and_its_jobs_are_recorded_once(db: Database) -> None:
     # Given an object recorded as a three-page document
-    first = storage.create_document(_new("uploads/a.pdf"), kind="pdf", pages=[1, 2, 3])
+    first = db.create_document(_new("uploads/a.pdf"), kind="pdf", pages=[1, 2, 3])
     # When the same object (bucket, key, etag, version) is recorded again
-    again = storage.create_document(_new("uploads/a.pdf"), kind="pdf", pages=[1, 2, 3])
+    again = db.create_document(_new("uploads/a.pdf"), kind="pdf", pages=[1, 2, 3])
     # Then the second call finds the first document and adds no jobs
     assert not first.duplicate and len(first.job_ids) == 3
     assert again.duplicate and again.document_id == first.document_id and again.job_ids == ()
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 3
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
 
 
-def test_claim_next_returns_the_oldest_due_job_and_marks_it_processing(storage: Storage) -> None:
+def test_claim_next_returns_the_oldest_due_job_and_marks_it_processing(db: Database) -> None:
     # Given two documents, the first recorded earlier
-    older = storage.create_document(_new("uploads/old.pdf"), kind="pdf", pages=[1, 2])
-    storage.create_document(_new("uploads/new.pdf"), kind="pdf", pages=[1])
+    older = db.create_document(_new("uploads/old.pdf"), kind="pdf", pages=[1, 2])
+    db.create_document(_new("uploads/new.pdf"), kind="pdf", pages=[1])
     # When one job is polled
-    [job] = storage.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
+    [job] = db.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
     # Then it is the first page of the older document, now PROCESSING with one attempt
     assert (job.document_id, job.page_number, job.attempts) == (older.document_id, 1, 1)
-    assert _status(storage, job.job_id) == ("PROCESSING", 1)
+    assert _status(db, job.job_id) == ("PROCESSING", 1)
 
 
-def test_claim_by_id_hands_a_job_out_once(storage: Storage) -> None:
-    created = storage.create_document(_new("uploads/x.pdf"), kind="pdf", pages=[1])
+def test_claim_by_id_hands_a_job_out_once(db: Database) -> None:
+    created = db.create_document(_new("uploads/x.pdf"), kind="pdf", pages=[1])
     [job_id] = created.job_ids
     # When the same job is claimed twice (a duplicate delivery)
-    first = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
-    second = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    first = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    second = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     # Then only the first claim gets it
     assert first is not None and first.job_id == job_id
     assert second is None
     # And once completed, it is never handed out again
-    assert storage.complete_job(first, _outcome("done")) is not None
-    assert storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is None
+    assert db.complete_job(first, _outcome("done")) is not None
+    assert db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is None
 
 
-def test_an_expired_lease_is_taken_over_and_the_zombie_write_is_refused(storage: Storage) -> None:
+def test_an_expired_lease_is_taken_over_and_the_zombie_write_is_refused(db: Database) -> None:
     # Given a job claimed by a worker whose lease then expired (the worker died or stalled)
-    [job_id] = storage.create_document(_new("uploads/z.pdf"), kind="pdf", pages=[1]).job_ids
-    zombie = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    [job_id] = db.create_document(_new("uploads/z.pdf"), kind="pdf", pages=[1]).job_ids
+    zombie = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert zombie is not None
-    _expire_lease(storage, job_id)
+    _expire_lease(db, job_id)
     # When a redelivery claims it again and completes it
-    newer = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    newer = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert newer is not None and newer.attempts == 2 and newer.lease_token != zombie.lease_token
-    assert storage.complete_job(newer, _outcome("newer result")) is not None
+    assert db.complete_job(newer, _outcome("newer result")) is not None
     # Then the zombie's late result and late failure are both refused, and the newer result stands
-    assert storage.complete_job(zombie, _outcome("zombie result")) is None
-    assert storage.fail_job(zombie, "late failure") is None
-    assert not storage.requeue_job(zombie, "late retry", delay_seconds=0)
-    [page] = storage.load_pages(newer.document_id)
+    assert db.complete_job(zombie, _outcome("zombie result")) is None
+    assert db.fail_job(zombie, "late failure") is None
+    assert not db.requeue_job(zombie, "late retry", delay_seconds=0)
+    [page] = db.load_pages(newer.document_id)
     assert (page.status, page.text, page.attempts) == (JobStatus.COMPLETED, "newer result", 2)
 
 
-def test_claims_stop_at_max_attempts(storage: Storage) -> None:
-    [job_id] = storage.create_document(_new("uploads/m.pdf"), kind="pdf", pages=[1]).job_ids
-    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=1)
+def test_claims_stop_at_max_attempts(db: Database) -> None:
+    [job_id] = db.create_document(_new("uploads/m.pdf"), kind="pdf", pages=[1]).job_ids
+    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=1)
     assert job is not None
-    _expire_lease(storage, job_id)
-    assert storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=1) is None
+    _expire_lease(db, job_id)
+    assert db.claim_job(job_id, lease_seconds=LEASE, max_attempts=1) is None
 
 
-def test_requeue_makes_the_job_claimable_again_with_backoff_for_polling(storage: Storage) -> None:
-    [job_id] = storage.create_document(_new("uploads/r.pdf"), kind="pdf", pages=[1]).job_ids
-    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+def test_requeue_makes_the_job_claimable_again_with_backoff_for_polling(db: Database) -> None:
+    [job_id] = db.create_document(_new("uploads/r.pdf"), kind="pdf", pages=[1]).job_ids
+    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert job is not None
-    assert storage.requeue_job(job, "HTTP 503", delay_seconds=3600)
+    assert db.requeue_job(job, "HTTP 503", delay_seconds=3600)
     # The poll respects the backoff; a message naming the job (sent with that delay) may claim it
-    assert storage.claim_next_queued_jobs(limit=10, lease_seconds=LEASE, max_attempts=3) == []
-    again = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert db.claim_next_queued_jobs(limit=10, lease_seconds=LEASE, max_attempts=3) == []
+    again = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert again is not None and again.attempts == 2
 
 
-def test_the_last_page_is_seen_by_exactly_one_completion(storage: Storage) -> None:
-    created = storage.create_document(_new("uploads/d.pdf"), kind="pdf", pages=[1, 2, 3])
-    jobs = [storage.claim_job(j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
+def test_the_last_page_is_seen_by_exactly_one_completion(db: Database) -> None:
+    created = db.create_document(_new("uploads/d.pdf"), kind="pdf", pages=[1, 2, 3])
+    jobs = [db.claim_job(j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
     assert all(jobs)
     claimed = [j for j in jobs if j is not None]
     progress = [
-        storage.complete_job(claimed[0], _outcome("one")),
-        storage.fail_job(claimed[1], "broken page"),
-        storage.complete_job(claimed[2], _outcome("three")),
+        db.complete_job(claimed[0], _outcome("one")),
+        db.fail_job(claimed[1], "broken page"),
+        db.complete_job(claimed[2], _outcome("three")),
     ]
     assert [p.all_pages_done for p in progress if p] == [False, False, True]
-    assert storage.finish_document(
+    assert db.finish_document(
         created.document_id, status=DocumentStatus.PARTIAL, error="1 of 3 pages failed", transcript_key="t.md"
     )
-    assert not storage.finish_document(
-        created.document_id, status=DocumentStatus.PARTIAL, error=None, transcript_key="t.md"
-    )
+    assert not db.finish_document(created.document_id, status=DocumentStatus.PARTIAL, error=None, transcript_key="t.md")
 
 
-def test_sixteen_threads_racing_over_two_thousand_jobs_claim_each_once(storage: Storage) -> None:
+def test_sixteen_threads_racing_over_two_thousand_jobs_claim_each_once(db: Database) -> None:
     # Given 2,000 queued jobs
     for i in range(20):
-        storage.create_document(_new(f"uploads/race-{i}.pdf"), kind="pdf", pages=range(1, 101))
+        db.create_document(_new(f"uploads/race-{i}.pdf"), kind="pdf", pages=range(1, 101))
     claims: list[ClaimedJob] = []
     lock = threading.Lock()
     start = threading.Barrier(16)
 
     def worker() -> None:
         start.wait()
-        while batch := storage.claim_next_queued_jobs(limit=5, lease_seconds=LEASE, max_attempts=3):
+        while batch := db.claim_next_queued_jobs(limit=5, lease_seconds=LEASE, max_attempts=3):
             for job in batch:
-                assert storage.complete_job(job, _outcome(job.job_id)) is not None
+                assert db.complete_job(job, _outcome(job.job_id)) is not None
             with lock:
                 claims.extend(batch)
 
@@ -208,21 +206,21 @@ def test_sixteen_threads_racing_over_two_thousand_jobs_claim_each_once(storage: 
     # Then every job was handed out exactly once and completed
     counts = Counter(j.job_id for j in claims)
     assert len(counts) == 2000 and max(counts.values()) == 1
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM jobs WHERE status = 'COMPLETED'")).scalar_one() == 2000
         assert conn.execute(text("SELECT max(attempts) FROM jobs")).scalar_one() == 1
 
 
-def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(storage: Storage) -> None:
+def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(db: Database) -> None:
     # Given 200 jobs, and three deliveries of each job's message racing across 16 threads
-    job_ids = list(storage.create_document(_new("uploads/dups.pdf"), kind="pdf", pages=range(1, 201)).job_ids)
+    job_ids = list(db.create_document(_new("uploads/dups.pdf"), kind="pdf", pages=range(1, 201)).job_ids)
     deliveries = job_ids * 3
     won: list[str] = []
     lock = threading.Lock()
 
     def worker(share: list[str]) -> None:
         for job_id in share:
-            if storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is not None:
+            if db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is not None:
                 with lock:
                     won.append(job_id)
 
@@ -235,13 +233,13 @@ def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(storage: Stora
     assert sorted(won) == sorted(job_ids)
 
 
-def test_claim_and_poll_are_each_one_limited_statement_without_joins(storage: Storage) -> None:
+def test_claim_and_poll_are_each_one_limited_statement_without_joins(db: Database) -> None:
     # Given two queued jobs
-    job_ids = storage.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3]).job_ids
+    job_ids = db.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3]).job_ids
     # When a batch's jobs are claimed by id, and then the oldest is claimed by polling
-    with _on_the_wire(storage) as (traced, by_id):
+    with _on_the_wire(db) as (traced, by_id):
         claimed = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3)
-    with _on_the_wire(storage) as (traced, poll):
+    with _on_the_wire(db) as (traced, poll):
         [polled] = traced.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
     # Then both jobs were claimed together, and the poll took the third
     assert sorted(claimed) == sorted(job_ids[:2]) and polled.job_id == job_ids[2]
@@ -252,11 +250,11 @@ def test_claim_and_poll_are_each_one_limited_statement_without_joins(storage: St
         assert "LIMIT" in sql and "JOIN" not in sql and "FOR UPDATE SKIP LOCKED" in sql
 
 
-def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_more(storage: Storage) -> None:
-    # Given a Storage whose pooled connection has been used, and a queued job
-    [job_id] = storage.create_document(_new("uploads/killed.pdf"), kind="pdf", pages=[1]).job_ids
-    engine = create_database_engine(storage.engine.url.render_as_string(hide_password=False))
-    survivor = Storage(engine)
+def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_more(db: Database) -> None:
+    # Given a Database whose pooled connection has been used, and a queued job
+    [job_id] = db.create_document(_new("uploads/killed.pdf"), kind="pdf", pages=[1]).job_ids
+    engine = create_database_engine(db.engine.url.render_as_string(hide_password=False))
+    survivor = Database(engine)
     survivor.page_summary(job_id)  # connects
     pooled = engine.raw_connection()
     connection = pooled.driver_connection
@@ -264,20 +262,20 @@ def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_
     assert isinstance(connection, psycopg.Connection)
     # When the server ends that connection's session while it sits in the pool (as a restart or RDS Proxy's
     # idle timeout would)
-    with storage.engine.connect() as admin:
+    with db.engine.connect() as admin:
         admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": connection.info.backend_pid})
     # Then the next call finds it dead, replaces it and succeeds, and the job is claimed exactly once
     claimed = survivor.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert claimed is not None and connection.closed
-    assert _status(storage, job_id) == ("PROCESSING", 1)
+    assert _status(db, job_id) == ("PROCESSING", 1)
     assert survivor.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is None
     engine.dispose()
 
 
-def test_the_poll_is_served_by_the_partial_index(storage: Storage) -> None:
+def test_the_poll_is_served_by_the_partial_index(db: Database) -> None:
     for i in range(30):
-        storage.create_document(_new(f"uploads/ix-{i}.pdf"), kind="pdf", pages=range(1, 101))
-    with storage.engine.begin() as conn:
+        db.create_document(_new(f"uploads/ix-{i}.pdf"), kind="pdf", pages=range(1, 101))
+    with db.engine.begin() as conn:
         conn.execute(text("UPDATE jobs SET status = 'COMPLETED' WHERE page_number > 2"))
         conn.execute(text("ANALYZE jobs"))
         plan = "\n".join(
@@ -300,47 +298,47 @@ def _flagged(text_: str, *flags: dict[str, object], cost: float = 0.001) -> Page
     return PageOutcome(text_, "stop", 10, 5, cost, "test/model", "fake", "gen-1", 100, flags=flags)
 
 
-def test_the_zombies_paid_call_is_recorded_and_counted_although_its_write_is_refused(storage: Storage) -> None:
+def test_the_zombies_paid_call_is_recorded_and_counted_although_its_write_is_refused(db: Database) -> None:
     # Given a page taken over from a worker whose lease expired, and completed by the newer claim
-    [job_id] = storage.create_document(_new("uploads/paid.pdf"), kind="pdf", pages=[1]).job_ids
-    zombie = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    [job_id] = db.create_document(_new("uploads/paid.pdf"), kind="pdf", pages=[1]).job_ids
+    zombie = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert zombie is not None
-    _expire_lease(storage, job_id)
-    newer = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
-    assert newer is not None and storage.complete_job(newer, _flagged("newer", cost=0.002)) is not None
+    _expire_lease(db, job_id)
+    newer = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert newer is not None and db.complete_job(newer, _flagged("newer", cost=0.002)) is not None
     # When the zombie's answer, paid for, arrives late
-    assert storage.complete_job(zombie, _flagged("zombie", cost=0.003)) is None
+    assert db.complete_job(zombie, _flagged("zombie", cost=0.003)) is None
     # Then its write is refused but its call is recorded, and the document's spend is both calls
-    attempts = storage.load_attempts(newer.document_id)
+    attempts = db.load_attempts(newer.document_id)
     assert [(a.outcome, a.cost, a.claim) for a in attempts] == [("KEPT", 0.002, 2), ("LEASE_LOST", 0.003, 1)]
-    spend = storage.spend(newer.document_id)
+    spend = db.spend(newer.document_id)
     assert (spend.calls, spend.prompt_tokens) == (2, 20) and spend.cost == pytest.approx(0.005)
-    [page] = storage.load_pages(newer.document_id)
+    [page] = db.load_pages(newer.document_id)
     assert page.text == "newer"
 
 
 def test_a_page_escalates_once_and_its_failure_without_an_answer_keeps_the_answer_it_escalated_from(
-    storage: Storage,
+    db: Database,
 ) -> None:
     # Given a claimed page whose answer is hard-flagged
-    [job_id] = storage.create_document(_new("uploads/esc.pdf"), kind="pdf", pages=[1]).job_ids
-    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    [job_id] = db.create_document(_new("uploads/esc.pdf"), kind="pdf", pages=[1]).job_ids
+    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert job is not None
     # When it escalates, and the same claim (or a stale one) tries to escalate it again
-    assert storage.escalate_job(job, _flagged("loop loop loop", REPETITION))
-    assert not storage.escalate_job(job, _flagged("loop again", REPETITION))
+    assert db.escalate_job(job, _flagged("loop loop loop", REPETITION))
+    assert not db.escalate_job(job, _flagged("loop again", REPETITION))
     # Then it escalated once: PENDING, the flagged answer kept as its text, both calls recorded
-    [page] = storage.load_pages(job.document_id)
+    [page] = db.load_pages(job.document_id)
     assert (page.status, page.escalation, page.text, page.flags) == (
         JobStatus.PROCESSING,
         "PENDING",
         "loop loop loop",
         [REPETITION],
     )
-    assert [a.outcome for a in storage.load_attempts(job.document_id)] == ["ESCALATED", "LEASE_LOST"]
+    assert [a.outcome for a in db.load_attempts(job.document_id)] == ["ESCALATED", "LEASE_LOST"]
     # And when the escalation call fails with no answer, the page fails keeping that text and those flags
-    assert storage.fail_job(job, "escalated to test/strong, which failed: HTTP 404") is not None
-    [page] = storage.load_pages(job.document_id)
+    assert db.fail_job(job, "escalated to test/strong, which failed: HTTP 404") is not None
+    [page] = db.load_pages(job.document_id)
     assert (page.status, page.escalation, page.text, page.flags) == (
         JobStatus.FAILED,
         "DONE",
@@ -349,29 +347,29 @@ def test_a_page_escalates_once_and_its_failure_without_an_answer_keeps_the_answe
     )
 
 
-def test_a_pending_escalation_survives_a_requeue_and_is_claimed_with_its_flags(storage: Storage) -> None:
+def test_a_pending_escalation_survives_a_requeue_and_is_claimed_with_its_flags(db: Database) -> None:
     # Given a page that escalated but had no time left for the second call
-    [job_id] = storage.create_document(_new("uploads/later.pdf"), kind="pdf", pages=[1]).job_ids
-    job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
-    assert job is not None and storage.escalate_job(job, _flagged("loop", REPETITION))
-    assert storage.requeue_job(job, "escalated; only 1.0 s left for its call", delay_seconds=0)
+    [job_id] = db.create_document(_new("uploads/later.pdf"), kind="pdf", pages=[1]).job_ids
+    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    assert job is not None and db.escalate_job(job, _flagged("loop", REPETITION))
+    assert db.requeue_job(job, "escalated; only 1.0 s left for its call", delay_seconds=0)
     # When it is claimed again
-    again = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    again = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     # Then the claim says it waits for the escalation model, with the flags it escalated on
     assert again is not None and again.escalation_pending and again.flags == (REPETITION,)
     # And a user's retry of a failed page starts its answer afresh but never its escalation
-    assert storage.fail_job(again, "still looping", _flagged("loop", REPETITION)) is not None
-    assert storage.retry_failed_pages(job.document_id, max_retries=3) == [(job_id, 1)]
-    [page] = storage.load_pages(job.document_id)
+    assert db.fail_job(again, "still looping", _flagged("loop", REPETITION)) is not None
+    assert db.retry_failed_pages(job.document_id, max_retries=3) == [(job_id, 1)]
+    [page] = db.load_pages(job.document_id)
     assert (page.status, page.escalation, page.text, page.flags) == (JobStatus.QUEUED, "DONE", None, [])
 
 
-def test_concurrent_retries_of_a_document_requeue_its_pages_once_and_count_once(storage: Storage) -> None:
+def test_concurrent_retries_of_a_document_requeue_its_pages_once_and_count_once(db: Database) -> None:
     # Given a document with three failed pages
-    created = storage.create_document(_new("uploads/retry.pdf"), kind="pdf", pages=[1, 2, 3])
+    created = db.create_document(_new("uploads/retry.pdf"), kind="pdf", pages=[1, 2, 3])
     for job_id in created.job_ids:
-        job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
-        assert job is not None and storage.fail_job(job, "refused") is not None
+        job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+        assert job is not None and db.fail_job(job, "refused") is not None
 
     # When eight callers retry it at once
     start = threading.Barrier(8)
@@ -379,7 +377,7 @@ def test_concurrent_retries_of_a_document_requeue_its_pages_once_and_count_once(
 
     def retry() -> None:
         start.wait()
-        results.append(storage.retry_failed_pages(created.document_id, max_retries=5))
+        results.append(db.retry_failed_pages(created.document_id, max_retries=5))
 
     threads = [threading.Thread(target=retry) for _ in range(8)]
     for thread in threads:
@@ -389,46 +387,46 @@ def test_concurrent_retries_of_a_document_requeue_its_pages_once_and_count_once(
 
     # Then exactly one requeued the three pages, the count of retries went up once, and the page counts add up
     assert sorted(len(result) for result in results) == [0] * 7 + [3]
-    document = storage.get_document(created.document_id)
+    document = db.get_document(created.document_id)
     assert document is not None and (document.retries, document.pages_failed) == (1, 0)
 
 
-def test_a_document_that_used_its_retries_is_not_requeued(storage: Storage) -> None:
+def test_a_document_that_used_its_retries_is_not_requeued(db: Database) -> None:
     # Given a document with a failed page, retried once already under a limit of one
-    created = storage.create_document(_new("uploads/limit.pdf"), kind="pdf", pages=[1])
+    created = db.create_document(_new("uploads/limit.pdf"), kind="pdf", pages=[1])
     [job_id] = created.job_ids
     for _ in range(2):
-        job = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=9)
-        assert job is not None and storage.fail_job(job, "refused") is not None
-        retried = storage.retry_failed_pages(created.document_id, max_retries=1)
+        job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=9)
+        assert job is not None and db.fail_job(job, "refused") is not None
+        retried = db.retry_failed_pages(created.document_id, max_retries=1)
 
     # Then the second retry requeued nothing, and the page stays FAILED
     assert retried == []
-    [page] = storage.load_pages(created.document_id)
+    [page] = db.load_pages(created.document_id)
     assert page.status is JobStatus.FAILED
 
 
 def test_a_stale_write_is_refused_by_its_lease_token_while_the_newer_claim_is_still_in_flight(
-    storage: Storage,
+    db: Database,
 ) -> None:
     # Given a job whose first claim's lease expired, and a newer claim of it still in flight (PROCESSING): the row's
     # status is what the stale worker last saw, so only the lease token tells the two claims apart
-    [job_id] = storage.create_document(_new("uploads/fence.pdf"), kind="pdf", pages=[1]).job_ids
-    stale = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    [job_id] = db.create_document(_new("uploads/fence.pdf"), kind="pdf", pages=[1]).job_ids
+    stale = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert stale is not None
-    _expire_lease(storage, job_id)
-    newer = storage.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    _expire_lease(db, job_id)
+    newer = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
     assert newer is not None and newer.lease_token != stale.lease_token
 
     # When the stale worker writes before the newer one has answered
-    completed = storage.complete_job(stale, _outcome("stale result"))
-    failed = storage.fail_job(stale, "stale failure")
-    requeued = storage.requeue_job(stale, "stale retry", delay_seconds=0)
-    escalated = storage.escalate_job(stale, _flagged("stale loop", REPETITION))
+    completed = db.complete_job(stale, _outcome("stale result"))
+    failed = db.fail_job(stale, "stale failure")
+    requeued = db.requeue_job(stale, "stale retry", delay_seconds=0)
+    escalated = db.escalate_job(stale, _flagged("stale loop", REPETITION))
 
     # Then every write is refused, and the page is still the newer claim's, untouched
     assert (completed, failed, requeued, escalated) == (None, None, False, False)
-    with storage.engine.connect() as conn:
+    with db.engine.connect() as conn:
         row = conn.execute(
             text("SELECT status, lease_token, result_text, error, attempts FROM jobs WHERE id = :id"), {"id": job_id}
         ).one()
@@ -440,7 +438,7 @@ def test_a_stale_write_is_refused_by_its_lease_token_while_the_newer_claim_is_st
         2,
     )
     # And the newer claim completes the page; the stale worker's two answered calls are recorded as LEASE_LOST
-    assert storage.complete_job(newer, _outcome("newer result")) is not None
-    [page] = storage.load_pages(newer.document_id)
+    assert db.complete_job(newer, _outcome("newer result")) is not None
+    [page] = db.load_pages(newer.document_id)
     assert (page.status, page.text) == (JobStatus.COMPLETED, "newer result")
-    assert [a.outcome for a in storage.load_attempts(newer.document_id)] == ["LEASE_LOST", "LEASE_LOST", "KEPT"]
+    assert [a.outcome for a in db.load_attempts(newer.document_id)] == ["LEASE_LOST", "LEASE_LOST", "KEPT"]

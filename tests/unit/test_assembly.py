@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from pagescribe.documents import extract_text_layer
+from pagescribe.assembly import render_json, render_markdown, running_furniture
 from pagescribe.domain import DocumentRecord, DocumentStatus, JobStatus, PageRecord
-from pagescribe.transcripts import render_json, render_markdown, running_furniture
+from pagescribe.sources import extract_text_layer
 
 from tests.support import CORPUS
 

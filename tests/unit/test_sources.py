@@ -14,7 +14,8 @@ from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.documents import (
+from pagescribe.scoring import recall_precision
+from pagescribe.sources import (
     DocumentInfo,
     DocumentKind,
     InvalidDocumentError,
@@ -25,7 +26,6 @@ from pagescribe.documents import (
     read_text_layer,
     render_page,
 )
-from pagescribe.scoring import recall_precision
 from PIL import Image, ImageDraw, ImageStat, TiffImagePlugin
 
 from tests.support import CORPUS
@@ -532,9 +532,9 @@ def test_a_page_that_renders_blank_comes_with_its_text_layer_laid_out() -> None:
 
 def test_a_page_of_more_runs_of_text_than_the_layout_takes_keeps_pdfiums_order(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a layout limit below the runs of text of a real two-column page
-    import pagescribe.documents
+    import pagescribe.sources
 
-    monkeypatch.setattr(pagescribe.documents, "LAYOUT_MAX_BOXES", 10)
+    monkeypatch.setattr(pagescribe.sources, "LAYOUT_MAX_BOXES", 10)
     # When its text layer is read
     layer = read_text_layer(CORPUS / "multicolumn.pdf", 1)
     # Then the text that stands in for the page is pdfium's own, not laid out (its time would grow past the render's)
