@@ -231,6 +231,73 @@ def _queue_arn(sqs: Any, queue_url: str) -> str:
     return str(sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
 
 
+def receive_batch(sqs: Any, queue_url: str, wait_seconds: int = 0) -> list[dict[str, Any]]:
+    """Up to ten messages, with their attributes, as the event source mapping receives them."""
+    response = sqs.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds, AttributeNames=["All"]
+    )
+    return [dict(m) for m in response.get("Messages", [])]
+
+
+def delete_handled(sqs: Any, queue_url: str, messages: list[dict[str, Any]]) -> None:
+    """Delete handled messages, up to ten per call, as the event source does."""
+    for start in range(0, len(messages), 10):
+        entries: list[DeleteMessageBatchRequestEntryTypeDef] = [
+            {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
+            for number, message in enumerate(messages[start : start + 10])
+        ]
+        response = sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+        for failure in response.get("Failed", []):  # such a message is simply delivered again
+            log.warning("a handled message could not be deleted: %s", failure.get("Message"))
+
+
+class SqsEventSource:
+    """Lambda's SQS event source mapping for one queue and one handler: batches of up to ten messages, partial
+    batch responses honoured. What succeeded is deleted; what failed stays in flight until its visibility timeout,
+    as with the real mapping, or, with ``failed_visible_after`` set, becomes visible again after that many seconds
+    (0 lets a test redeliver at once)."""
+
+    def __init__(
+        self,
+        sqs: Any,
+        queue_url: str,
+        queue_arn: str,
+        handler: Handler,
+        *,
+        timeout_seconds: float,
+        function_name: str,
+        failed_visible_after: int | None = None,
+    ) -> None:
+        self._sqs = sqs
+        self.queue_url = queue_url
+        self._queue_arn = queue_arn
+        self._handler = handler
+        self._timeout_seconds = timeout_seconds
+        self._function_name = function_name
+        self._failed_visible_after = failed_visible_after
+
+    def deliver(self, wait_seconds: int = 0) -> tuple[int, dict[str, Any]]:
+        """One batch → the handler; how many messages it held and the handler's response ({} when none)."""
+        messages = receive_batch(self._sqs, self.queue_url, wait_seconds)
+        if not messages:
+            return 0, {}
+        response = dict(
+            self._handler(
+                sqs_event(messages, self._queue_arn), LambdaContext(self._timeout_seconds, self._function_name)
+            )
+        )
+        failed = {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
+        delete_handled(self._sqs, self.queue_url, [m for m in messages if m["MessageId"] not in failed])
+        if self._failed_visible_after is not None:
+            for message in (m for m in messages if m["MessageId"] in failed):
+                self._sqs.change_message_visibility(
+                    QueueUrl=self.queue_url,
+                    ReceiptHandle=message["ReceiptHandle"],
+                    VisibilityTimeout=self._failed_visible_after,
+                )
+        return len(messages), response
+
+
 class LambdaService:
     """Plays the Lambda service for the three event-driven functions, one poll at a time."""
 
@@ -246,40 +313,29 @@ class LambdaService:
     ) -> None:
         self._resources = resources
         self._upload = upload
-        self._transcribe = transcribe
         self._sweeper = sweeper
-        self._transcribe_timeout = transcribe_timeout
         self._sweep_every = sweep_every
         self._next_sweep = time.monotonic() + sweep_every
         self._sqs = boto3.client("sqs")
-
-    def _receive(self, queue_url: str, wait_seconds: int) -> list[dict[str, Any]]:
-        response = self._sqs.receive_message(
-            QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds, AttributeNames=["All"]
+        self._jobs = SqsEventSource(
+            self._sqs,
+            resources.queue_url,
+            resources.queue_arn,
+            transcribe,
+            timeout_seconds=transcribe_timeout,
+            function_name="pagescribe-transcribe",
         )
-        messages: list[dict[str, Any]] = [dict(m) for m in response.get("Messages", [])]
-        return messages
-
-    def _delete(self, queue_url: str, messages: list[dict[str, Any]]) -> None:
-        """Delete handled messages, up to ten per call, as the event source does."""
-        for start in range(0, len(messages), 10):
-            entries: list[DeleteMessageBatchRequestEntryTypeDef] = [
-                {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
-                for number, message in enumerate(messages[start : start + 10])
-            ]
-            response = self._sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
-            for failure in response.get("Failed", []):  # such a message is simply delivered again
-                log.warning("a handled message could not be deleted: %s", failure.get("Message"))
 
     def deliver_uploads(self) -> int:
         """S3 notifications → the upload function, invoked asynchronously as Lambda does: a failed invocation is
         tried again later, and after UPLOAD_INVOCATIONS failed ones the event goes to the on-failure destination
         as a destination record."""
-        messages = self._receive(self._resources.notifications_url, 0)
+        notifications = self._resources.notifications_url
+        messages = receive_batch(self._sqs, notifications)
         for message in messages:
             event = json.loads(message["Body"])
             if event.get("Event") == "s3:TestEvent":  # S3 sends one when notifications are configured
-                self._delete(self._resources.notifications_url, [message])
+                delete_handled(self._sqs, notifications, [message])
                 continue
             try:
                 self._upload(event, LambdaContext(120, "pagescribe-upload"))
@@ -291,22 +347,14 @@ class LambdaService:
                 log.exception("the upload function failed %d times; the event goes to its destination", invocations)
                 record = destination_record(event, exc, invocations, "pagescribe-upload")
                 self._sqs.send_message(QueueUrl=self._resources.upload_failures_url, MessageBody=json.dumps(record))
-            self._delete(self._resources.notifications_url, [message])
+            delete_handled(self._sqs, notifications, [message])
         return len(messages)
 
     def deliver_jobs(self, wait_seconds: int = 0) -> int:
         """One batch of up to ten job messages → the transcribe function, honouring partial failures:
         failed messages stay in flight until their visibility timeout, as with the real event source."""
-        messages = self._receive(self._resources.queue_url, wait_seconds)
-        if not messages:
-            return 0
-        response = self._transcribe(
-            sqs_event(messages, self._resources.queue_arn),
-            LambdaContext(self._transcribe_timeout, "pagescribe-transcribe"),
-        )
-        failed = {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
-        self._delete(self._resources.queue_url, [m for m in messages if m["MessageId"] not in failed])
-        return len(messages)
+        handled, _ = self._jobs.deliver(wait_seconds)
+        return handled
 
     def sweep_if_due(self, *, force: bool = False) -> None:
         if force or time.monotonic() >= self._next_sweep:

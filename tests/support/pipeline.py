@@ -12,9 +12,9 @@ from typing import Any
 
 from pagescribe.handlers import transcribe as transcribe_app
 from pagescribe.handlers import upload as upload_app
-from pagescribe_local.stack import SCHEDULED_EVENT
+from pagescribe_local.stack import SCHEDULED_EVENT, SqsEventSource
 
-from tests.support.aws_events import LambdaContext, s3_put_event, sqs_event
+from tests.support.aws_events import LambdaContext, s3_put_event
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,23 +78,23 @@ class Pipeline:
         return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
 
     def run_until_idle(self, *, max_rounds: int = 200) -> list[dict[str, Any]]:
-        """Poll the queue like the event source mapping: deliver batches of ten, delete what succeeded,
-        make failed messages visible again at once. Returns the handler responses."""
+        """Poll the queue with the local stack's event source mapping, except that failed messages are visible
+        again at once instead of after their visibility timeout. Returns the handler responses."""
+        source = SqsEventSource(
+            self.sqs,
+            self.queue_url,
+            self.queue_arn,
+            transcribe_app.handler,
+            timeout_seconds=self.function_timeout,
+            function_name="pagescribe-transcribe",
+            failed_visible_after=0,
+        )
         responses: list[dict[str, Any]] = []
         for _ in range(max_rounds):
-            messages = self.receive()
-            if not messages:
+            handled, response = source.deliver()
+            if not handled:
                 return responses
-            response = self.invoke_transcribe(sqs_event(messages, self.queue_arn))
             responses.append(response)
-            failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
-            for m in messages:
-                if m["MessageId"] in failed:
-                    self.sqs.change_message_visibility(
-                        QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
-                    )
-                else:
-                    self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"])
         raise AssertionError(f"the queue did not drain in {max_rounds} rounds")
 
     def sweep(self) -> dict[str, Any]:
