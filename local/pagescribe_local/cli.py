@@ -93,7 +93,7 @@ def _database_url(data_dir: Path) -> Iterator[bool]:
         yield embedded
     finally:
         if embedded:
-            stop_embedded_database()
+            stop_embedded_database(data_dir)
             del os.environ["DATABASE_URL"]
 
 

@@ -60,12 +60,14 @@ def embedded_database_url(data_dir: Path = DEFAULT_DATA_DIR, *, database: str = 
     return url.render_as_string(hide_password=False)
 
 
-def stop_embedded_database() -> None:
-    """Release this process's use of the embedded server(s): each one stops now unless another process
-    still uses it (then the last of those stops it). Calling it again does nothing."""
+def stop_embedded_database(data_dir: Path) -> None:
+    """Release this process's use of the embedded server on ``data_dir``: it stops now unless another process
+    still uses it (then the last of those stops it). The servers this process runs on other data directories
+    are left alone. Calling it again does nothing."""
+    pgdata = (data_dir / "pgdata").resolve()
     with _servers_lock:
-        while _servers:
-            pgdata, server = _servers.popitem()
+        server = _servers.pop(pgdata, None)
+        if server is not None:
             server.cleanup()
             logger.info("Released the embedded PostgreSQL server on %s", pgdata)
 

@@ -13,7 +13,8 @@ import pytest
 from pagescribe.database import Database, create_database_engine
 from pagescribe.domain import NewDocument
 from pagescribe.migrate import upgrade_database
-from pagescribe_local.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
+from pagescribe_local.embedded import EmbeddedDatabaseError, stop_embedded_database
+from pagescribe_local.embedded import embedded_database_url as start_embedded
 from sqlalchemy import create_engine, inspect, text
 
 pytestmark = pytest.mark.integration
@@ -69,7 +70,7 @@ def postmaster_pids(data_dir: Path) -> list[int]:
 
 
 def release(directory: Path) -> None:
-    stop_embedded_database()
+    stop_embedded_database(directory)
     for pid in postmaster_pids(directory):
         os.kill(pid, signal.SIGINT)  # fast shutdown of a server a failing test left behind
 
@@ -86,8 +87,8 @@ def new_data_dir(tmp_path: Path) -> Iterator[Path]:
 def initialized_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A data directory whose cluster has been created (initdb is the slow part of a first start), stopped."""
     directory = tmp_path_factory.mktemp("template") / "data"
-    embedded_database_url(directory)
-    stop_embedded_database()
+    start_embedded(directory)
+    stop_embedded_database(directory)
     yield directory
     release(directory)
 
@@ -117,8 +118,8 @@ def test_start_returns_a_psycopg_url_of_a_postgresql_15_or_newer_server(new_data
     assert not data_dir.exists()
 
     # When the embedded server is started, twice in this process
-    url = embedded_database_url(data_dir)
-    again = embedded_database_url(data_dir)
+    url = start_embedded(data_dir)
+    again = start_embedded(data_dir)
 
     # Then one server runs on data_dir/pgdata, both calls give the same psycopg URL, and it answers SQL
     assert again == url
@@ -132,23 +133,24 @@ def test_start_returns_a_psycopg_url_of_a_postgresql_15_or_newer_server(new_data
     assert scalar(url, "SELECT current_database()") == "pagescribe"
 
 
-def test_stop_stops_the_server_of_this_process_and_is_idempotent(data_dir: Path) -> None:
-    # Given a running embedded server used by this process only
-    embedded_database_url(data_dir)
+def test_stop_stops_the_server_of_this_process_and_is_idempotent(data_dir: Path, embedded_database_url: str) -> None:
+    # Given a running embedded server used by this process only, beside the session's embedded server
+    start_embedded(data_dir)
     assert len(postmaster_pids(data_dir)) == 1
 
     # When it is stopped twice
-    stop_embedded_database()
-    stop_embedded_database()
+    stop_embedded_database(data_dir)
+    stop_embedded_database(data_dir)
 
-    # Then no server runs on the data directory any more
+    # Then no server runs on its data directory any more, and the session's server still answers
     assert postmaster_pids(data_dir) == []
+    assert scalar(embedded_database_url, "SELECT 1") == 1
     assert not (data_dir / "pgdata" / "postmaster.pid").exists()
 
 
 def test_migrations_apply_and_applying_them_again_changes_nothing(data_dir: Path) -> None:
     # Given a fresh database on the embedded server
-    url = embedded_database_url(data_dir, database="migrations")
+    url = start_embedded(data_dir, database="migrations")
     engine = create_engine(url)
     assert "documents" not in inspect(engine).get_table_names()
 
@@ -168,7 +170,7 @@ def test_migrations_apply_and_applying_them_again_changes_nothing(data_dir: Path
 
 def test_the_claim_statement_runs_on_the_embedded_server(data_dir: Path) -> None:
     # Given a migrated embedded database with a document of three pages
-    url = embedded_database_url(data_dir, database="claims")
+    url = start_embedded(data_dir, database="claims")
     upgrade_database(url)
     engine = create_database_engine(url)
     db = Database(engine)
@@ -190,7 +192,7 @@ def test_the_claim_statement_runs_on_the_embedded_server(data_dir: Path) -> None
 
 def test_a_second_process_reuses_the_running_server_and_leaves_it_running(data_dir: Path) -> None:
     # Given this process runs the embedded server on the data directory
-    url = embedded_database_url(data_dir)
+    url = start_embedded(data_dir)
     [server_pid] = postmaster_pids(data_dir)
 
     # When another process uses the same data directory and exits
@@ -246,7 +248,7 @@ def test_the_server_stops_when_its_last_process_exits_and_keeps_the_data(data_di
     assert postmaster_pids(data_dir) == []
 
     # When the server is started again on the same directory
-    url = embedded_database_url(data_dir)
+    url = start_embedded(data_dir)
 
     # Then it runs and still has the row
     assert len(postmaster_pids(data_dir)) == 1
@@ -277,7 +279,7 @@ def test_a_server_that_cannot_start_raises_with_the_reason_from_its_log(data_dir
 
     # When the embedded server is started on it
     with pytest.raises(EmbeddedDatabaseError) as raised:
-        embedded_database_url(data_dir)
+        start_embedded(data_dir)
 
     # Then the error names the data directory and quotes the server log
     message = str(raised.value)
