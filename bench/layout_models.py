@@ -38,7 +38,7 @@ from pagescribe_local.evaluation import text_layer_truth
 from PIL import Image
 
 from bench.common import CORPUS
-from bench.ocr import DOCUMENTS, RENDER_OPTIONS, TWO_COLUMN, replace_section
+from bench.ocr import DOCUMENTS, PROVIDER_OPTIONS, RENDER_OPTIONS, TWO_COLUMN, replace_section
 from bench.report import _git_head
 
 MIN_SCORE = 0.5  # layout_cdla's regions kept: its own default confidence threshold
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     commit = _git_head()
     layout = _layout_engine()
-    provider = RapidOcrProvider()
+    provider = RapidOcrProvider(**PROVIDER_OPTIONS)
     rows: list[tuple[str, int, float, float, float]] = []
     paths = sorted({*DOCUMENTS.glob("*.pdf"), *CORPUS.glob("*.pdf")})
     for path in paths:

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
-from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.scoring import markdown_tables
 from pagescribe.sources import DocumentKind, render_page
 
 from tests.support import CORPUS
+from tests.support.offline import offline
 
 DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
 
@@ -163,7 +163,7 @@ def test_a_bulleted_list_is_no_table() -> None:
 @pytest.fixture(scope="module")
 def read() -> Iterator[object]:
     """Reads a page of a real document with the offline engine, as the pipeline renders it."""
-    provider = RapidOcrProvider()
+    provider = offline()
     loop = asyncio.new_event_loop()
 
     def read_page(path: Path, page_number: int) -> str:

@@ -21,6 +21,8 @@ from pagescribe.settings import ConfigurationError
 from pagescribe.sources import DocumentKind, extract_text_layer, render_page
 from PIL import Image
 
+from tests.support.offline import offline
+
 pytest.importorskip("rapidocr")  # only a guard for machines without the extra: CI installs it
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
@@ -62,7 +64,7 @@ def test_a_real_page_reads_its_words_in_lines() -> None:
     layer = extract_text_layer(PDF, 1)
     assert all(word in layer for word in WORDS)  # the words are really on the page
 
-    provider = RapidOcrProvider()
+    provider = offline()
     [result] = asyncio.run(transcribe_all(provider, PageImage(data=page.data, media_type=page.media_type)))
 
     text = result.text.lower()
@@ -79,14 +81,14 @@ def test_a_real_page_reads_its_words_in_lines() -> None:
 
 @pytest.mark.offline_ocr
 def test_a_blank_page_reads_blank_page() -> None:
-    [result] = asyncio.run(transcribe_all(RapidOcrProvider(), blank_image()))
+    [result] = asyncio.run(transcribe_all(offline(), blank_image()))
 
     assert result.text == BLANK_PAGE == "(blank page)"
 
 
 @pytest.mark.offline_ocr
 def test_a_page_over_budget_raises_a_retryable_error() -> None:
-    provider = RapidOcrProvider()  # its engine is not built yet: that alone takes longer than the budget
+    provider = offline()  # its engine is not built yet: that alone takes longer than the budget
 
     with pytest.raises(ProviderError) as caught:
         asyncio.run(transcribe_all(provider, blank_image(), budget=0.01))
@@ -97,7 +99,7 @@ def test_a_page_over_budget_raises_a_retryable_error() -> None:
 
 @pytest.mark.offline_ocr
 def test_the_engine_is_built_once_and_reused() -> None:
-    provider = RapidOcrProvider()
+    provider = offline()
     assert provider.engine_loads == 0  # built lazily, on the first page
 
     results = asyncio.run(transcribe_all(provider, blank_image(), blank_image(400, 300)))
@@ -132,7 +134,7 @@ def column(side: str, left: float, right: float, rows: int, top: float = 120) ->
 def test_a_real_two_column_page_reads_the_left_column_before_the_right_one() -> None:
     page = render_page(TWO_COLUMNS, DocumentKind.PDF, 1)
 
-    [result] = asyncio.run(transcribe_all(RapidOcrProvider(), PageImage(data=page.data, media_type=page.media_type)))
+    [result] = asyncio.run(transcribe_all(offline(), PageImage(data=page.data, media_type=page.media_type)))
 
     lines = result.text.splitlines()
     assert lines[0] == "# Two-Column Document with Lorem Ipsum"
@@ -151,7 +153,7 @@ def test_a_real_two_column_page_reads_the_left_column_before_the_right_one() -> 
 def test_a_real_table_keeps_its_rows_on_one_line_each() -> None:
     page = render_page(PAPER, DocumentKind.PDF, 6)  # a table of LaTeX commands in four columns, two by two
 
-    [result] = asyncio.run(transcribe_all(RapidOcrProvider(), PageImage(data=page.data, media_type=page.media_type)))
+    [result] = asyncio.run(transcribe_all(offline(), PageImage(data=page.data, media_type=page.media_type)))
 
     lines = result.text.splitlines()
     assert any("\\aleph" in line and "\\oiint" in line for line in lines), result.text
@@ -295,7 +297,7 @@ def test_without_the_extra_construction_says_how_to_install_it(monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "rapidocr", None)  # makes "import rapidocr" fail as if not installed
 
     with pytest.raises(ConfigurationError, match=r"pip install 'pagescribe\[offline\]'"):
-        RapidOcrProvider()
+        offline()
 
 
 @pytest.mark.offline_ocr
@@ -313,7 +315,7 @@ def test_a_page_sent_turned_is_read_upright_and_says_how_far_it_was_turned(
     # When the offline engine reads it, and the upright page
     turned, straight = asyncio.run(
         transcribe_all(
-            RapidOcrProvider(),
+            offline(),
             PageImage(data=buffer.getvalue(), media_type="image/png"),
             PageImage(data=page.data, media_type=page.media_type),
         )
@@ -329,7 +331,7 @@ def test_a_page_sent_turned_is_read_upright_and_says_how_far_it_was_turned(
 @pytest.mark.offline_ocr
 def test_a_language_whose_model_does_not_ship_is_refused_naming_those_that_do() -> None:
     with pytest.raises(ConfigurationError, match=r"language 'latin'.*never downloads models.*ship: ch$"):
-        RapidOcrProvider(language="latin")
+        offline(language="latin")
 
 
 @pytest.mark.offline_ocr
@@ -343,8 +345,8 @@ def test_a_turned_scan_read_as_it_is_has_low_confidence_and_turned_it_reads_upri
     as_it_is = render_page(scan, DocumentKind.PDF, page_number, orient=False)
     image = PageImage(as_it_is.data, as_it_is.media_type)
     # When the offline engine reads it as it is (DETECT_ORIENTATION=false), and turning it where it must
-    [sideways] = asyncio.run(transcribe_all(RapidOcrProvider(orient=False), image))
-    [straight] = asyncio.run(transcribe_all(RapidOcrProvider(), image))
+    [sideways] = asyncio.run(transcribe_all(offline(orient=False), image))
+    [straight] = asyncio.run(transcribe_all(offline(), image))
     thresholds = Thresholds()
 
     def flags(result: Transcription) -> list[Flag]:

@@ -61,12 +61,16 @@ def page_request(image: PageImage = IMAGE, page_number: int = 1) -> Transcriptio
     )
 
 
-TIME = TimeBudget.from_settings(Settings())
+SETTINGS = Settings()
+TIME = TimeBudget.from_settings(SETTINGS)
 
 
 def make_provider(base_url: str, **kwargs: Any) -> TranscriptionProvider:
+    """The provider as the settings' defaults configure it, with ``kwargs``."""
     kwargs.setdefault("api_key", API_KEY)
     kwargs.setdefault("time", TIME)
+    kwargs.setdefault("max_connections", SETTINGS.page_concurrency)
+    kwargs.setdefault("usage_accounting", SETTINGS.provider_usage_accounting)
     return OpenAICompatibleProvider(base_url=base_url, **kwargs)
 
 
@@ -156,7 +160,7 @@ def test_without_key_or_accounting_no_authorization_or_usage_is_sent(fake: FakeC
 
 
 def test_name_identifies_the_endpoint_and_repr_hides_the_key(fake: FakeChatServer) -> None:
-    provider = OpenAICompatibleProvider(base_url=fake.base_url, api_key="sk-secret-value", time=TIME)
+    provider = make_provider(fake.base_url, api_key="sk-secret-value")
     try:
         port = fake.base_url.split(":")[2].split("/")[0]
         assert provider.name == f"openai-compatible:127.0.0.1:{port}"

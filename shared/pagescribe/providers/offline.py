@@ -66,9 +66,7 @@ class RapidOcrProvider:
     and later pages wait for a free worker within their own budgets.
     """
 
-    def __init__(
-        self, *, max_workers: int = 1, language: str = "ch", page_numbers: PageNumbers = "mark", orient: bool = True
-    ) -> None:
+    def __init__(self, *, language: str, page_numbers: PageNumbers, orient: bool, max_workers: int = 1) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, not {max_workers}")
         self._engine_class = _import_rapidocr()
