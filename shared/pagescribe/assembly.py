@@ -196,6 +196,9 @@ def _final_status(pages: list[PageRecord]) -> tuple[DocumentStatus, str | None]:
     return status, "; ".join(said)
 
 
+_IMAGE_SUFFIXES = {"image/jpeg": "jpg", "image/png": "png"}
+
+
 class TranscriptWriter:
     def __init__(self, settings: Settings, db: Database, objects: ObjectStore, notifier: CallbackNotifier) -> None:
         self._settings = settings
@@ -205,6 +208,14 @@ class TranscriptWriter:
 
     def transcript_key(self, document_id: str, suffix: str) -> str:
         return f"{self._settings.transcript_prefix}{document_id}.{suffix}"
+
+    def keep_page_image(self, document: DocumentRecord, page_number: int, data: bytes, media_type: str) -> str:
+        """Store the image a page is sent to the model as beside the transcript, under
+        ``<transcript prefix><document id>/pages/<page>.<jpg|png>``; its key. Storing it again overwrites it."""
+        suffix = _IMAGE_SUFFIXES.get(media_type, "img")
+        key = f"{self._settings.transcript_prefix}{document.document_id}/pages/{page_number:04d}.{suffix}"
+        self._objects.put_bytes(document.bucket, key, data, content_type=media_type)
+        return key
 
     def finish(self, document_id: str) -> DocumentStatus | None:
         """Write the transcript files, then mark the document finished. Writing is idempotent, so the

@@ -80,8 +80,17 @@ class ObjectStore:
                 raise ObjectMissingError(f"s3://{bucket}/{key} was replaced after it was uploaded") from exc
             raise
 
+    def put_bytes(self, bucket: str, key: str, body: bytes, *, content_type: str) -> None:
+        self._client.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
+
+    def presign_get(self, bucket: str, key: str, *, expires_in: int) -> str:
+        """A URL that reads the object, without credentials, for ``expires_in`` seconds."""
+        return self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires_in
+        )
+
     def put_text(self, bucket: str, key: str, body: str, *, content_type: str) -> None:
-        self._client.put_object(Bucket=bucket, Key=key, Body=body.encode("utf-8"), ContentType=content_type)
+        self.put_bytes(bucket, key, body.encode("utf-8"), content_type=content_type)
 
     def get_text(self, bucket: str, key: str) -> str:
         try:

@@ -27,6 +27,7 @@ from pagescribe.domain import (
     AttemptRecord,
     ClaimedJob,
     CreatedDocument,
+    DocumentListing,
     DocumentProgress,
     DocumentRecord,
     DocumentStatus,
@@ -34,6 +35,7 @@ from pagescribe.domain import (
     FailedCall,
     JobStatus,
     NewDocument,
+    PageImageRecord,
     PageIssue,
     PageOutcome,
     PageRecord,
@@ -455,6 +457,21 @@ GET_DOCUMENTS = """
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
 
+# A tenant's documents, newest first, a page at a time: keyset pagination on (created_at, id), which
+# ix_documents_tenant (tenant_id, created_at) serves.
+LIST_DOCUMENTS = """
+    SELECT d.id, d.filename, d.status, d.page_count, d.pages_completed, d.pages_failed, d.model, d.created_at,
+           d.finished_at,
+           (SELECT count(*) FROM jobs WHERE jobs.document_id = d.id AND jobs.flags <> '[]'::jsonb) AS flagged,
+           (SELECT coalesce(sum(cost), 0) FROM attempts WHERE attempts.document_id = d.id) AS cost
+    FROM documents d
+    WHERE d.tenant_id = %(tenant_id)s
+      AND (CAST(%(before_at)s AS timestamptz) IS NULL
+           OR (d.created_at, d.id) < (CAST(%(before_at)s AS timestamptz), CAST(%(before_id)s AS uuid)))
+    ORDER BY d.created_at DESC, d.id DESC
+    LIMIT %(limit)s
+    """
+
 PAGE_SUMMARY = """
     SELECT status, count(*) AS pages, count(*) FILTER (WHERE flags <> '[]'::jsonb) AS flagged
     FROM jobs WHERE document_id = %(document_id)s
@@ -503,6 +520,14 @@ RETRY_FAILED_PAGES = (
     SELECT id, page_number FROM retried ORDER BY page_number
     """
 )
+
+# The image a page was sent to the model as, once it is in the bucket. Not fenced by the lease: every holder of the
+# page stores the same render under the same key, and the page's result is written apart from it.
+KEEP_PAGE_IMAGE = "UPDATE jobs SET image_key = %(image_key)s WHERE id = %(job_id)s"
+
+PAGE_IMAGE = """
+    SELECT image_key, status FROM jobs WHERE document_id = %(document_id)s AND page_number = %(page_number)s
+    """
 
 LOAD_PAGES = """
     SELECT page_number, status, attempts, result_text, finish_reason, error, prompt_tokens,
@@ -1123,6 +1148,39 @@ class Database:
     def skip_job(self, job: ClaimedJob, reason: str) -> DocumentProgress | None:
         """End a page SKIPPED (not started: a cost cap or a daily budget) if this worker holds the lease."""
         return _progress(self._row(SKIP_JOB, {"job_id": job.job_id, "lease_token": job.lease_token, "error": reason}))
+
+    def list_documents(
+        self, tenant_id: str, *, limit: int, before: tuple[datetime, str] | None = None
+    ) -> list[DocumentListing]:
+        """The tenant's documents, newest first, up to ``limit``, after ``before`` (created_at, id) if given."""
+        before_at, before_id = before if before is not None else (None, None)
+        rows = self._rows(
+            LIST_DOCUMENTS, {"tenant_id": tenant_id, "limit": limit, "before_at": before_at, "before_id": before_id}
+        )
+        return [
+            DocumentListing(
+                document_id=str(row.id),
+                filename=row.filename,
+                status=DocumentStatus(row.status),
+                page_count=row.page_count,
+                pages_completed=row.pages_completed,
+                pages_failed=row.pages_failed,
+                flagged=row.flagged,
+                cost=float(row.cost),
+                model=row.model,
+                created_at=row.created_at,
+                finished_at=row.finished_at,
+            )
+            for row in rows
+        ]
+
+    def keep_page_image(self, job: ClaimedJob, image_key: str) -> None:
+        self._rows(KEEP_PAGE_IMAGE, {"job_id": job.job_id, "image_key": image_key})
+
+    def page_image(self, document_id: str, page_number: int) -> PageImageRecord | None:
+        """The page's status and the key of its kept image (None when none was kept); None for no such page."""
+        row = self._row(PAGE_IMAGE, {"document_id": document_id, "page_number": page_number})
+        return PageImageRecord(row.image_key, JobStatus(row.status)) if row is not None else None
 
     def record_failed_call(self, job: ClaimedJob, failed: FailedCall) -> None:
         """Record a model call that failed (no answer came back), whatever became of the page."""

@@ -178,6 +178,32 @@ class PageIssue:
 
 
 @dataclass(frozen=True)
+class DocumentListing:
+    """A document as the tenant's list shows it."""
+
+    document_id: str
+    filename: str | None
+    status: DocumentStatus
+    page_count: int
+    pages_completed: int
+    pages_failed: int
+    flagged: int  # pages with flags
+    cost: float  # every model call that answered, kept or not
+    model: str
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class PageImageRecord:
+    """Where the image a page was sent to the model as is kept (None: none was, e.g. it was read from its text
+    layer), and the page's status."""
+
+    image_key: str | None
+    status: JobStatus
+
+
+@dataclass(frozen=True)
 class DueCallback:
     document_id: str
     url: str

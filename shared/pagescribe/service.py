@@ -1,7 +1,9 @@
-"""What the REST API does: create a document and its upload URL, report status, serve the transcript, retry."""
+"""What the REST API does: create a document and its upload URL, list a tenant's documents, report status, serve the
+transcript and page images, retry."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import uuid
@@ -13,7 +15,7 @@ from typing import Any
 
 from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
 from pagescribe.database import Database
-from pagescribe.domain import DocumentRecord, DocumentStatus, PendingDocument
+from pagescribe.domain import DocumentListing, DocumentRecord, DocumentStatus, JobStatus, PendingDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
@@ -138,6 +140,42 @@ def parse_document_id(document_id: str) -> str | None:
         return str(uuid.UUID(document_id))
     except ValueError:
         return None
+
+
+MAX_LIST_LIMIT = 100
+
+
+def _cursor(created_at: datetime, document_id: str) -> str:
+    """An opaque position in a tenant's list: after this document."""
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{document_id}".encode()).decode().rstrip("=")
+
+
+def _read_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created_at, document_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().split("|")
+        position = datetime.fromisoformat(created_at), str(uuid.UUID(document_id))
+    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise RequestError(f"cursor {cursor[:60]!r} is not one this API gave", field="cursor") from exc
+    if position[0].tzinfo is None:
+        raise RequestError(f"cursor {cursor[:60]!r} is not one this API gave", field="cursor")
+    return position
+
+
+@dataclass(frozen=True)
+class PageImageAnswer:
+    url: str | None  # presigned GET of the kept image; None: there is none, for ``reason``
+    reason: str | None
+    expires_in: int = 0
+
+
+def _no_image_reason(page_number: int, status: JobStatus, keeping: bool) -> str:
+    if status in (JobStatus.QUEUED, JobStatus.PROCESSING):
+        return f"page {page_number} is {status.value}: its image is kept once it is rendered"
+    if status is JobStatus.SKIPPED:
+        return f"page {page_number} was SKIPPED before it was rendered"
+    if not keeping:
+        return f"page {page_number} has no image kept: KEEP_PAGE_IMAGES is off"
+    return f"page {page_number} has no image kept: it was not rendered (read from its text layer, or it failed first)"
 
 
 class DocumentService:
@@ -280,6 +318,34 @@ class DocumentService:
             return TranscriptAnswer(document.status, self._objects.get_text(document.bucket, key))
         except ObjectMissingError:
             return TranscriptAnswer(document.status, None, "the transcript file is missing from the bucket")
+
+    def list_documents(
+        self, tenant: str, *, limit: int, cursor: str | None
+    ) -> tuple[list[DocumentListing], str | None]:
+        """The tenant's documents, newest first, ``limit`` at a time from ``cursor`` (the last answer's
+        ``next_cursor``); and the cursor of the next page, None after the last."""
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise RequestError(f"limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}", field="limit")
+        listed = self._db.list_documents(tenant, limit=limit + 1, before=_read_cursor(cursor) if cursor else None)
+        if len(listed) <= limit:
+            return listed, None
+        last = listed[limit - 1]
+        return listed[:limit], _cursor(last.created_at, last.document_id)
+
+    def page_image(self, document_id: str, page_number: int, tenant: str) -> PageImageAnswer | None:
+        """A short-lived link to the image the page was sent to the model as, or why there is none; None for an
+        unknown document (or another tenant's)."""
+        document = self._document(document_id, tenant)
+        if document is None:
+            return None
+        page = self._db.page_image(document.document_id, page_number)
+        if page is None:
+            return PageImageAnswer(None, f"the document has no page {page_number}")
+        if page.image_key is None:
+            return PageImageAnswer(None, _no_image_reason(page_number, page.status, self._settings.keep_page_images))
+        expires_in = self._settings.image_url_expiry_seconds
+        url = self._objects.presign_get(document.bucket, page.image_key, expires_in=expires_in)
+        return PageImageAnswer(url, None, expires_in)
 
     def retry(self, document_id: str, tenant: str) -> list[int] | None:
         """Requeue the FAILED pages and send them (after the commit); the pages retried, or None if unknown."""

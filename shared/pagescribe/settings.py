@@ -183,6 +183,14 @@ class Settings(BaseSettings):
         "refused within this time.",
     )
     upload_url_expiry_seconds: int = Field(default=900, ge=60, le=7 * 24 * 3600)
+    keep_page_images: bool = Field(
+        default=True,
+        description="Store the image each page was sent to the model as, under the transcript's prefix "
+        "(transcripts/<id>/pages/), for GET /documents/{id}/pages/{n}/image and the review page.",
+    )
+    image_url_expiry_seconds: int = Field(
+        default=300, ge=30, le=3600, description="How long a page image link from the API stays valid."
+    )
     upload_grace_seconds: int = Field(
         default=900,
         ge=0,

@@ -253,6 +253,16 @@ def _text_layer_outcome(text: str, flags: list[PageFlag]) -> PageOutcome:
 
 
 @dataclass(frozen=True)
+class _Asked:
+    """What a claimed page is asked of: the model, the flags it escalated with, and what the gates granted."""
+
+    model: str
+    earlier: list[PageFlag]
+    escalated_to: str | None
+    admitted: Admission
+
+
+@dataclass(frozen=True)
 class _Checked:
     """A model's answer, cleaned and checked."""
 
@@ -357,18 +367,42 @@ class Transcriber:
                 orient=settings.detect_orientation,
                 blank_below=settings.flag_blank_render_threshold,
             )
+        keeping = asyncio.create_task(self._keep_image(ctx, rendered)) if settings.keep_page_images else None
+        try:
+            return await self._answer(ctx, rendered, _Asked(model, earlier, escalated_to, admitted), remaining_seconds)
+        finally:
+            if keeping is not None:
+                await keeping  # stored while the model answered; the invocation does not end before it is
+
+    async def _answer(
+        self, ctx: _Context, rendered: RenderedPage, asked: _Asked, remaining_seconds: Callable[[], float]
+    ) -> PageResult:
+        """The rendered page to the model (and on to the escalation model if its answer must), and its result."""
         if rendered.draws:
             return await self._blank_render(ctx, rendered)
         evidence = PageEvidence(ink=rendered.ink, text_layer=rendered.text_layer, rotation=rendered.rotation)
         budget = self._time.call(remaining_seconds())
         if budget < self._time.min_call:
             return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
-        checked = await self._ask(ctx, rendered, evidence, model, budget, earlier, admitted)
+        checked = await self._ask(ctx, rendered, evidence, asked.model, budget, asked.earlier, asked.admitted)
         if not checked.hard:
             return await self._complete(ctx, checked.outcome)
-        if job.escalation is not None or not escalation_model:  # escalated already, or nowhere to escalate to
-            return await self._fail(ctx, rejection(checked.flags, escalated_to=escalated_to), checked.outcome)
+        escalation_model = ctx.document.escalation_model
+        if ctx.job.escalation is not None or not escalation_model:  # escalated already, or nowhere to escalate to
+            return await self._fail(ctx, rejection(checked.flags, escalated_to=asked.escalated_to), checked.outcome)
         return await self._escalate(ctx, rendered, evidence, checked, escalation_model, remaining_seconds)
+
+    async def _keep_image(self, ctx: _Context, rendered: RenderedPage) -> None:
+        """Store the image the page is sent to the model as, and note its key on the page. A page whose image could
+        not be kept is transcribed all the same: the failure is logged and counted, not the page's."""
+        try:
+            key = await asyncio.to_thread(
+                self._transcripts.keep_page_image, ctx.document, ctx.job.page_number, rendered.data, rendered.media_type
+            )
+            self._db.keep_page_image(ctx.job, key)  # one short statement, on the loop's thread like the others
+        except Exception:
+            log.exception("the page's image could not be kept", extra=ctx.log_extra)
+            count("PageImagesNotKept")
 
     async def _escalate(
         self,

@@ -33,9 +33,11 @@ CODE_URIS = {
 SCHEMA_DEPENDENT_FUNCTIONS = ("UploadFunction", "TranscribeFunction", "ApiFunction", "SweeperFunction")
 API_ROUTES = {
     ("post", "/documents"),
+    ("get", "/documents"),
     ("get", "/documents/{id}"),
     ("get", "/documents/{id}/transcript"),
     ("post", "/documents/{id}/retry"),
+    ("get", "/documents/{id}/pages/{page}/image"),
     ("get", "/health"),
 }
 UNAUTHENTICATED_ROUTES = {("get", "/health")}

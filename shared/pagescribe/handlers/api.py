@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import datetime
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
@@ -20,7 +21,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from pagescribe.runtime import get_runtime
-from pagescribe.service import NewUpload, RequestError, RetryLimitError, TranscriptFormat
+from pagescribe.service import MAX_LIST_LIMIT, NewUpload, RequestError, RetryLimitError, TranscriptFormat
 from pagescribe.settings import get_settings
 from pagescribe.tenancy import KeyRefused
 
@@ -157,6 +158,32 @@ class DocumentStatusResponse(BaseModel):
     transcript_key: str | None
 
 
+class ListedDocument(BaseModel):
+    document_id: str
+    filename: str | None
+    status: str
+    page_count: int
+    pages_completed: int
+    pages_failed: int
+    flagged: int = Field(description="Pages with flags")
+    cost: float = Field(description="USD, every model call that answered")
+    model: str
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class DocumentList(BaseModel):
+    documents: list[ListedDocument]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null after the last")
+
+
+class PageImageResponse(BaseModel):
+    document_id: str
+    page_number: int
+    url: str = Field(description="GET it, with no API key, to read the image the page was sent to the model as")
+    expires_in: int = Field(description="Seconds the url stays valid")
+
+
 class RetryResponse(BaseModel):
     document_id: str
     pages_requeued: list[int]
@@ -278,6 +305,21 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
     )
 
 
+@app.get(
+    "/documents",
+    summary="The caller's tenant's documents, newest first, a page at a time",
+    responses={
+        200: {"description": "A page of documents", "content": {"application/json": {"model": DocumentList}}},
+        422: {"description": "A limit out of range, or a cursor this API did not give", "content": _ERROR_CONTENT},
+    },
+)
+def list_documents(
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = 20, cursor: Annotated[str | None, Query()] = None
+) -> DocumentList:
+    listed, next_cursor = get_runtime().documents.list_documents(_tenant(), limit=limit, cursor=cursor)
+    return DocumentList(documents=[ListedDocument.model_validate(asdict(d)) for d in listed], next_cursor=next_cursor)
+
+
 @app.get("/documents/<document_id>", summary="Status, progress, per-page errors, tokens and cost", responses=_NOT_FOUND)
 def get_document(document_id: str) -> DocumentStatusResponse:
     described = get_runtime().documents.describe(document_id, _tenant())
@@ -312,6 +354,28 @@ def get_transcript(
         "text/markdown; charset=utf-8" if format is TranscriptFormat.MARKDOWN else content_types.APPLICATION_JSON
     )
     return Response(status_code=200, content_type=content_type, body=answer.body)
+
+
+@app.get(
+    "/documents/<document_id>/pages/<page>/image",
+    summary="A short-lived link to the image a page was sent to the model as",
+    responses={
+        200: {"description": "The link", "content": {"application/json": {"model": PageImageResponse}}},
+        400: {"description": "The page is not a page number", "content": _ERROR_CONTENT},
+        404: {"description": "No document has this id, or the page has no image kept", "content": _ERROR_CONTENT},
+    },
+)
+def get_page_image(document_id: str, page: str) -> PageImageResponse:
+    if not page.isascii() or not page.isdigit() or int(page) < 1:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"the page must be a page number (1, 2, ...), not {page[:40]!r}")
+    answer = get_runtime().documents.page_image(document_id, int(page), _tenant())
+    if answer is None:
+        raise _not_found()
+    if answer.url is None:
+        raise ApiError(HTTPStatus.NOT_FOUND, answer.reason or "the page has no image kept")
+    return PageImageResponse(
+        document_id=document_id, page_number=int(page), url=answer.url, expires_in=answer.expires_in
+    )
 
 
 @app.post(
