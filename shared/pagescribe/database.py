@@ -109,7 +109,7 @@ _TAKE_LEASE = """
         started_at = now(), updated_at = now()
     WHERE id IN (SELECT id FROM candidate)
     RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags,
-              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds
+              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model
 """
 
 # The claim: one statement, one round trip, for every job of an SQS batch at once. The rows are locked with
@@ -521,6 +521,38 @@ RETRY_FAILED_PAGES = (
     """
 )
 
+# One finished page (COMPLETED, FAILED or SKIPPED) queued again, on the model asked for (NULL: the document's): its
+# answer and flags are cleared, its attempts (and their costs) kept, and its document reopened, so that the
+# transcript files are written again when the page is done.
+RERUN_PAGE = (
+    """
+    WITH page AS (
+        SELECT id, status FROM jobs
+        WHERE document_id = %(document_id)s AND page_number = %(page_number)s
+          AND status IN ('COMPLETED', 'FAILED', 'SKIPPED')
+        FOR UPDATE
+    ),
+    rerun AS (
+        UPDATE jobs
+        SET status = 'QUEUED', attempts = 0, error = NULL,"""
+    + ",".join(f" {column} = NULL" for column in _ANSWER_COLUMNS)
+    + """, flags = '[]'::jsonb, escalation = NULL, requested_model = %(model)s, lease_token = NULL,
+            lease_expires_at = NULL, enqueued_at = NULL, available_at = now(), completed_at = NULL, updated_at = now()
+        FROM page WHERE jobs.id = page.id
+        RETURNING jobs.id, page.status AS was
+    ),
+    reopened AS (
+        UPDATE documents
+        SET pages_completed = pages_completed - (SELECT count(*) FROM rerun WHERE was = 'COMPLETED'),
+            pages_failed = pages_failed - (SELECT count(*) FROM rerun WHERE was <> 'COMPLETED'),
+            status = 'PROCESSING', error = NULL, finished_at = NULL, callback_status = NULL, updated_at = now()
+        WHERE id = %(document_id)s AND EXISTS (SELECT 1 FROM rerun)
+        RETURNING id
+    )
+    SELECT id FROM rerun
+    """
+)
+
 # The image a page was sent to the model as, once it is in the bucket. Not fenced by the lease: every holder of the
 # page stores the same render under the same key, and the page's result is written apart from it.
 KEEP_PAGE_IMAGE = "UPDATE jobs SET image_key = %(image_key)s WHERE id = %(job_id)s"
@@ -806,6 +838,7 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedJob]:
             r.escalation,
             tuple(r.flags),
             float(r.slot_in_seconds) if r.slot_in_seconds is not None else None,
+            r.requested_model,
         )
         for r in rows
     ]
@@ -1173,6 +1206,12 @@ class Database:
             )
             for row in rows
         ]
+
+    def rerun_page(self, document_id: str, page_number: int, *, model: str | None) -> str | None:
+        """Queue a finished page again (on ``model``, or the document's), reopening its document; its job id, to be
+        sent after this commit, or None when the page is not finished (or does not exist)."""
+        row = self._row(RERUN_PAGE, {"document_id": document_id, "page_number": page_number, "model": model})
+        return str(row.id) if row is not None else None
 
     def keep_page_image(self, job: ClaimedJob, image_key: str) -> None:
         self._rows(KEEP_PAGE_IMAGE, {"job_id": job.job_id, "image_key": image_key})

@@ -90,6 +90,7 @@ class ClaimedJob:
     escalation: str | None = None  # PENDING: the page escalated and waits for the escalation model's answer
     flags: tuple[dict[str, Any], ...] = ()  # the page's flags so far (those of the answer it escalated from)
     slot_in_seconds: float | None = None  # when the governor's slot it reserved comes (negative: passed); None: none
+    requested_model: str | None = None  # a re-run's model, instead of the document's
 
     @property
     def escalation_pending(self) -> bool:

@@ -162,6 +162,13 @@ def _read_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 @dataclass(frozen=True)
+class RerunAnswer:
+    model: str  # the model the page is queued for
+    refused: str | None = None  # why it was not queued: the page is missing (``missing``) or not finished
+    missing: bool = False
+
+
+@dataclass(frozen=True)
 class PageImageAnswer:
     url: str | None  # presigned GET of the kept image; None: there is none, for ``reason``
     reason: str | None
@@ -331,6 +338,29 @@ class DocumentService:
             return listed, None
         last = listed[limit - 1]
         return listed[:limit], _cursor(last.created_at, last.document_id)
+
+    def rerun_page(self, document_id: str, page_number: int, tenant: str, *, model: str | None) -> RerunAnswer | None:
+        """Queue one finished page again, on ``model`` if given (one of the allowed models), and send it after the
+        commit; its earlier attempts and their costs are kept. None for an unknown document (or another tenant's)."""
+        document = self._document(document_id, tenant)
+        if document is None:
+            return None
+        allowed = self._settings.model_allow_list
+        if model is not None and model not in allowed:
+            raise RequestError(
+                f"model {model!r} is not allowed on this stack; allowed: {', '.join(sorted(allowed))} "
+                "(the operator sets ALLOWED_MODELS)",
+                field="model",
+            )
+        chosen = model or document.model
+        job_id = self._db.rerun_page(document.document_id, page_number, model=model)
+        if job_id is None:
+            page = self._db.page_image(document.document_id, page_number)
+            if page is None:
+                return RerunAnswer(chosen, f"the document has no page {page_number}", missing=True)
+            return RerunAnswer(chosen, f"page {page_number} is {page.status.value}: only a finished page is re-run")
+        send_committed(self._queue, self._db, [JobMessage(job_id, document.document_id, page_number)])
+        return RerunAnswer(chosen)
 
     def page_image(self, document_id: str, page_number: int, tenant: str) -> PageImageAnswer | None:
         """A short-lived link to the image the page was sent to the model as, or why there is none; None for an

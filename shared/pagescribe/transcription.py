@@ -349,7 +349,7 @@ class Transcriber:
                 if usable_text_layer(embedded.text):
                     return await self._complete(ctx, _text_layer_outcome(embedded.laid_out, []))
             escalation_model = document.escalation_model
-            model, earlier, escalated_to = document.model, [], None
+            model, earlier, escalated_to = job.requested_model or document.model, [], None
             if job.escalation_pending and escalation_model:  # escalated by an earlier claim: straight to that model
                 model = escalated_to = escalation_model
                 earlier = [PageFlag.from_dict(flag) for flag in job.flags]

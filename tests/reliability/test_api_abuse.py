@@ -258,11 +258,13 @@ def test_unknown_sql_looking_and_non_uuid_ids_get_404_and_touch_nothing(
     # Given a real document, so that a query that matched too much would show
     assert call("POST", "/documents", body=VALID)[0] == 201
     before = _counts(db)
-    # When every per-document route is asked about an id that names no document (raw and URL-encoded)
+    # When every per-document route is asked about an id that names no document (raw and URL-encoded); an empty id
+    # with nothing after it is GET /documents/, the list, and is left out
     answers = [
         call(method, f"/documents/{spelling}{suffix}")
         for spelling in {document_id, document_id.replace(" ", "%20").replace("'", "%27")}
-        for method, suffix in (("GET", ""), ("GET", "/transcript"), ("POST", "/retry"))
+        for method, suffix in (("GET", ""), ("GET", "/transcript"), ("POST", "/retry"), ("GET", "/pages/1/image"))
+        if spelling or suffix
     ]
     # Then each is a 404 (or, for an id the router cannot take, a 404 for the route), and the tables are intact
     assert {code for code, _ in answers} == {404}
@@ -357,7 +359,6 @@ def test_sql_in_stored_fields_is_stored_as_text(api: Pipeline, db: Database, mon
     ("method", "path"),
     [
         ("GET", "/"),
-        ("GET", "/documents"),
         ("GET", "/admin"),
         ("GET", "/../../etc/passwd"),
         ("GET", "/documents/../health"),

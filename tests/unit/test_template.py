@@ -38,6 +38,7 @@ API_ROUTES = {
     ("get", "/documents/{id}/transcript"),
     ("post", "/documents/{id}/retry"),
     ("get", "/documents/{id}/pages/{page}/image"),
+    ("post", "/documents/{id}/pages/{page}/rerun"),
     ("get", "/health"),
 }
 UNAUTHENTICATED_ROUTES = {("get", "/health")}

@@ -177,6 +177,20 @@ class DocumentList(BaseModel):
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null after the last")
 
 
+class RerunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(
+        default=None, max_length=200, description="One of ALLOWED_MODELS; the document's if absent"
+    )
+
+
+class RerunResponse(BaseModel):
+    document_id: str
+    page_number: int
+    model: str
+
+
 class PageImageResponse(BaseModel):
     document_id: str
     page_number: int
@@ -258,6 +272,12 @@ _ERROR_CONTENT: dict[str, OpenAPIResponseContentSchema | OpenAPIResponseContentM
     "application/json": {"model": ErrorResponse}
 }
 _NOT_FOUND: dict[int, Any] = {404: {"description": "No document has this id", "content": _ERROR_CONTENT}}
+
+
+def _page_number(page: str) -> int:
+    if not page.isascii() or not page.isdigit() or int(page) < 1:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"the page must be a page number (1, 2, ...), not {page[:40]!r}")
+    return int(page)
 
 
 def _not_found() -> ApiError:
@@ -366,16 +386,36 @@ def get_transcript(
     },
 )
 def get_page_image(document_id: str, page: str) -> PageImageResponse:
-    if not page.isascii() or not page.isdigit() or int(page) < 1:
-        raise ApiError(HTTPStatus.BAD_REQUEST, f"the page must be a page number (1, 2, ...), not {page[:40]!r}")
-    answer = get_runtime().documents.page_image(document_id, int(page), _tenant())
+    number = _page_number(page)
+    answer = get_runtime().documents.page_image(document_id, number, _tenant())
     if answer is None:
         raise _not_found()
     if answer.url is None:
         raise ApiError(HTTPStatus.NOT_FOUND, answer.reason or "the page has no image kept")
-    return PageImageResponse(
-        document_id=document_id, page_number=int(page), url=answer.url, expires_in=answer.expires_in
-    )
+    return PageImageResponse(document_id=document_id, page_number=number, url=answer.url, expires_in=answer.expires_in)
+
+
+@app.post(
+    "/documents/<document_id>/pages/<page>/rerun",
+    status_code=202,
+    summary="Queue one finished page again, optionally on another model; its earlier attempts and costs are kept",
+    responses={
+        202: {"description": "Queued", "content": {"application/json": {"model": RerunResponse}}},
+        400: {"description": "The page is not a page number", "content": _ERROR_CONTENT},
+        404: {"description": "No document has this id, or it has no such page", "content": _ERROR_CONTENT},
+        409: {"description": "The page is not finished (queued or being transcribed)", "content": _ERROR_CONTENT},
+        422: {"description": "A model that is not allowed", "content": _ERROR_CONTENT},
+    },
+)
+def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Body()]) -> RerunResponse:
+    number = _page_number(page)
+    answer = get_runtime().documents.rerun_page(document_id, number, _tenant(), model=request.model)
+    if answer is None:
+        raise _not_found()
+    if answer.refused is not None:
+        raise ApiError(HTTPStatus.NOT_FOUND if answer.missing else HTTPStatus.CONFLICT, answer.refused)
+    logger.info("page queued again", extra={"document_id": document_id, "page": number, "model": answer.model})
+    return RerunResponse(document_id=document_id, page_number=number, model=answer.model)
 
 
 @app.post(
