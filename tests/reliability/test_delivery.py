@@ -61,10 +61,16 @@ def database_url(request: pytest.FixtureRequest, database_url: str) -> str:
 
 
 @pytest.fixture
-def deployed(pipeline: Pipeline) -> Pipeline:
+def deployed(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
     """The pipeline with the stack's queue visibility timeout (6 x the 60 s function timeout: a message an
     invocation received stays invisible for the rest of the test unless a test redelivers it) and a versioned
-    bucket, so that every PUT of a transcript object leaves a version to count."""
+    bucket, so that every PUT of a transcript object leaves a version to count.
+
+    Page images are not kept here (test_page_images.py covers them): with a few hundred of them in a versioned
+    bucket, the in-process moto server grew this test process by gigabytes over these tests (seen with a /proc
+    watcher: 9 GB), and every child started afterwards inherited that size in its peak RSS."""
+    monkeypatch.setenv("KEEP_PAGE_IMAGES", "false")  # read by the environments this test starts, too
+    _reconfigure(monkeypatch)
     pipeline.sqs.set_queue_attributes(QueueUrl=pipeline.queue_url, Attributes={"VisibilityTimeout": "360"})
     pipeline.s3.put_bucket_versioning(Bucket=pipeline.bucket, VersioningConfiguration={"Status": "Enabled"})
     return pipeline
