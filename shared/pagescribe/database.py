@@ -493,6 +493,14 @@ PAGE_ISSUES = """
     LIMIT %(limit)s
     """
 
+# A finished page back in the queue as new: no answer, no flags, no lease, never sent; its attempts rows are kept.
+_QUEUED_AFRESH = (
+    " status = 'QUEUED', attempts = 0, error = NULL,"
+    + ",".join(f" {column} = NULL" for column in _ANSWER_COLUMNS)
+    + """, flags = '[]'::jsonb, lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
+            completed_at = NULL, updated_at = now()"""
+)
+
 # Only FAILED pages go back, with a fresh set of attempts; the document is unfinished again.
 # Bounded per document: the document's row is locked first (a concurrent retry waits, then finds the count moved on
 # and no FAILED page left), and the count goes up only when pages were requeued.
@@ -503,10 +511,9 @@ RETRY_FAILED_PAGES = (
     ),
     retried AS (
         UPDATE jobs
-        SET status = 'QUEUED', attempts = 0, error = NULL,"""
-    + ",".join(f" {column} = NULL" for column in _ANSWER_COLUMNS)
-    + """, flags = '[]'::jsonb, lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
-            completed_at = NULL, updated_at = now()
+        SET"""
+    + _QUEUED_AFRESH
+    + """
         WHERE document_id = %(document_id)s AND status = 'FAILED' AND EXISTS (SELECT 1 FROM allowed)
         RETURNING id, page_number
     ),
@@ -534,10 +541,9 @@ RERUN_PAGE = (
     ),
     rerun AS (
         UPDATE jobs
-        SET status = 'QUEUED', attempts = 0, error = NULL,"""
-    + ",".join(f" {column} = NULL" for column in _ANSWER_COLUMNS)
-    + """, flags = '[]'::jsonb, escalation = NULL, requested_model = %(model)s, lease_token = NULL,
-            lease_expires_at = NULL, enqueued_at = NULL, available_at = now(), completed_at = NULL, updated_at = now()
+        SET"""
+    + _QUEUED_AFRESH
+    + """, escalation = NULL, requested_model = %(model)s
         FROM page WHERE jobs.id = page.id
         RETURNING jobs.id, page.status AS was
     ),
