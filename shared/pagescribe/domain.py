@@ -10,10 +10,10 @@ PARTIAL or FAILED. Each model call is an *attempt*: its outcome is KEPT, ESCALAT
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_TENANT = "default"  # the operator's own tenant: API_KEY's, and the bucket's direct uploads by default
 
@@ -47,8 +47,7 @@ class PageResult(StrEnum):
     REJECTED = "REJECTED"
 
 
-@dataclass(frozen=True)
-class NewDocument:
+class NewDocument(NamedTuple):
     bucket: str
     object_key: str
     etag: str
@@ -61,8 +60,7 @@ class NewDocument:
     sha256: bytes | None = None  # of the file's bytes
 
 
-@dataclass(frozen=True)
-class ApiKeyRecord:
+class ApiKeyRecord(NamedTuple):
     """A tenant's API key as listed: never the key itself, which is stored only as its SHA-256."""
 
     key_id: str
@@ -72,23 +70,21 @@ class ApiKeyRecord:
     revoked_at: datetime | None
 
 
-@dataclass(frozen=True)
-class CreatedDocument:
+class CreatedDocument(NamedTuple):
     document_id: str
     job_ids: tuple[str, ...]
     duplicate: bool
     reused: bool = False  # its pages were copied from a finished document: nothing to queue
 
 
-@dataclass(frozen=True)
-class ClaimedJob:
+class ClaimedJob(NamedTuple):
     job_id: str
     document_id: str
     page_number: int
     attempts: int
     lease_token: str
     escalation: str | None = None  # PENDING: the page escalated and waits for the escalation model's answer
-    flags: tuple[dict[str, Any], ...] = ()  # the page's flags so far (those of the answer it escalated from)
+    flags: Sequence[dict[str, Any]] = ()  # the page's flags so far (those of the answer it escalated from)
     slot_in_seconds: float | None = None  # when the governor's slot it reserved comes (negative: passed); None: none
     requested_model: str | None = None  # a re-run's model, instead of the document's
 
@@ -97,8 +93,7 @@ class ClaimedJob:
         return self.escalation == "PENDING"
 
 
-@dataclass(frozen=True)
-class DocumentRecord:
+class DocumentRecord(NamedTuple):
     document_id: str
     bucket: str
     object_key: str
@@ -131,8 +126,7 @@ class DocumentRecord:
     tenant_daily_budget_usd: float | None = None  # its tenant's own daily budget, as it was when the record was read
 
 
-@dataclass(frozen=True)
-class PendingDocument:
+class PendingDocument(NamedTuple):
     """A document created through the API, waiting for its upload to ``object_key``."""
 
     document_id: str
@@ -149,15 +143,13 @@ class PendingDocument:
     max_cost_usd: float | None = None
 
 
-@dataclass(frozen=True)
-class PageSummary:
+class PageSummary(NamedTuple):
     status: JobStatus
     pages: int
     flagged: int
 
 
-@dataclass(frozen=True)
-class Spend:
+class Spend(NamedTuple):
     """Every model call of a document that answered, kept or not."""
 
     calls: int
@@ -166,8 +158,7 @@ class Spend:
     cost: float
 
 
-@dataclass(frozen=True)
-class PageIssue:
+class PageIssue(NamedTuple):
     """A page with an error (its failure, or the reason of its last retry) or flags."""
 
     page_number: int
@@ -178,8 +169,7 @@ class PageIssue:
     escalated: bool
 
 
-@dataclass(frozen=True)
-class DocumentListing:
+class DocumentListing(NamedTuple):
     """A document as the tenant's list shows it."""
 
     document_id: str
@@ -195,8 +185,7 @@ class DocumentListing:
     finished_at: datetime | None
 
 
-@dataclass(frozen=True)
-class PageImageRecord:
+class PageImageRecord(NamedTuple):
     """Where the image a page was sent to the model as is kept (None: none was, e.g. it was read from its text
     layer), and the page's status."""
 
@@ -204,15 +193,13 @@ class PageImageRecord:
     status: JobStatus
 
 
-@dataclass(frozen=True)
-class DueCallback:
+class DueCallback(NamedTuple):
     document_id: str
     url: str
     attempts: int
 
 
-@dataclass(frozen=True)
-class PageRecord:
+class PageRecord(NamedTuple):
     page_number: int
     status: JobStatus
     attempts: int
@@ -225,13 +212,12 @@ class PageRecord:
     model: str | None
     provider: str | None
     provider_request_id: str | None
-    flags: list[dict[str, Any]] = field(default_factory=list)
+    flags: Sequence[dict[str, Any]] = ()
     escalation: str | None = None
     confidence: float | None = None  # the offline engine's mean recognition confidence of the kept answer
 
 
-@dataclass(frozen=True)
-class AttemptRecord:
+class AttemptRecord(NamedTuple):
     """One model call, as the transcript lists it: one that answered, or one that failed (ERROR, RATE_LIMITED)."""
 
     page_number: int
@@ -251,8 +237,7 @@ class AttemptRecord:
     error: str | None = None  # a failed call's error
 
 
-@dataclass(frozen=True)
-class DocumentProgress:
+class DocumentProgress(NamedTuple):
     document_id: str
     page_count: int
     pages_completed: int
@@ -269,8 +254,7 @@ class AttemptOutcome(StrEnum):
     REJECTED = "REJECTED"  # the answer the page failed with (truncated, or hard-flagged with no escalation left)
 
 
-@dataclass(frozen=True)
-class PageOutcome:
+class PageOutcome(NamedTuple):
     """What a page's answer was (success, or failure with whatever text came back) and the flags it raised.
     ``called``: a model call produced it (and is recorded with its cost); a text-layer answer was not paid for."""
 
@@ -283,7 +267,7 @@ class PageOutcome:
     provider: str | None
     provider_request_id: str | None
     latency_ms: int | None = None
-    flags: tuple[dict[str, Any], ...] = ()  # the answer's own flags
+    flags: Sequence[dict[str, Any]] = ()  # the answer's own flags
     called: bool = True
     page_flags: tuple[dict[str, Any], ...] | None = None  # the page's, when more than the answer's (an escalation)
     confidence: float | None = None  # an OCR engine's mean recognition confidence
@@ -292,8 +276,7 @@ class PageOutcome:
 NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None, called=False)
 
 
-@dataclass(frozen=True)
-class FailedCall:
+class FailedCall(NamedTuple):
     """A model call that brought no answer back."""
 
     model: str
@@ -303,8 +286,7 @@ class FailedCall:
     latency_ms: int | None
 
 
-@dataclass(frozen=True)
-class SpendVerdict:
+class SpendVerdict(NamedTuple):
     """The cost gate's answer before a call: GO, DEFER (calls in flight may leave room), CAP (the document's
     max_cost_usd) or DAILY_BUDGET (the tenant's), with what it was judged on (USD)."""
 
@@ -316,15 +298,13 @@ class SpendVerdict:
     spent_today: float  # by the document's tenant, this UTC day
 
 
-@dataclass(frozen=True)
-class TenantDay:
+class TenantDay(NamedTuple):
     daily_budget_usd: float | None  # the tenant's own; None: DAILY_BUDGET_USD applies
     spent_usd: float
     calls: int
 
 
-@dataclass(frozen=True)
-class RateBucket:
+class RateBucket(NamedTuple):
     """The rate governor's limits for one provider (each model has its own bucket with these limits)."""
 
     provider: str
@@ -346,8 +326,7 @@ class RateBucket:
         }
 
 
-@dataclass(frozen=True)
-class RateGrant:
+class RateGrant(NamedTuple):
     """The governor's answer: start now (wait 0), or wait ``wait`` seconds in the queue, for the slot it reserved
     (``reserved``) or for a 429's pause to end (``paused``)."""
 

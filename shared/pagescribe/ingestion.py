@@ -8,7 +8,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote_plus
@@ -200,7 +200,7 @@ class Ingestor:
         except ObjectMissingError as exc:
             return _Examined(new, error=str(exc))
         pages = list(requested or range(1, page_count + 1))
-        new = replace(new, sha256=digest)
+        new = new._replace(sha256=digest)
         error = _selection_error(requested, page_count)
         reuse = error is None and (pending.reuse if pending else True)
         donor = self._db.find_reusable_document(new, pages) if reuse else None

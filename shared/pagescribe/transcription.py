@@ -487,7 +487,7 @@ class Transcriber:
         outcome = _outcome(result, self._provider.name, answer.text, flags)
         if earlier:
             merged = merge_flags(hard_flags(earlier), flags)
-            outcome = replace(outcome, page_flags=tuple(flag.as_dict() for flag in merged))
+            outcome = outcome._replace(page_flags=tuple(flag.as_dict() for flag in merged))
         return _Checked(outcome, flags)
 
     def _record_failures(self, ctx: _Context, model: str, failures: Sequence[FailedAttempt]) -> None:
@@ -510,7 +510,7 @@ class Transcriber:
             return await self._complete(ctx, _text_layer_outcome(rendered.laid_out_text, flags))
         instead = "with TEXT_LAYER=off its text layer may not stand in" if usable else "it has no usable text layer"
         reason = rejection(flags, then=f"{instead}, and no model was asked to read a blank image")
-        return await self._fail(ctx, reason, replace(NO_OUTCOME, flags=tuple(flag.as_dict() for flag in flags)))
+        return await self._fail(ctx, reason, NO_OUTCOME._replace(flags=tuple(flag.as_dict() for flag in flags)))
 
     async def _complete(self, ctx: _Context, outcome: PageOutcome) -> PageResult:
         progress = self._db.complete_job(ctx.job, outcome)

@@ -7,7 +7,6 @@ model or the offline engine would return them, page by page.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -115,7 +114,7 @@ def test_a_single_page_has_no_running_lines() -> None:
 )
 def test_a_key_that_would_close_the_documents_comment_stays_inside_it(key: str) -> None:
     # Given a document whose object key holds a comment's end
-    record = replace(document(1), object_key=key)
+    record = document(1)._replace(object_key=key)
 
     # When its markdown is written
     first = render_markdown(record, pages_of(FORM, 1)).splitlines()[0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from datetime import datetime
 from http import HTTPStatus
 from typing import Annotated, Any, Literal
@@ -337,7 +336,7 @@ def list_documents(
     limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = 20, cursor: Annotated[str | None, Query()] = None
 ) -> DocumentList:
     listed, next_cursor = get_runtime().documents.list_documents(_tenant(), limit=limit, cursor=cursor)
-    return DocumentList(documents=[ListedDocument.model_validate(asdict(d)) for d in listed], next_cursor=next_cursor)
+    return DocumentList(documents=[ListedDocument.model_validate(d._asdict()) for d in listed], next_cursor=next_cursor)
 
 
 @app.get("/documents/<document_id>", summary="Status, progress, per-page errors, tokens and cost", responses=_NOT_FOUND)
