@@ -195,7 +195,13 @@ class Runtime:
         failures = self.settings.upload_failures_queue_url
         failed_uploads = FailedInvocations(sqs_client(), failures) if failures else None
         return Sweeper(
-            self.settings, self.db, self.queue, self.transcripts, self.notifier, self.ingestor, failed_uploads
+            self.settings,
+            self.db,
+            self.queue,
+            lambda document_id: self.transcripts.finish(document_id),  # the writer is built when a document finishes
+            self.notifier,
+            lambda: self.ingestor,
+            failed_uploads,
         )
 
     @cached_property

@@ -4,14 +4,20 @@ account for uploads that failed for good or never came."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import FailedInvocations, JobMessage, JobQueue
 from pagescribe.callbacks import CallbackNotifier
 from pagescribe.database import Database
-from pagescribe.ingestion import Ingestor, uploaded_objects
+from pagescribe.domain import DocumentStatus
 from pagescribe.settings import Settings
+
+if TYPE_CHECKING:  # the ingestion (and the file formats it reads) loads only when a failed upload is to be recorded
+    from pagescribe.ingestion import Ingestor
+
+Finish = Callable[[str], DocumentStatus | None]  # writes a document's transcript files; None if already finished
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +40,15 @@ class Sweeper:
         settings: Settings,
         db: Database,
         queue: JobQueue,
-        transcripts: TranscriptWriter,
+        finish: Finish,
         notifier: CallbackNotifier,
-        ingestor: Ingestor,
+        ingestor: Callable[[], Ingestor],
         failed_uploads: FailedInvocations | None,
     ) -> None:
         self._settings = settings
         self._db = db
         self._queue = queue
-        self._transcripts = transcripts
+        self._finish = finish
         self._notifier = notifier
         self._ingestor = ingestor
         self._failed_uploads = failed_uploads
@@ -53,9 +59,7 @@ class Sweeper:
         requeued = self._db.requeue_expired_leases(max_attempts=settings.max_attempts, limit=limit)
         failed, documents = self._db.fail_expired_leases(max_attempts=settings.max_attempts, limit=limit)
         finished = sum(
-            self._transcripts.finish(progress.document_id) is not None
-            for progress in documents
-            if progress.all_pages_done
+            self._finish(progress.document_id) is not None for progress in documents if progress.all_pages_done
         )
 
         due = self._db.claim_unsent_jobs(resend_after_seconds=settings.resend_after_seconds, limit=limit)
@@ -64,7 +68,7 @@ class Sweeper:
         self._db.release_unsent_jobs(unsent)
 
         stuck = self._db.claim_unfinished_documents(grace_seconds=settings.finish_grace_seconds, limit=limit)
-        finished += sum(self._transcripts.finish(document_id) is not None for document_id in stuck)
+        finished += sum(self._finish(document_id) is not None for document_id in stuck)
 
         uploads_failed = self._account_for_failed_uploads(limit)
         expired = self._db.expire_awaiting_uploads(
@@ -88,10 +92,14 @@ class Sweeper:
         if self._failed_uploads is None:
             return 0
         records = self._failed_uploads.receive(limit)
-        failed = 0
+        if not records:
+            return 0
+        from pagescribe.ingestion import uploaded_objects
+
+        ingestor, failed = self._ingestor(), 0
         for record in records:
             for uploaded in uploaded_objects(record.event):
                 reason = f"the upload function failed on this file and gave up ({record.error})"
-                failed += self._ingestor.reject(uploaded, reason).status == "FAILED"
+                failed += ingestor.reject(uploaded, reason).status == "FAILED"
         self._failed_uploads.delete([record.receipt for record in records])
         return failed

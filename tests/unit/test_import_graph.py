@@ -4,6 +4,9 @@ Lambda layer ships imports what it does not ship."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,25 @@ def test_each_function_folder_takes_its_own_handler_and_nothing_else() -> None:
     for app in sorted(REPO.glob("functions/*/app.py")):
         function = app.parent.name
         assert imported(app) == {f"pagescribe.handlers.{function}", f"pagescribe.handlers.{function}.handler"}, app
+
+
+# What each function must not load at cold start: what only another function, or a rare path, uses.
+NOT_AT_COLD_START = {
+    "sweeper": {
+        "pagescribe.assembly",
+        "pagescribe.ingestion",
+        "pagescribe.sources",
+        "pagescribe.rendering",
+        "pagescribe.service",
+    },
+    "api": {"pagescribe.ingestion", "pagescribe.sources", "pagescribe.rendering", "pagescribe.transcription"},
+}
+
+
+@pytest.mark.parametrize("function", sorted(NOT_AT_COLD_START))
+def test_a_cold_start_loads_only_what_the_function_needs(function: str) -> None:
+    # Given a fresh interpreter, when the function's handler module is imported as Lambda imports it
+    script = f"import json, sys; import pagescribe.handlers.{function}; print(json.dumps(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    # Then none of the modules kept for other functions, or for a rare path, came with it
+    assert NOT_AT_COLD_START[function].isdisjoint(json.loads(loaded))
