@@ -199,7 +199,7 @@ STORAGE_METHODS = (
     "requeue_job",
     "load_pages",
     "finish_document",
-    "claim_due_callbacks",
+    "take_due_callbacks",
     "record_callback",
 )
 

@@ -101,12 +101,12 @@ class CallbackNotifier:
 
     def deliver_due(self, *, document_id: str | None = None, limit: int = 50) -> int:
         """Deliver the callbacks that are due (or just this document's), concurrently; return how many were
-        delivered. In a round over all of them, callbacks claimed CALLBACK_MAX_ATTEMPTS times and never recorded
+        delivered. In a round over all of them, callbacks taken CALLBACK_MAX_ATTEMPTS times and never recorded
         (their deliverer died) end FAILED first."""
         settings = self._settings
         if document_id is None:  # a sweeper's round: give up the callbacks whose deliverers died
             self._db.abandon_callbacks(max_attempts=settings.callback_max_attempts)
-        due = self._db.claim_due_callbacks(
+        due = self._db.take_due_callbacks(
             limit=limit, document_id=document_id, max_attempts=settings.callback_max_attempts
         )
         deliveries = [delivery for delivery in map(self._prepare, due) if delivery is not None]

@@ -594,8 +594,8 @@ FINISH_DOCUMENT = """
     RETURNING status
     """
 
-# A due callback, claimed for a while (callback_next_at moves on) so that no one else delivers it meanwhile.
-CLAIM_DUE_CALLBACKS = """
+# A due callback, taken for a while (callback_next_at moves on) so that no one else delivers it meanwhile.
+TAKE_DUE_CALLBACKS = """
     WITH due AS (
         SELECT id FROM documents
         WHERE callback_status = 'PENDING' AND callback_next_at <= now() AND callback_attempts < %(max_attempts)s
@@ -610,7 +610,7 @@ CLAIM_DUE_CALLBACKS = """
     RETURNING id, callback_url, callback_attempts
     """
 
-# A callback claimed as often as it may be and never recorded since (its deliverer died mid-delivery): given up.
+# A callback taken as often as it may be and never recorded since (its deliverer died mid-delivery): given up.
 ABANDON_CALLBACKS = """
     UPDATE documents
     SET callback_status = 'FAILED',
@@ -672,9 +672,9 @@ FAIL_EXPIRED_LEASES = """
               counts.n AS jobs_failed
     """
 
-# Stamping enqueued_at before the send is this sweeper's claim on sending: a concurrent sweeper skips the
+# Stamping enqueued_at before the send is this sweeper's hold on sending: a concurrent sweeper skips the
 # locked rows and then sees them stamped. A failed send clears the stamp again.
-CLAIM_UNSENT_JOBS = """
+TAKE_UNSENT_JOBS = """
     WITH due AS (
         SELECT id FROM jobs
         WHERE status = 'QUEUED' AND available_at <= now()
@@ -695,7 +695,7 @@ RELEASE_UNSENT_JOBS = """
 
 # Documents whose pages are all terminal but whose finishing invocation died: touched, so that a concurrent
 # sweeper leaves them alone for the grace period.
-CLAIM_UNFINISHED_DOCUMENTS = """
+TAKE_UNFINISHED_DOCUMENTS = """
     WITH stuck AS (
         SELECT id FROM documents
         WHERE finished_at IS NULL AND status = 'PROCESSING' AND pages_completed + pages_failed >= page_count
@@ -1073,17 +1073,15 @@ class Database:
         rows = self._rows(RETRY_FAILED_PAGES, {"document_id": document_id, "max_retries": max_retries})
         return [(str(r.id), r.page_number) for r in rows]
 
-    def claim_due_callbacks(
-        self, *, limit: int, max_attempts: int, document_id: str | None = None
-    ) -> list[DueCallback]:
-        """Claim callbacks due and tried fewer than ``max_attempts`` times (or just this document's)."""
+    def take_due_callbacks(self, *, limit: int, max_attempts: int, document_id: str | None = None) -> list[DueCallback]:
+        """Take the callbacks due and tried fewer than ``max_attempts`` times (or just this document's)."""
         rows = self._rows(
-            CLAIM_DUE_CALLBACKS, {"limit": limit, "document_id": document_id, "max_attempts": max_attempts}
+            TAKE_DUE_CALLBACKS, {"limit": limit, "document_id": document_id, "max_attempts": max_attempts}
         )
         return [DueCallback(str(r.id), r.callback_url, r.callback_attempts) for r in rows]
 
     def abandon_callbacks(self, *, max_attempts: int) -> None:
-        """End as FAILED the callbacks claimed ``max_attempts`` times whose last claim ran out unrecorded."""
+        """End as FAILED the callbacks taken ``max_attempts`` times whose last delivery ran out unrecorded."""
         self._rows(ABANDON_CALLBACKS, {"max_attempts": max_attempts})
 
     def record_callback(self, document_id: str, *, status: str, error: str | None, retry_in_seconds: float = 0) -> None:
@@ -1314,9 +1312,9 @@ class Database:
         progress = [DocumentProgress(str(r.id), r.page_count, r.pages_completed, r.pages_failed) for r in rows]
         return sum(r.jobs_failed for r in rows), progress
 
-    def claim_unsent_jobs(self, *, resend_after_seconds: float, limit: int) -> list[tuple[str, str, int]]:
+    def take_unsent_jobs(self, *, resend_after_seconds: float, limit: int) -> list[tuple[str, str, int]]:
         """(job id, document id, page) of due QUEUED jobs never sent, or sent long ago; stamped as sent."""
-        rows = self._rows(CLAIM_UNSENT_JOBS, {"resend_after_seconds": resend_after_seconds, "limit": limit})
+        rows = self._rows(TAKE_UNSENT_JOBS, {"resend_after_seconds": resend_after_seconds, "limit": limit})
         return [(str(r.id), str(r.document_id), r.page_number) for r in rows]
 
     def release_unsent_jobs(self, job_ids: Sequence[str]) -> None:
@@ -1404,8 +1402,8 @@ class Database:
         rows = self._rows(EXPIRE_AWAITING_UPLOADS, {"after_seconds": after_seconds, "error": error, "limit": limit})
         return [str(r.id) for r in rows]
 
-    def claim_unfinished_documents(self, *, grace_seconds: float, limit: int) -> list[str]:
-        rows = self._rows(CLAIM_UNFINISHED_DOCUMENTS, {"grace_seconds": grace_seconds, "limit": limit})
+    def take_unfinished_documents(self, *, grace_seconds: float, limit: int) -> list[str]:
+        rows = self._rows(TAKE_UNFINISHED_DOCUMENTS, {"grace_seconds": grace_seconds, "limit": limit})
         return [str(r.id) for r in rows]
 
     def get_document(self, document_id: str) -> DocumentRecord | None:

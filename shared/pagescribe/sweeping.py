@@ -62,12 +62,12 @@ class Sweeper:
             self._finish(progress.document_id) is not None for progress in documents if progress.all_pages_done
         )
 
-        due = self._db.claim_unsent_jobs(resend_after_seconds=settings.resend_after_seconds, limit=limit)
+        due = self._db.take_unsent_jobs(resend_after_seconds=settings.resend_after_seconds, limit=limit)
         sent = set(self._queue.send([JobMessage(job_id, doc, page) for job_id, doc, page in due]))
         unsent = [job_id for job_id, _, _ in due if job_id not in sent]
         self._db.release_unsent_jobs(unsent)
 
-        stuck = self._db.claim_unfinished_documents(grace_seconds=settings.finish_grace_seconds, limit=limit)
+        stuck = self._db.take_unfinished_documents(grace_seconds=settings.finish_grace_seconds, limit=limit)
         finished += sum(self._finish(document_id) is not None for document_id in stuck)
 
         uploads_failed = self._account_for_failed_uploads(limit)

@@ -52,8 +52,8 @@ def blank_pdf(path: Path, width_pt: float, height_pt: float, pages: int = 1) -> 
     return path
 
 
-def png_claiming(path: Path, width: int, height: int) -> Path:
-    """A 1 x 1 PNG whose header (CRC fixed up) claims ``width`` x ``height``: instant to make, and undecodable."""
+def png_declaring(path: Path, width: int, height: int) -> Path:
+    """A 1 x 1 PNG whose header (CRC fixed up) declares ``width`` x ``height``: instant to make, and undecodable."""
     buffer = io.BytesIO()
     Image.new("L", (1, 1)).save(buffer, format="PNG")
     data = bytearray(buffer.getvalue())
@@ -210,7 +210,7 @@ def test_too_many_pages_names_the_count_and_the_limit(tmp_path: Path) -> None:
 
 def test_a_huge_image_is_refused_from_its_header(tmp_path: Path) -> None:
     # Given a PNG whose header claims 20,000 x 20,000 pixels (decoding it would fail: it holds one pixel)
-    path = png_claiming(tmp_path / "huge.png", 20_000, 20_000)
+    path = png_declaring(tmp_path / "huge.png", 20_000, 20_000)
     started = time.monotonic()
     # Then inspecting and rendering both refuse it by its size, naming the limit, without decoding it
     expected = "the image is 20000 x 20000 pixels (400.0 megapixels); the limit is MAX_IMAGE_PIXELS=60000000"
@@ -232,7 +232,7 @@ def test_any_tiff_frame_over_the_pixel_limit_is_refused(tmp_path: Path) -> None:
 
 def test_pillows_own_bomb_guard_neither_fires_nor_changes(tmp_path: Path) -> None:
     # Given a configured limit far above Pillow's process-wide guard (which errors beyond ~179 megapixels)
-    path = png_claiming(tmp_path / "huge.png", 20_000, 20_000)
+    path = png_declaring(tmp_path / "huge.png", 20_000, 20_000)
     guard = Image.MAX_IMAGE_PIXELS
     # When the 400-megapixel image is inspected with every warning an error
     with warnings.catch_warnings():
