@@ -476,9 +476,15 @@ LIST_DOCUMENTS = """
     LIMIT %(limit)s
     """
 
+# A page counts as corrected while a correction made on its latest round of answers exists (LOAD_PAGES shows it).
 PAGE_SUMMARY = """
-    SELECT status, count(*) AS pages, count(*) FILTER (WHERE flags <> '[]'::jsonb) AS flagged
-    FROM jobs WHERE document_id = %(document_id)s
+    SELECT status, count(*) AS pages, count(*) FILTER (WHERE flags <> '[]'::jsonb) AS flagged,
+           count(*) FILTER (WHERE EXISTS (
+               SELECT 1 FROM page_corrections c
+               WHERE c.document_id = j.document_id AND c.page_number = j.page_number
+                 AND c.answer_round = j.answer_round
+           )) AS corrected
+    FROM jobs j WHERE document_id = %(document_id)s
     GROUP BY status
     """
 
@@ -1151,7 +1157,7 @@ class Database:
 
     def page_summary(self, document_id: str) -> list[PageSummary]:
         rows = self._rows(PAGE_SUMMARY, {"document_id": document_id})
-        return [PageSummary(JobStatus(r.status), r.pages, r.flagged) for r in rows]
+        return [PageSummary(JobStatus(r.status), r.pages, r.flagged, r.corrected) for r in rows]
 
     def spend(self, document_id: str) -> Spend:
         row = self._row(DOCUMENT_SPEND, {"document_id": document_id})

@@ -154,6 +154,7 @@ class PageSummary:
     status: JobStatus
     pages: int
     flagged: int
+    corrected: int  # pages whose transcript shows a person's correction
 
 
 @dataclass(frozen=True)

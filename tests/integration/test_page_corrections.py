@@ -135,14 +135,10 @@ def test_a_saved_correction_shows_in_both_transcripts_and_the_models_answer_is_k
     # And the model's answer and the page's attempts are untouched, and the document's status and finish are too
     assert page_record(db, document_id, 2) == (answer, counted, calls)
     after = call("GET", f"/documents/{document_id}")[1]
-    assert (
-        (after["status"], after["finished_at"])
-        == (before["status"], before["finished_at"])
-        == (
-            "COMPLETED",
-            before["finished_at"],
-        )
-    )
+    assert before["status"] == after["status"] == "COMPLETED"
+    assert after["finished_at"] == before["finished_at"]
+    # And the status counts one corrected page where it counted none
+    assert (before["corrected_pages"], after["corrected_pages"]) == (0, 1)
 
 
 def test_a_second_correction_is_revision_2_and_wins_and_an_empty_one_is_allowed(
@@ -180,8 +176,9 @@ def test_a_rerun_after_a_correction_supersedes_it_and_keeps_it_as_history(
     assert (transcript["pages"][1]["corrected"], transcript["pages"][1]["correction"]) == (False, None)
     assert transcript["pages"][0]["text"] == "page one, corrected" and transcript["pages"][0]["corrected"] is True
     assert CORRECTED not in markdown and "corrected (revision" not in page_section(markdown, 2)
-    # And the superseded correction stays in the table as history
+    # And the superseded correction stays in the table as history; only page 1 counts as corrected
     assert revisions(db, document_id, 2) == [(1, CORRECTED)]
+    assert call("GET", f"/documents/{document_id}")[1]["corrected_pages"] == 1
     # When page 2 is corrected again, after the new answer
     code, saved = correct(document_id, 2, "corrected after the re-run")
     # Then it is revision 2 and it shows, with the new answer as its original text

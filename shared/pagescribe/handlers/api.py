@@ -146,6 +146,9 @@ class DocumentStatusResponse(BaseModel):
     error: str | None
     page_errors: list[PageError]
     flagged_pages: int = Field(description="Pages whose answer raised at least one flag.")
+    corrected_pages: int = Field(
+        description="Pages whose transcript shows a person's correction (PUT .../pages/{page}/correction)."
+    )
     page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
     model_calls: int = Field(description="Model calls made, kept, rejected or failed: each is recorded.")
     prompt_tokens: int
