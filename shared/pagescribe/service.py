@@ -1,5 +1,5 @@
 """What the REST API does: create a document and its upload URL, list a tenant's documents, report status, serve the
-transcript and page images, retry."""
+transcript and page images, retry, re-run or correct a page."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""REST API (API Gateway proxy events): create documents, poll status, fetch transcripts, retry failed pages."""
+"""REST API (API Gateway proxy events): create documents, poll status, fetch transcripts, retry failed pages, re-run
+or correct one page."""
 
 from __future__ import annotations
 
