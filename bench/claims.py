@@ -74,7 +74,7 @@ class RunResult:
 def _seed(db: Database, jobs: int, variant: str) -> None:
     """Empty tables, then ``jobs`` QUEUED jobs in documents of 100 pages, as the upload function makes them."""
     with db.engine.begin() as conn:
-        conn.execute(text("TRUNCATE documents, jobs, attempts, idempotency_keys"))
+        conn.execute(text("TRUNCATE documents, jobs, attempts, page_corrections, idempotency_keys"))
     for start in range(0, jobs, PAGES_PER_DOCUMENT):
         pages = list(range(1, min(PAGES_PER_DOCUMENT, jobs - start) + 1))
         new = NewDocument("bench", f"uploads/claims/{variant}/{start}.pdf", uuid.uuid4().hex, "", 1, "bench/model")

@@ -9,6 +9,7 @@ upload_method
 upload_headers
 page_errors
 flagged_pages
+corrected_pages
 pages_requeued
 
 # dataclasses serialised with dataclasses.asdict: the sweeper's report (sweeping.py), a rule's result

@@ -68,7 +68,12 @@ def both_servers(request: pytest.FixtureRequest) -> str:
 def db(database_url: str) -> Iterator[Database]:
     engine = create_database_engine(database_url, pool_size=20)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE documents, jobs, attempts, api_keys, idempotency_keys, rate_buckets, tenant_days"))
+        conn.execute(
+            text(
+                "TRUNCATE documents, jobs, attempts, page_corrections, api_keys, idempotency_keys, rate_buckets, "
+                "tenant_days"
+            )
+        )
         conn.execute(text("DELETE FROM tenants WHERE id <> 'default'"))
         conn.execute(text("UPDATE tenants SET callback_secret = NULL, daily_budget_usd = NULL"))
     yield Database(engine)

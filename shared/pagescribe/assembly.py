@@ -33,12 +33,16 @@ def _comment_safe(text: str) -> str:
 
 
 def _page_marker(page: PageRecord, page_count: int) -> str:
-    """``<!-- page 2 of 7 (provider model) flags: rotated=90 (threshold 0) -->``; a page that failed says why."""
+    """``<!-- page 2 of 7 (provider model) flags: rotated=90 (threshold 0) -->``; a page that failed says why, and a
+    page a person corrected says so: ``<!-- page 2 of 7 (provider model) corrected (revision 1, <when>) -->`` (the
+    flags are the model's answer's)."""
     if page.status is JobStatus.COMPLETED:
         escalated = "; escalated" if page.escalation else ""
         said = f" ({page.provider} {page.model}{escalated})"
     else:
         said = f": {page.status.value}: {page.error or 'no reason'}"
+    if page.correction is not None:
+        said += f" corrected (revision {page.correction.revision}, {page.correction.corrected_at.isoformat()})"
     if page.flags:
         said += " flags: " + describe_flags([PageFlag.from_dict(flag) for flag in page.flags])
     return f"<!-- page {page.page_number} of {page_count}{_comment_safe(said)} -->"
@@ -92,11 +96,11 @@ def _marked(text: str, furniture: dict[int, str]) -> str:
 
 def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
     """Pages in order, each opened by a marker that counts the file's own pages and names the page's flags; a page
-    that failed says why (its text, if any, is kept). Running headers and footers (:func:`running_furniture`) are
-    marked as comments."""
+    that failed says why (its text, if any, is kept). A corrected page shows its correction's text. Running headers
+    and footers (:func:`running_furniture`) are marked as comments."""
     parts = [f"<!-- pagescribe document {document.document_id}: {_comment_safe(document.object_key)} -->"]
     page_count = document.source_page_count or document.page_count
-    texts = [page.text or "" for page in pages]
+    texts = [page.current_text or "" for page in pages]
     for page, text, furniture in zip(pages, texts, running_furniture(texts), strict=True):
         body = _marked(text, furniture).strip()
         parts.append(_page_marker(page, page_count) + ("\n\n" + body if body else ""))
@@ -120,13 +124,24 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
     }
 
 
+def _correction(page: PageRecord) -> dict[str, Any] | None:
+    if page.correction is None:
+        return None
+    return {
+        "revision": page.correction.revision,
+        "corrected_at": page.correction.corrected_at.isoformat(),
+        "original_text": page.text,
+    }
+
+
 def render_json(
     document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord], attempts: list[AttemptRecord]
 ) -> str:
-    """The document, its pages (the kept answer's text, model, flags and running headers and footers) and, per
-    page, every paid call: the document's tokens and cost are the sums over all of them, kept or not."""
+    """The document, its pages (the kept answer's text, or a person's correction of it, with the answer kept as
+    ``correction.original_text``; model, flags and running headers and footers) and, per page, every paid call: the
+    document's tokens and cost are the sums over all of them, kept or not."""
     by_page: dict[int, list[AttemptRecord]] = {}
-    texts = [p.text or "" for p in pages]
+    texts = [p.current_text or "" for p in pages]
     running = dict(zip((p.page_number for p in pages), running_furniture(texts), strict=True))
     for attempt in attempts:
         by_page.setdefault(attempt.page_number, []).append(attempt)
@@ -156,11 +171,13 @@ def render_json(
                 {
                     "page": p.page_number,
                     "status": p.status.value,
-                    "text": p.text,
+                    "text": p.current_text,
+                    "corrected": p.correction is not None,
+                    "correction": _correction(p),
                     "error": p.error,
                     "flags": p.flags,
                     "running": [
-                        {"kind": kind, "text": _HEADING_MARK.sub("", (p.text or "").splitlines()[at]).strip()}
+                        {"kind": kind, "text": _HEADING_MARK.sub("", (p.current_text or "").splitlines()[at]).strip()}
                         for at, kind in running[p.page_number].items()
                     ],
                     "model": p.model,
@@ -196,6 +213,7 @@ def _final_status(pages: list[PageRecord]) -> tuple[DocumentStatus, str | None]:
     return status, "; ".join(said)
 
 
+REWRITE_ROUNDS = 5  # writes of one rewrite before it leaves the files to the next save (each round is two S3 PUTs)
 _IMAGE_SUFFIXES = {"image/jpeg": "jpg", "image/png": "png"}
 
 
@@ -224,12 +242,48 @@ class TranscriptWriter:
         if document is None or document.finished_at is not None:
             return None
         pages = self._db.load_pages(document_id)
-        attempts = self._db.load_attempts(document_id)
         status, error = _final_status(pages)
-        markdown_key = self.transcript_key(document_id, "md")
+        markdown_key = self._write(document, status, pages, self._db.load_attempts(document_id))
+        if not self._db.finish_document(document_id, status=status, error=error, transcript_key=markdown_key):
+            return None
+        log.info("document finished", extra={"document_id": document_id, "status": status.value})
+        self._notifier.deliver_due(document_id=document_id)
+        return status
+
+    def rewrite(self, document_id: str) -> bool:
+        """Write a finished document's transcript files again from the database (after a correction); its status and
+        finished_at stay as they are. False when it is not finished (the finish that ends its re-run writes them) or
+        when the files could not be brought up to date in REWRITE_ROUNDS rounds (the next save writes them).
+
+        Two saves of one document rewrite at once, and S3 keeps the last PUT, so each writer reads the document at
+        one moment (``Database.transcript_state``: a share lock of the document's row held for the short read only,
+        never across the PUTs), writes, then reads the version again: if a save, re-run or finish landed meanwhile,
+        its files may be older than the database, so it writes again. The last PUT is always followed by a version
+        read that found nothing new, so the files end showing the latest revision. One gap remains: a re-run that
+        reopens, transcribes and re-finishes the document entirely between a writer's read and its PUT, and whose
+        finish wrote its files before that PUT but is marked finished only after the writer's check, leaves the
+        writer's older files; the next correction or re-run writes them again."""
+        for _ in range(REWRITE_ROUNDS):
+            state = self._db.transcript_state(document_id)
+            if state is None:
+                return False
+            self._write(state.document, state.document.status, state.pages, state.attempts)
+            if self._db.transcript_version(document_id) == state.version:
+                return True
+        log.warning(
+            "transcript files not brought up to date: the document kept changing while they were written",
+            extra={"document_id": document_id, "rounds": REWRITE_ROUNDS},
+        )
+        return False
+
+    def _write(
+        self, document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord], attempts: list[AttemptRecord]
+    ) -> str:
+        """Put the JSON, then the markdown transcript; the markdown's key."""
+        markdown_key = self.transcript_key(document.document_id, "md")
         self._objects.put_text(
             document.bucket,
-            self.transcript_key(document_id, "json"),
+            self.transcript_key(document.document_id, "json"),
             render_json(document, status, pages, attempts),
             content_type="application/json",
         )
@@ -239,8 +293,4 @@ class TranscriptWriter:
             render_markdown(document, pages),
             content_type="text/markdown; charset=utf-8",
         )
-        if not self._db.finish_document(document_id, status=status, error=error, transcript_key=markdown_key):
-            return None
-        log.info("document finished", extra={"document_id": document_id, "status": status.value})
-        self._notifier.deliver_due(document_id=document_id)
-        return status
+        return markdown_key

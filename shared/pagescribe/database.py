@@ -26,6 +26,7 @@ from pagescribe.domain import (
     AttemptOutcome,
     AttemptRecord,
     ClaimedJob,
+    CorrectionSave,
     CreatedDocument,
     DocumentListing,
     DocumentProgress,
@@ -35,6 +36,7 @@ from pagescribe.domain import (
     FailedCall,
     JobStatus,
     NewDocument,
+    PageCorrection,
     PageImageRecord,
     PageIssue,
     PageOutcome,
@@ -46,6 +48,8 @@ from pagescribe.domain import (
     Spend,
     SpendVerdict,
     TenantDay,
+    TranscriptState,
+    TranscriptVersion,
 )
 
 log = logging.getLogger(__name__)
@@ -472,9 +476,15 @@ LIST_DOCUMENTS = """
     LIMIT %(limit)s
     """
 
+# A page counts as corrected while a correction made on its latest round of answers exists (LOAD_PAGES shows it).
 PAGE_SUMMARY = """
-    SELECT status, count(*) AS pages, count(*) FILTER (WHERE flags <> '[]'::jsonb) AS flagged
-    FROM jobs WHERE document_id = %(document_id)s
+    SELECT status, count(*) AS pages, count(*) FILTER (WHERE flags <> '[]'::jsonb) AS flagged,
+           count(*) FILTER (WHERE EXISTS (
+               SELECT 1 FROM page_corrections c
+               WHERE c.document_id = j.document_id AND c.page_number = j.page_number
+                 AND c.answer_round = j.answer_round
+           )) AS corrected
+    FROM jobs j WHERE document_id = %(document_id)s
     GROUP BY status
     """
 
@@ -493,9 +503,10 @@ PAGE_ISSUES = """
     LIMIT %(limit)s
     """
 
-# A finished page back in the queue as new: no answer, no flags, no lease, never sent; its attempts rows are kept.
+# A finished page back in the queue as new: no answer, no flags, no lease, never sent; its attempts rows are kept. Its
+# next answer is a new round: the corrections made on the earlier answers no longer hold (they stay, as history).
 _QUEUED_AFRESH = (
-    " status = 'QUEUED', attempts = 0, error = NULL,"
+    " status = 'QUEUED', attempts = 0, error = NULL, answer_round = answer_round + 1,"
     + ",".join(f" {column} = NULL" for column in _ANSWER_COLUMNS)
     + """, flags = '[]'::jsonb, lease_token = NULL, lease_expires_at = NULL, enqueued_at = NULL, available_at = now(),
             completed_at = NULL, updated_at = now()"""
@@ -567,11 +578,22 @@ PAGE_IMAGE = """
     SELECT image_key, status FROM jobs WHERE document_id = %(document_id)s AND page_number = %(page_number)s
     """
 
+# Each page with its current correction: the latest one made on the page's latest round of answers (the primary key
+# of page_corrections serves the lookup).
 LOAD_PAGES = """
-    SELECT page_number, status, attempts, result_text, finish_reason, error, prompt_tokens,
-           completion_tokens, cost, model, provider, provider_request_id, flags, escalation, confidence
-    FROM jobs WHERE document_id = %(document_id)s
-    ORDER BY page_number
+    SELECT j.page_number, j.status, j.attempts, j.result_text, j.finish_reason, j.error, j.prompt_tokens,
+           j.completion_tokens, j.cost, j.model, j.provider, j.provider_request_id, j.flags, j.escalation,
+           j.confidence, c.revision AS corrected_revision, c.markdown AS corrected_markdown,
+           c.created_at AS corrected_at
+    FROM jobs j
+    LEFT JOIN LATERAL (
+        SELECT revision, markdown, created_at FROM page_corrections
+        WHERE document_id = j.document_id AND page_number = j.page_number AND answer_round = j.answer_round
+        ORDER BY revision DESC
+        LIMIT 1
+    ) c ON true
+    WHERE j.document_id = %(document_id)s
+    ORDER BY j.page_number
     """
 
 LOAD_ATTEMPTS = """
@@ -582,6 +604,34 @@ LOAD_ATTEMPTS = """
     WHERE a.document_id = %(document_id)s
     ORDER BY j.page_number, a.id
     """
+
+# A correction is saved under the document's row lock (LOCK_DOCUMENT_FOR_CORRECTION, then INSERT_CORRECTION in the
+# same short transaction): saves of one document take turns, so each reads the revision the one before it wrote and
+# no two get the same; a re-run (which updates the row) waits for a save or is waited for, so a save sees the
+# document finished with the page's round of answers, or sees it reopened and saves nothing.
+LOCK_DOCUMENT_FOR_CORRECTION = """
+    SELECT status, finished_at IS NOT NULL AS finished FROM documents WHERE id = %(document_id)s FOR NO KEY UPDATE
+    """
+
+INSERT_CORRECTION = """
+    INSERT INTO page_corrections (document_id, page_number, revision, answer_round, markdown)
+    SELECT j.document_id, j.page_number,
+           coalesce((SELECT max(revision) FROM page_corrections c
+                     WHERE c.document_id = j.document_id AND c.page_number = j.page_number), 0) + 1,
+           j.answer_round, %(markdown)s
+    FROM jobs j WHERE j.document_id = %(document_id)s AND j.page_number = %(page_number)s
+    RETURNING revision, markdown, created_at
+    """
+
+# What a finished document's transcript files are written from changes only with these two (TranscriptVersion).
+TRANSCRIPT_VERSION = """
+    SELECT finished_at, (SELECT count(*) FROM page_corrections c WHERE c.document_id = d.id) AS corrections
+    FROM documents d WHERE d.id = %(document_id)s
+    """
+
+# The same, with the document's row share-locked for a transaction that reads its pages and calls: no correction,
+# re-run or finish can land between the reads.
+LOCK_TRANSCRIPT_VERSION = TRANSCRIPT_VERSION.rstrip() + " FOR SHARE\n"
 
 # Only a document whose pages are all terminal, and only once.
 FINISH_DOCUMENT = """
@@ -911,6 +961,57 @@ def _document(row: Any) -> DocumentRecord:
     )
 
 
+def _pages(rows: Sequence[Any]) -> list[PageRecord]:
+    return [
+        PageRecord(
+            page_number=r.page_number,
+            status=JobStatus(r.status),
+            attempts=r.attempts,
+            text=r.result_text,
+            finish_reason=r.finish_reason,
+            error=r.error,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            cost=float(r.cost) if r.cost is not None else None,
+            model=r.model,
+            provider=r.provider,
+            provider_request_id=r.provider_request_id,
+            flags=r.flags,
+            escalation=r.escalation,
+            confidence=r.confidence,
+            correction=(
+                PageCorrection(r.corrected_revision, r.corrected_markdown, r.corrected_at)
+                if r.corrected_revision is not None
+                else None
+            ),
+        )
+        for r in rows
+    ]
+
+
+def _attempts(rows: Sequence[Any]) -> list[AttemptRecord]:
+    return [
+        AttemptRecord(
+            page_number=r.page_number,
+            claim=r.claim,
+            outcome=r.outcome,
+            model=r.model,
+            provider=r.provider,
+            finish_reason=r.finish_reason,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            cost=float(r.cost) if r.cost is not None else None,
+            latency_ms=r.latency_ms,
+            provider_request_id=r.provider_request_id,
+            flags=r.flags,
+            confidence=r.confidence,
+            status_code=r.status_code,
+            error=r.error,
+        )
+        for r in rows
+    ]
+
+
 _Work = Callable[[psycopg.Connection[Any]], T]
 
 
@@ -1056,7 +1157,7 @@ class Database:
 
     def page_summary(self, document_id: str) -> list[PageSummary]:
         rows = self._rows(PAGE_SUMMARY, {"document_id": document_id})
-        return [PageSummary(JobStatus(r.status), r.pages, r.flagged) for r in rows]
+        return [PageSummary(JobStatus(r.status), r.pages, r.flagged, r.corrected) for r in rows]
 
     def spend(self, document_id: str) -> Spend:
         row = self._row(DOCUMENT_SPEND, {"document_id": document_id})
@@ -1418,51 +1519,54 @@ class Database:
         return {str(row.id): _document(row) for row in self._rows(GET_DOCUMENTS, {"document_ids": unique})}
 
     def load_pages(self, document_id: str) -> list[PageRecord]:
-        rows = self._rows(LOAD_PAGES, {"document_id": document_id})
-        return [
-            PageRecord(
-                page_number=r.page_number,
-                status=JobStatus(r.status),
-                attempts=r.attempts,
-                text=r.result_text,
-                finish_reason=r.finish_reason,
-                error=r.error,
-                prompt_tokens=r.prompt_tokens,
-                completion_tokens=r.completion_tokens,
-                cost=float(r.cost) if r.cost is not None else None,
-                model=r.model,
-                provider=r.provider,
-                provider_request_id=r.provider_request_id,
-                flags=r.flags,
-                escalation=r.escalation,
-                confidence=r.confidence,
-            )
-            for r in rows
-        ]
+        """The document's pages in order, each with its current correction, if any."""
+        return _pages(self._rows(LOAD_PAGES, {"document_id": document_id}))
 
     def load_attempts(self, document_id: str) -> list[AttemptRecord]:
         """Every call of the document, answered or failed, by page and in the order they were made."""
-        rows = self._rows(LOAD_ATTEMPTS, {"document_id": document_id})
-        return [
-            AttemptRecord(
-                page_number=r.page_number,
-                claim=r.claim,
-                outcome=r.outcome,
-                model=r.model,
-                provider=r.provider,
-                finish_reason=r.finish_reason,
-                prompt_tokens=r.prompt_tokens,
-                completion_tokens=r.completion_tokens,
-                cost=float(r.cost) if r.cost is not None else None,
-                latency_ms=r.latency_ms,
-                provider_request_id=r.provider_request_id,
-                flags=r.flags,
-                confidence=r.confidence,
-                status_code=r.status_code,
-                error=r.error,
+        return _attempts(self._rows(LOAD_ATTEMPTS, {"document_id": document_id}))
+
+    def save_correction(self, document_id: str, page_number: int, markdown: str) -> CorrectionSave:
+        """Save a person's text for a page of a finished document as the page's next revision; the model's answer
+        and the page's attempts are left as they are."""
+
+        def save(connection: psycopg.Connection[Any]) -> CorrectionSave:
+            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
+                document: Any = cursor.execute(LOCK_DOCUMENT_FOR_CORRECTION, {"document_id": document_id}).fetchone()
+                if document is None:
+                    return CorrectionSave(None, None)
+                status = DocumentStatus(document.status)
+                if not document.finished:
+                    return CorrectionSave(status, None)
+                params = {"document_id": document_id, "page_number": page_number, "markdown": markdown}
+                row: Any = cursor.execute(INSERT_CORRECTION, params).fetchone()
+            saved = PageCorrection(row.revision, row.markdown, row.created_at) if row is not None else None
+            return CorrectionSave(status, saved)
+
+        return self._with_connection(save)
+
+    def transcript_version(self, document_id: str) -> TranscriptVersion | None:
+        row = self._row(TRANSCRIPT_VERSION, {"document_id": document_id})
+        return TranscriptVersion(row.finished_at, row.corrections) if row is not None else None
+
+    def transcript_state(self, document_id: str) -> TranscriptState | None:
+        """The finished document, its pages and its calls, read in one short transaction under a share lock of the
+        document's row (so at one moment); None when it is not finished (or does not exist)."""
+
+        def read(connection: psycopg.Connection[Any]) -> TranscriptState | None:
+            params = {"document_id": document_id}
+            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
+                version: Any = cursor.execute(LOCK_TRANSCRIPT_VERSION, params).fetchone()
+                if version is None or version.finished_at is None:
+                    return None
+                document = _document(cursor.execute(GET_DOCUMENTS, {"document_ids": [document_id]}).fetchone())
+                pages = _pages(cursor.execute(LOAD_PAGES, params).fetchall())
+                attempts = _attempts(cursor.execute(LOAD_ATTEMPTS, params).fetchall())
+            return TranscriptState(
+                document, pages, attempts, TranscriptVersion(version.finished_at, version.corrections)
             )
-            for r in rows
-        ]
+
+        return self._with_connection(read)
 
     def finish_document(
         self, document_id: str, *, status: DocumentStatus, error: str | None, transcript_key: str

@@ -147,6 +147,7 @@ class PageSummary(NamedTuple):
     status: JobStatus
     pages: int
     flagged: int
+    corrected: int  # pages whose transcript shows a person's correction
 
 
 class Spend(NamedTuple):
@@ -199,6 +200,41 @@ class DueCallback(NamedTuple):
     attempts: int
 
 
+class PageCorrection(NamedTuple):
+    """A person's text for a page, saved as its ``revision`` (1, 2, ... per page) at ``corrected_at``."""
+
+    revision: int
+    markdown: str
+    corrected_at: datetime
+
+
+class CorrectionSave(NamedTuple):
+    """What saving a correction came to: the document's status as the save found it (None: no such document), and
+    the correction saved, None when none was (the document is not finished, or it has no such page)."""
+
+    status: DocumentStatus | None
+    saved: PageCorrection | None
+
+
+class TranscriptVersion(NamedTuple):
+    """What the transcript files of a finished document are written from, in two values that change whenever it
+    does: when the document finished (a re-run reopens it and finishes it again) and how many corrections it has
+    (each save adds one; none is ever removed)."""
+
+    finished_at: datetime | None
+    corrections: int
+
+
+class TranscriptState(NamedTuple):
+    """A finished document as its transcript files show it, read at one moment: the document, its pages (with their
+    current corrections), its calls, and the version of all that."""
+
+    document: DocumentRecord
+    pages: list[PageRecord]
+    attempts: list[AttemptRecord]
+    version: TranscriptVersion
+
+
 class PageRecord(NamedTuple):
     page_number: int
     status: JobStatus
@@ -215,6 +251,12 @@ class PageRecord(NamedTuple):
     flags: Sequence[dict[str, Any]] = ()
     escalation: str | None = None
     confidence: float | None = None  # the offline engine's mean recognition confidence of the kept answer
+    correction: PageCorrection | None = None  # the latest correction made after the page's latest answer
+
+    @property
+    def current_text(self) -> str | None:
+        """The text the transcript shows: the correction's, else the model's answer."""
+        return self.correction.markdown if self.correction is not None else self.text
 
 
 class AttemptRecord(NamedTuple):

@@ -180,7 +180,7 @@ class Runtime:
 
         settings = self.settings
         signed = settings.callback_secret is not None or settings.callback_secret_parameter is not None
-        return DocumentService(settings, self.db, self.objects, self.queue, callbacks_signed=signed)
+        return DocumentService(settings, self.db, self.objects, self.queue, self.transcripts, callbacks_signed=signed)
 
     @cached_property
     def keyring(self) -> KeyRing:

@@ -1,11 +1,12 @@
 """What the REST API does: create a document and its upload URL, list a tenant's documents, report status, serve the
-transcript and page images, retry."""
+transcript and page images, retry, re-run or correct a page."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import logging
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,12 +14,22 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
+from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
 from pagescribe.database import Database
-from pagescribe.domain import DocumentListing, DocumentRecord, DocumentStatus, JobStatus, PendingDocument
+from pagescribe.domain import (
+    DocumentListing,
+    DocumentRecord,
+    DocumentStatus,
+    JobStatus,
+    PageCorrection,
+    PendingDocument,
+)
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
+
+log = logging.getLogger(__name__)
 
 UPLOAD_CONTENT_TYPES = ("application/pdf", "image/png", "image/jpeg", "image/tiff", "image/webp")
 FINISHED = {DocumentStatus.COMPLETED, DocumentStatus.PARTIAL, DocumentStatus.FAILED}
@@ -169,6 +180,13 @@ class RerunAnswer:
 
 
 @dataclass(frozen=True)
+class CorrectionAnswer:
+    saved: PageCorrection | None  # the revision saved; None: it was not, for ``refused``
+    refused: str | None = None
+    missing: bool = False  # refused because the document has no such page (else: it is not finished)
+
+
+@dataclass(frozen=True)
 class PageImageAnswer:
     url: str | None  # presigned GET of the kept image; None: there is none, for ``reason``
     reason: str | None
@@ -192,12 +210,14 @@ class DocumentService:
         db: Database,
         objects: ObjectStore,
         queue: JobQueue,
+        transcripts: TranscriptWriter,
         callbacks_signed: bool,
     ) -> None:
         self._settings = settings
         self._db = db
         self._objects = objects
         self._queue = queue
+        self._transcripts = transcripts
         self._callbacks_signed = callbacks_signed
 
     def create(self, upload: NewUpload, tenant: str, *, idempotency_key: str | None = None) -> CreatedUpload:
@@ -361,6 +381,35 @@ class DocumentService:
             return RerunAnswer(chosen, f"page {page_number} is {page.status.value}: only a finished page is re-run")
         send_committed(self._queue, self._db, [JobMessage(job_id, document.document_id, page_number)])
         return RerunAnswer(chosen)
+
+    def correct_page(self, document_id: str, page_number: int, markdown: str, tenant: str) -> CorrectionAnswer | None:
+        """Save a person's text for one page of a finished document as the page's next revision, then write the
+        transcript files again to show it. The model's answer and the page's attempts are kept (the JSON gives the
+        answer as the correction's ``original_text``); the document's status is unchanged. None for an unknown
+        document (or another tenant's)."""
+        document = self._document(document_id, tenant)
+        if document is None:
+            return None
+        save = self._db.save_correction(document.document_id, page_number, markdown)
+        if save.status is None:
+            return None
+        if save.saved is None and save.status not in FINISHED:
+            return CorrectionAnswer(
+                None, f"the document is {save.status.value}: only a finished document's pages are corrected"
+            )
+        if save.saved is None:
+            return CorrectionAnswer(None, f"the document has no page {page_number}", missing=True)
+        rewritten = self._transcripts.rewrite(document.document_id)
+        log.info(
+            "page corrected",
+            extra={
+                "document_id": document.document_id,
+                "page": page_number,
+                "revision": save.saved.revision,
+                "transcript_rewritten": rewritten,
+            },
+        )
+        return CorrectionAnswer(save.saved)
 
     def page_image(self, document_id: str, page_number: int, tenant: str) -> PageImageAnswer | None:
         """A short-lived link to the image the page was sent to the model as, or why there is none; None for an

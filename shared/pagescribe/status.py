@@ -33,6 +33,7 @@ def describe_document(db: Database, document: DocumentRecord) -> dict[str, Any]:
             if i.error is not None
         ],
         "flagged_pages": sum(row.flagged for row in summary),
+        "corrected_pages": sum(row.corrected for row in summary),
         "page_flags": [
             {"page": i.page_number, "status": i.status.value, "escalated": i.escalated, "flags": i.flags}
             for i in issues

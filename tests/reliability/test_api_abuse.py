@@ -99,6 +99,7 @@ def _counts(db: Database) -> dict[str, int]:
         ("GET", f"/documents/{uuid.UUID(int=1)}"),
         ("GET", f"/documents/{uuid.UUID(int=1)}/transcript"),
         ("POST", f"/documents/{uuid.UUID(int=1)}/retry"),
+        ("PUT", f"/documents/{uuid.UUID(int=1)}/pages/1/correction"),
         ("GET", "/no/such/route"),
     ],
 )
@@ -260,10 +261,18 @@ def test_unknown_sql_looking_and_non_uuid_ids_get_404_and_touch_nothing(
     before = _counts(db)
     # When every per-document route is asked about an id that names no document (raw and URL-encoded); an empty id
     # with nothing after it is GET /documents/, the list, and is left out
+    routes = [
+        ("GET", "", None),
+        ("GET", "/transcript", None),
+        ("POST", "/retry", None),
+        ("GET", "/pages/1/image", None),
+        ("POST", "/pages/1/rerun", {}),
+        ("PUT", "/pages/1/correction", {"markdown": "text"}),
+    ]
     answers = [
-        call(method, f"/documents/{spelling}{suffix}")
+        call(method, f"/documents/{spelling}{suffix}", body=body)
         for spelling in {document_id, document_id.replace(" ", "%20").replace("'", "%27")}
-        for method, suffix in (("GET", ""), ("GET", "/transcript"), ("POST", "/retry"), ("GET", "/pages/1/image"))
+        for method, suffix, body in routes
         if spelling or suffix
     ]
     # Then each is a 404 (or, for an id the router cannot take, a 404 for the route), and the tables are intact
@@ -369,6 +378,8 @@ def test_sql_in_stored_fields_is_stored_as_text(api: Pipeline, db: Database, mon
         ("PATCH", f"/documents/{uuid.UUID(int=3)}"),
         ("PUT", "/documents"),
         ("DELETE", "/documents"),
+        ("POST", f"/documents/{uuid.UUID(int=3)}/pages/1/correction"),
+        ("GET", f"/documents/{uuid.UUID(int=3)}/pages/1/correction"),
         ("POST", "/health"),
         ("GET", f"/documents/{uuid.UUID(int=3)}/retry"),
         ("POST", f"/documents/{uuid.UUID(int=3)}/transcript"),
@@ -392,6 +403,7 @@ def test_after_all_the_abuse_the_api_still_works(api: Pipeline, db: Database) ->
     for document_id in SQL_LOOKING + NOT_UUIDS:
         call("GET", f"/documents/{document_id}")
         call("POST", f"/documents/{document_id}/retry")
+        call("PUT", f"/documents/{document_id}/pages/1/correction", body={"markdown": "'; DELETE FROM jobs; --"})
     call("POST", "/documents", body="[" * 30_000)
     call("POST", "/documents", body={**VALID, "model": "\x00"})
     call("DELETE", "/documents")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from pagescribe.assembly import render_json, render_markdown, running_furniture
-from pagescribe.domain import DocumentRecord, DocumentStatus, JobStatus, PageRecord
+from pagescribe.domain import DocumentRecord, DocumentStatus, JobStatus, PageCorrection, PageRecord
 from pagescribe.sources import extract_text_layer
 
 from tests.support import CORPUS
@@ -122,3 +122,53 @@ def test_a_key_that_would_close_the_documents_comment_stays_inside_it(key: str) 
     # Then the document's marker is one comment that ends where it should
     assert first.startswith("<!-- pagescribe document doc-1: uploads/") and first.endswith(" -->"), first
     assert first.count("-->") == 1 and "--!>" not in first, first
+
+
+CORRECTED_AT = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+
+
+def corrected(page: PageRecord, markdown: str, revision: int = 1) -> PageRecord:
+    return page._replace(correction=PageCorrection(revision, markdown, CORRECTED_AT))
+
+
+def test_a_corrected_page_shows_its_correction_and_keeps_the_models_answer() -> None:
+    # Given the four pages of the form, page 2 corrected by a person (revision 2) and the others as the model gave them
+    pages = pages_of(FORM, 4)
+    pages[1] = corrected(pages[1], "# Corrected\n\nThe text a person typed.", revision=2)
+
+    # When the transcript is assembled
+    markdown = render_markdown(document(4), pages)
+    data = json.loads(render_json(document(4), DocumentStatus.COMPLETED, pages, []))
+
+    # Then the JSON gives page 2 the corrected text, and the model's answer as the correction's original text
+    assert data["pages"][1]["text"] == "# Corrected\n\nThe text a person typed."
+    assert data["pages"][1]["corrected"] is True
+    assert data["pages"][1]["correction"] == {
+        "revision": 2,
+        "corrected_at": "2026-03-01T09:30:00+00:00",
+        "original_text": pages[1].text,
+    }
+    # And the other pages are the model's, not corrected
+    assert [(p["corrected"], p["correction"]) for p in data["pages"][::2]] == [(False, None)] * 2
+    assert data["pages"][0]["text"] == pages[0].text
+    # And the markdown shows the corrected text under a marker that says so, and not the model's answer of page 2
+    page_two = markdown.split("<!-- page 2 of 4")[1].split("<!-- page 3 of 4")[0]
+    assert (
+        page_two
+        == " (p m) corrected (revision 2, 2026-03-01T09:30:00+00:00) -->\n\n# Corrected\n\nThe text a person typed.\n\n"
+    )
+    assert markdown.count(" corrected (") == 1
+
+
+def test_a_correction_to_no_text_leaves_the_page_empty_but_marked() -> None:
+    # Given a one-page document whose page a person corrected to no text at all
+    pages = [corrected(pages_of(FORM, 1)[0], "")]
+
+    # When the transcript is assembled
+    markdown = render_markdown(document(1), pages)
+    data = json.loads(render_json(document(1), DocumentStatus.COMPLETED, pages, []))
+
+    # Then the page is there, marked corrected, with nothing under its marker; the model's answer is kept in the JSON
+    assert markdown.endswith("<!-- page 1 of 1 (p m) corrected (revision 1, 2026-03-01T09:30:00+00:00) -->\n")
+    assert data["pages"][0]["text"] == "" and data["pages"][0]["running"] == []
+    assert data["pages"][0]["correction"]["original_text"] == pages[0].text

@@ -39,6 +39,7 @@ API_ROUTES = {
     ("post", "/documents/{id}/retry"),
     ("get", "/documents/{id}/pages/{page}/image"),
     ("post", "/documents/{id}/pages/{page}/rerun"),
+    ("put", "/documents/{id}/pages/{page}/correction"),
     ("get", "/health"),
 }
 UNAUTHENTICATED_ROUTES = {("get", "/health")}
@@ -557,11 +558,12 @@ def test_no_statement_allows_on_every_resource(template: dict[str, Any]) -> None
 
 @pytest.mark.parametrize("function", FUNCTIONS)
 def test_functions_write_to_s3_only_under_their_prefix(template: dict[str, Any], function: str) -> None:
-    # Given the S3 prefix each function may write to (presigned PUTs from the API carry its permissions)
+    # Given the S3 prefix each function may write to (presigned PUTs from the API carry its permissions; the API
+    # writes a corrected page's transcript files, and nothing else under transcripts/)
     expected_suffix = {
-        "ApiFunction": "-documents/uploads/*",
-        "TranscribeFunction": "-documents/transcripts/*",
-        "SweeperFunction": "-documents/transcripts/*",
+        "ApiFunction": ("-documents/uploads/*", "-documents/transcripts/*.md", "-documents/transcripts/*.json"),
+        "TranscribeFunction": ("-documents/transcripts/*",),
+        "SweeperFunction": ("-documents/transcripts/*",),
     }.get(function)
     policies = _properties(template, function).get("Policies", [])
 
@@ -573,7 +575,9 @@ def test_functions_write_to_s3_only_under_their_prefix(template: dict[str, Any],
     if expected_suffix is None:
         assert put_resources == []
     else:
-        assert put_resources, f"{function} cannot write under {expected_suffix}"
+        assert {suffix for r in put_resources for suffix in expected_suffix if r["Fn::Sub"].endswith(suffix)} == set(
+            expected_suffix
+        ), f"{function} cannot write under each of {expected_suffix}"
         assert all(isinstance(r, dict) and r["Fn::Sub"].endswith(expected_suffix) for r in put_resources)
     write_templates = {"S3CrudPolicy", "S3WritePolicy", "S3FullAccessPolicy"}
     assert not [p for p in policies if isinstance(p, dict) and write_templates & set(p)]

@@ -1,4 +1,5 @@
-"""REST API (API Gateway proxy events): create documents, poll status, fetch transcripts, retry failed pages."""
+"""REST API (API Gateway proxy events): create documents, poll status, fetch transcripts, retry failed pages, re-run
+or correct one page."""
 
 from __future__ import annotations
 
@@ -145,6 +146,9 @@ class DocumentStatusResponse(BaseModel):
     error: str | None
     page_errors: list[PageError]
     flagged_pages: int = Field(description="Pages whose answer raised at least one flag.")
+    corrected_pages: int = Field(
+        description="Pages whose transcript shows a person's correction (PUT .../pages/{page}/correction)."
+    )
     page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
     model_calls: int = Field(description="Model calls made, kept, rejected or failed: each is recorded.")
     prompt_tokens: int
@@ -188,6 +192,32 @@ class RerunResponse(BaseModel):
     document_id: str
     page_number: int
     model: str
+
+
+MAX_CORRECTION_CHARACTERS = 60_000
+
+
+class CorrectionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    markdown: str = Field(
+        max_length=MAX_CORRECTION_CHARACTERS,
+        description='The page\'s corrected text (markdown); "" for a page with no text',
+    )
+
+    @field_validator("markdown")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:  # PostgreSQL text cannot hold NUL
+            raise ValueError("must not contain NUL characters")
+        return value
+
+
+class CorrectionResponse(BaseModel):
+    document_id: str
+    page_number: int
+    revision: int = Field(description="The page's revisions are numbered 1, 2, ...; the latest one is shown")
+    corrected_at: datetime
 
 
 class PageImageResponse(BaseModel):
@@ -415,6 +445,34 @@ def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Bod
         raise ApiError(HTTPStatus.NOT_FOUND if answer.missing else HTTPStatus.CONFLICT, answer.refused)
     logger.info("page queued again", extra={"document_id": document_id, "page": number, "model": answer.model})
     return RerunResponse(document_id=document_id, page_number=number, model=answer.model)
+
+
+@app.put(
+    "/documents/<document_id>/pages/<page>/correction",
+    summary="Save a person's text for one page of a finished document as its next revision; the model's answer is kept",
+    responses={
+        200: {
+            "description": "Saved, and the transcript shows it",
+            "content": {"application/json": {"model": CorrectionResponse}},
+        },
+        400: {"description": "The page is not a page number", "content": _ERROR_CONTENT},
+        404: {"description": "No document has this id, or it has no such page", "content": _ERROR_CONTENT},
+        409: {"description": "The document is not finished (e.g. a page is being re-run)", "content": _ERROR_CONTENT},
+        422: {"description": 'A body that is not {"markdown": text}', "content": _ERROR_CONTENT},
+    },
+)
+def correct_page(document_id: str, page: str, request: Annotated[CorrectionRequest, Body()]) -> CorrectionResponse:
+    number = _page_number(page)
+    answer = get_runtime().documents.correct_page(document_id, number, request.markdown, _tenant())
+    if answer is None:
+        raise _not_found()
+    if answer.refused is not None:
+        raise ApiError(HTTPStatus.NOT_FOUND if answer.missing else HTTPStatus.CONFLICT, answer.refused)
+    saved = answer.saved
+    assert saved is not None, "a correction that was not refused was saved"
+    return CorrectionResponse(
+        document_id=document_id, page_number=number, revision=saved.revision, corrected_at=saved.corrected_at
+    )
 
 
 @app.post(
