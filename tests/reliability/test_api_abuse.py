@@ -100,6 +100,8 @@ def _counts(db: Database) -> dict[str, int]:
         ("GET", f"/documents/{uuid.UUID(int=1)}/transcript"),
         ("POST", f"/documents/{uuid.UUID(int=1)}/retry"),
         ("GET", "/no/such/route"),
+        ("GET", "/review/vendor/purify.min.js"),  # the review page's files are one segment below /review
+        ("GET", "/reviews"),
     ],
 )
 def test_every_route_but_health_wants_the_right_key(api: Pipeline, method: str, path: str) -> None:

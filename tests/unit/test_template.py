@@ -41,8 +41,10 @@ API_ROUTES = {
     ("get", "/documents/{id}/pages/{page}/image"),
     ("post", "/documents/{id}/pages/{page}/rerun"),
     ("get", "/health"),
+    ("get", "/review"),
+    ("get", "/review/{asset}"),
 }
-UNAUTHENTICATED_ROUTES = {("get", "/health")}
+UNAUTHENTICATED_ROUTES = {("get", "/health"), ("get", "/review"), ("get", "/review/{asset}")}
 API_GATEWAY_MAX_INTEGRATION_SECONDS = 29
 # SAM policy templates whose expansion lists exact actions (checked against samtranslator's definitions).
 WILDCARD_FREE_POLICY_TEMPLATES = {"S3ReadPolicy"}
