@@ -260,15 +260,16 @@ function documentRow(doc) {
   setStatus(badge, doc.status);
   state.append(badge);
   const failed = doc.pages_failed ? ` (${doc.pages_failed} failed)` : "";
-  const flags = element("td", doc.flagged || "", doc.flagged ? "flagged-count" : "");
-  row.append(
-    name,
-    state,
+  const cells = [
     element("td", `${doc.pages_completed}/${doc.page_count}${failed}`),
-    flags,
+    element("td", doc.flagged || "", doc.flagged ? "flagged-count" : ""),
     element("td", usd(doc.cost), "num"),
     element("td", when(doc.created_at), "muted"),
-  );
+  ];
+  ["pages", "flags", "cost", "created"].forEach((label, at) => {
+    cells[at].dataset.label = label; // shown before the value where the table is a list of cards (narrow screens)
+  });
+  row.append(name, state, ...cells);
   return row;
 }
 
