@@ -172,8 +172,10 @@ function showProgress(view, status) {
   view.row.dataset.status = status.status;
   view.bar.max = Math.max(1, status.page_count);
   view.bar.value = done + failed;
+  const pagesOf = (list) => (list.length ? ` (p. ${list.map((p) => p.page).join(", ")})` : "");
   const parts = [`${done} of ${status.page_count || "?"} pages done`];
-  parts.push(`${failed} failed`, `${status.flagged_pages} flagged`);
+  parts.push(`${failed} failed${pagesOf(status.page_errors || [])}`);
+  parts.push(`${status.flagged_pages} flagged${pagesOf(status.page_flags || [])}`);
   view.counts.textContent = parts.join(" · ");
   view.row.dataset.done = String(done);
   view.row.dataset.failed = String(failed);
