@@ -150,6 +150,10 @@ class Page:
         )
         return str(row.get_attribute("data-status"))
 
+    def policy_violations(self) -> list[str]:
+        """What the console reported the Content-Security-Policy refused since it was last read."""
+        return [e["message"] for e in self.driver.get_log("browser") if "Content Security Policy" in e["message"]]
+
     def shown_page(self) -> int:
         return int(self.find("#page-view").get_attribute("data-page") or 0)
 
@@ -162,6 +166,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
     options.add_argument("--window-size=1280,900")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console: Content-Security-Policy reports
     downloads = tmp_path_factory.mktemp("downloads")
     options.add_experimental_option(
         "prefs", {"download.default_directory": str(downloads), "download.prompt_for_download": False}

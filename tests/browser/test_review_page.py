@@ -12,7 +12,7 @@ import pytest
 from pagescribe.sources import DocumentKind, extract_text_layer, render_page
 from selenium.webdriver.common.action_chains import ActionChains
 
-from tests.browser.conftest import MODEL, OTHER_MODEL, Page, Stack
+from tests.browser.conftest import API_KEY, MODEL, OTHER_MODEL, Page, Stack
 from tests.fakes.chat_server import Ok
 from tests.support.answers import captured
 
@@ -53,7 +53,7 @@ def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run(
     assert page.finished(row) == "PARTIAL"
     assert (row.get_attribute("data-done"), row.get_attribute("data-failed")) == ("3", "1")
     assert row.get_attribute("data-flagged") == "1"
-    assert "3 of 4 pages done" in row.text and "1 flagged" in row.text
+    assert "3 of 4 pages done · 1 failed (p. 2) · 1 flagged (p. 2)" in row.text
     document_id = str(row.get_attribute("data-document-id"))
 
     # And the documents list shows it, newest first, with its status, pages, flags and cost
@@ -99,6 +99,8 @@ def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run(
     assert page.shown_page() == 2 and page.all("#page-flags li") == []
     assert OTHER_MODEL in page.find("#page-facts").text
     assert extract_text_layer(source, 2).split()[0] in page.find("#rendered").text
+    # And nothing the page did on the way needed what its Content-Security-Policy refuses
+    assert page.policy_violations() == []
 
 
 def test_a_correction_is_saved_and_is_in_the_downloaded_markdown(page: Page, stack: Stack, corpus: Path) -> None:
@@ -160,7 +162,7 @@ def test_the_page_fits_a_phone_and_puts_image_and_text_side_by_side_on_a_desktop
     browser: Page, stack: Stack, corpus: Path
 ) -> None:
     # Given a transcribed document created over the API with the same key
-    headers = {"x-api-key": "review-key-0123456789"}
+    headers = {"x-api-key": API_KEY}
     created = httpx.post(
         f"{stack.api}/documents",
         json={"filename": "four pages.pdf", "content_type": "application/pdf"},
@@ -190,6 +192,28 @@ def test_the_page_fits_a_phone_and_puts_image_and_text_side_by_side_on_a_desktop
     browser.find(".back").click()
     browser.until(lambda d: browser.all(f'#documents tr[data-document-id="{created["document_id"]}"]'), "listed")
     assert browser.script("return document.documentElement.scrollWidth") <= 390
+
+
+def test_a_wrong_key_is_refused_and_the_right_one_is_kept_for_the_tab_only(page: Page, stack: Stack) -> None:
+    # When a wrong key is typed in
+    page.driver.get(f"{stack.api}/review")
+    page.script("sessionStorage.clear()")
+    page.driver.get(f"{stack.api}/review")
+    page.until(lambda d: page.find("#api-key").is_displayed(), "the key field is shown")
+    page.find("#api-key").send_keys("not-the-key")
+    page.find("#login-form button[type=submit]").click()
+    # Then the page says so and stays on the key field, keeping nothing
+    page.until(lambda d: page.find("#login-error").is_displayed(), "the refusal is shown")
+    assert page.find("#login-error").text == "invalid API key"
+    assert not page.find("#home").is_displayed() and page.script("return sessionStorage.length") == 0
+    # When the right one is typed in, it is kept in the tab's sessionStorage, and nowhere that outlives the tab
+    page.sign_in(stack.api)
+    assert page.script("return sessionStorage.getItem('pagescribe.apiKey')") == API_KEY
+    assert page.script("return localStorage.length") == 0 and page.script("return document.cookie") == ""
+    # And "Forget key" forgets it
+    page.find("#forget-key").click()
+    page.until(lambda d: page.find("#api-key").is_displayed(), "the key field is shown again")
+    assert page.script("return sessionStorage.length") == 0
 
 
 def test_the_page_is_served_without_a_key_with_a_strict_policy_and_only_its_own_files(stack: Stack) -> None:
