@@ -518,7 +518,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         print(
             f"pagescribe serving the API on http://{args.host}:{server.server_address[1]} "
-            f"(S3/SQS: aws --endpoint-url {stack.resources.endpoint}); Ctrl-C stops",
+            f"(S3/SQS: aws --endpoint-url {stack.resources.endpoint}; the review page: "
+            f"http://{args.host}:{server.server_address[1]}/review); Ctrl-C stops",
             file=sys.stderr,
             flush=True,
         )
