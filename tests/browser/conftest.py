@@ -152,7 +152,8 @@ class Page:
 
     def policy_violations(self) -> list[str]:
         """What the console reported the Content-Security-Policy refused since it was last read."""
-        return [e["message"] for e in self.driver.get_log("browser") if "Content Security Policy" in e["message"]]
+        entries = self.driver.execute("getLog", {"type": "browser"})["value"]  # get_log, which is untyped
+        return [str(e["message"]) for e in entries if "Content Security Policy" in e["message"]]
 
     def shown_page(self) -> int:
         return int(self.find("#page-view").get_attribute("data-page") or 0)
