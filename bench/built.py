@@ -5,7 +5,7 @@ architecture under .aws-sam/bench-build. Each function is then imported the way 
 fresh python3.12 whose working directory is the built function and whose path holds the built layer's `python/`,
 with no bytecode written (Lambda's /opt is read-only), alternated with a fresh python3.12 that imports only the
 third-party modules that import loads, from the same layer. The layer is measured too: its size, and the modules of
-the local stack and the CLI that should not be in it.
+the local stack and the CLI that should not be in it, and the review page's files that must be.
 """
 
 from __future__ import annotations
@@ -126,6 +126,15 @@ def run() -> Result:
     local_only = [name for name in LOCAL_ONLY if (layer / name).exists()]
     if local_only:
         raise CorrectnessError(f"the built layer holds what only runs locally: {', '.join(local_only)}")
+    review = REPO / "shared" / "pagescribe" / "review"
+    unshipped = [
+        str(path.relative_to(review))
+        for path in review.rglob("*")
+        if path.is_file()
+        if not (layer / "pagescribe" / "review" / path.relative_to(review)).is_file()
+    ]
+    if unshipped:
+        raise CorrectnessError(f"the built layer lacks files of the review page (GET /review): {', '.join(unshipped)}")
     results = [measure(function, python, runs=5) for function in FUNCTIONS]
     uncompiled = without_bytecode("transcribe", python, runs=3)
     worst = max(results, key=lambda r: r.ratio)

@@ -31,3 +31,6 @@ _memory_limit_in_mb
 _aws_request_id
 _log_group_name
 _log_stream_name
+
+# Selenium reads the browser binary it is given (tests/browser/conftest.py)
+binary_location

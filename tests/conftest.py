@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
-import psycopg
 import pytest
 from moto.server import ThreadedMotoServer
 from pagescribe.database import Database, create_database_engine
@@ -23,9 +21,8 @@ from sqlalchemy import text
 from tests.fakes.chat_server import FakeChatServer
 from tests.support import CORPUS
 from tests.support.aws_events import REGION
+from tests.support.database import fresh_database
 from tests.support.pipeline import Pipeline
-
-ADMIN_URL = os.environ.get("PAGESCRIBE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 @pytest.fixture(scope="session")
@@ -47,15 +44,8 @@ def embedded_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A fresh database on the machine's PostgreSQL, migrated to head, dropped at the end."""
-    name = f"pagescribe_test_{os.getpid()}_{secrets.token_hex(3)}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = ADMIN_URL.rsplit("/", 1)[0]
-    url = f"{base}/{name}".replace("postgresql://", "postgresql+psycopg://", 1)
-    upgrade_database(url)
-    yield url
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database() as url:
+        yield url
 
 
 def both_servers(request: pytest.FixtureRequest) -> str:

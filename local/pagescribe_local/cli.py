@@ -435,6 +435,16 @@ def _refusal(status: HTTPStatus, message: str) -> dict[str, Any]:
     return {"statusCode": int(status), "headers": {"Content-Type": "application/json"}, "body": body}
 
 
+def _response_headers(response: dict[str, Any]) -> list[tuple[str, str]]:
+    """A Lambda proxy response's headers, as API Gateway sends them: ``headers`` and ``multiValueHeaders`` both
+    (Powertools answers a REST event with multiValueHeaders only)."""
+    single = [(name, str(value)) for name, value in (response.get("headers") or {}).items()]
+    multi = [
+        (name, str(value)) for name, values in (response.get("multiValueHeaders") or {}).items() for value in values
+    ]
+    return single + multi
+
+
 def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
     class ApiGatewayBridge(BaseHTTPRequestHandler):
         """Turns each HTTP request into an API Gateway REST proxy event for the API handler."""
@@ -466,8 +476,8 @@ def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
         def _reply(self, response: dict[str, Any], *, close: bool = False) -> None:
             payload = str(response.get("body") or "").encode("utf-8")
             self.send_response(int(response["statusCode"]))
-            for name, value in (response.get("headers") or {}).items():
-                self.send_header(name, str(value))
+            for name, value in _response_headers(response):
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(payload)))
             if close:
                 self.send_header("Connection", "close")
@@ -508,7 +518,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         print(
             f"pagescribe serving the API on http://{args.host}:{server.server_address[1]} "
-            f"(S3/SQS: aws --endpoint-url {stack.resources.endpoint}); Ctrl-C stops",
+            f"(S3/SQS: aws --endpoint-url {stack.resources.endpoint}; the review page: "
+            f"http://{args.host}:{server.server_address[1]}/review); Ctrl-C stops",
             file=sys.stderr,
             flush=True,
         )

@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REGION = "us-east-1"
+# The documents bucket's CORS rule, as template.yaml sets it: the review page PUTs uploads to presigned URLs and shows
+# page images from them, from the API's origin.
+BUCKET_CORS_RULES: list[dict[str, Any]] = [
+    {
+        "AllowedMethods": ["GET", "PUT"],
+        "AllowedOrigins": ["*"],
+        "AllowedHeaders": ["Content-Type"],
+        "MaxAgeSeconds": 3000,
+    }
+]
 ACCOUNT = "123456789012"
 SCHEDULED_EVENT: dict[str, Any] = {
     "version": "0",
@@ -163,6 +173,7 @@ class LocalAws:
         )
         s3, sqs = boto3.client("s3"), boto3.client("sqs")
         s3.create_bucket(Bucket=self._bucket)
+        s3.put_bucket_cors(Bucket=self._bucket, CORSConfiguration={"CORSRules": BUCKET_CORS_RULES})  # type: ignore[typeddict-item]
         dlq_url = sqs.create_queue(QueueName="pagescribe-jobs-dlq")["QueueUrl"]
         dlq_arn = _queue_arn(sqs, dlq_url)
         queue_url = sqs.create_queue(

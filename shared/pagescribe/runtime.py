@@ -95,6 +95,11 @@ class Runtime:
         return ObjectStore(s3_client())
 
     @cached_property
+    def bucket_origin(self) -> str:
+        """Where the documents bucket's presigned URLs point: the review page's Content-Security-Policy names it."""
+        return self.objects.origin(self.settings.require("bucket_name"))
+
+    @cached_property
     def queue(self) -> JobQueue:
         return JobQueue(sqs_client(), self.settings.require("queue_url"))
 

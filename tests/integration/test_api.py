@@ -18,6 +18,7 @@ from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.webpage import ASSETS
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Ok, Status
@@ -216,6 +217,30 @@ def test_the_api_key_is_required_except_for_health(api: Pipeline) -> None:
     assert call("GET", "/health", key=None) == (200, {"status": "ok"})
     assert call("GET", "/documents/00000000-0000-0000-0000-000000000000", key=None)[0] == 401
     assert call("GET", "/documents/00000000-0000-0000-0000-000000000000", key="wrong")[0] == 403
+
+
+def test_the_review_page_and_its_files_need_no_key_and_allow_only_the_api_and_the_bucket(
+    api: Pipeline, moto_endpoint: str
+) -> None:
+    # When the review page and each of its files are asked for without a key
+    answers = {
+        path: api_app.handler(api_event("GET", path), LambdaContext(29))
+        for path in ("/review", *[f"/review/{name}" for name in ASSETS])
+    }
+    # Then each is served, with a policy naming the bucket's origin (where presigned URLs point) beside the API's own
+    assert {path: answer["statusCode"] for path, answer in answers.items()} == dict.fromkeys(answers, 200)
+    page = answers["/review"]
+    headers = {name.lower(): values[0] for name, values in page["multiValueHeaders"].items()}
+    assert headers["content-type"] == "text/html; charset=utf-8"
+    assert '<script type="module" src="review/review.js"></script>' in page["body"]
+    assert (
+        f"img-src 'self' {moto_endpoint} blob: data:; connect-src 'self' {moto_endpoint};"
+        in headers["content-security-policy"]
+    )
+    assert headers["cache-control"] == "no-cache" and headers["x-content-type-options"] == "nosniff"
+    # And a file off the allow-list is not found, even one in the folder
+    for path in ("/review/index.html", "/review/LICENSE-marked", "/review/vendor", "/review/.."):
+        assert call("GET", path, key=None) == (404, {"message": "no such file"}), path
 
 
 @pytest.mark.parametrize("document_id", ["00000000-0000-0000-0000-000000000000", "1' OR '1'='1", "..%2F..%2Fetc"])

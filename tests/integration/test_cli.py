@@ -116,6 +116,7 @@ def test_serve_is_used_like_the_deployed_stack(
         assert status["status"] == "COMPLETED" and status["pages"]["COMPLETED"] == 4
         transcript = httpx.get(f"{api}/documents/{created['document_id']}/transcript", headers=headers)
         assert transcript.status_code == 200 and transcript.text.count("<!-- page ") == 4
+        assert transcript.headers["content-type"] == "text/markdown; charset=utf-8"  # the handler's headers reach it
         # And the S3 endpoint it printed works with boto3
         s3 = boto3.client(
             "s3",

@@ -19,9 +19,9 @@ from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from sqlalchemy import create_engine, inspect
 
-from tests.conftest import ADMIN_URL
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.aws_events import LambdaContext
+from tests.support.database import ADMIN_URL
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration

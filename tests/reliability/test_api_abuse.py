@@ -101,6 +101,8 @@ def _counts(db: Database) -> dict[str, int]:
         ("POST", f"/documents/{uuid.UUID(int=1)}/retry"),
         ("PUT", f"/documents/{uuid.UUID(int=1)}/pages/1/correction"),
         ("GET", "/no/such/route"),
+        ("GET", "/review/vendor/purify.min.js"),  # the review page's files are one segment below /review
+        ("GET", "/reviews"),
     ],
 )
 def test_every_route_but_health_wants_the_right_key(api: Pipeline, method: str, path: str) -> None:

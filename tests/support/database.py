@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from pagescribe.database import Database
+from pagescribe.migrate import upgrade_database
 from sqlalchemy import text
+
+ADMIN_URL = os.environ.get("PAGESCRIBE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new database on the machine's PostgreSQL, migrated to head, dropped on the way out."""
+    name = f"pagescribe_test_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = ADMIN_URL.rsplit("/", 1)[0]
+    url = f"{base}/{name}".replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        upgrade_database(url)
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def page_rows(db: Database, document_id: str) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from pagescribe_local.stack import BUCKET_CORS_RULES
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "template.yaml"
 
@@ -41,8 +42,10 @@ API_ROUTES = {
     ("post", "/documents/{id}/pages/{page}/rerun"),
     ("put", "/documents/{id}/pages/{page}/correction"),
     ("get", "/health"),
+    ("get", "/review"),
+    ("get", "/review/{asset}"),
 }
-UNAUTHENTICATED_ROUTES = {("get", "/health")}
+UNAUTHENTICATED_ROUTES = {("get", "/health"), ("get", "/review"), ("get", "/review/{asset}")}
 API_GATEWAY_MAX_INTEGRATION_SECONDS = 29
 # SAM policy templates whose expansion lists exact actions (checked against samtranslator's definitions).
 WILDCARD_FREE_POLICY_TEMPLATES = {"S3ReadPolicy"}
@@ -441,6 +444,19 @@ def test_bucket_is_encrypted_and_owner_enforced(template: dict[str, Any]) -> Non
     assert algorithms, "the bucket has no default encryption"
     assert algorithms <= {"AES256", "aws:kms", "aws:kms:dsse"}
     assert ownership == ["BucketOwnerEnforced"]
+
+
+def test_bucket_cors_lets_browsers_use_presigned_urls_as_the_local_stack_does(template: dict[str, Any]) -> None:
+    # Given the documents bucket's CORS rules, and the rule the local stack gives its bucket
+    rules = _properties(template, "DocumentsBucket")["CorsConfiguration"]["CorsRules"]
+    [local] = BUCKET_CORS_RULES
+
+    # Then one rule lets a page of any origin PUT and GET with a Content-Type (the presigned URL is the credential),
+    # and the local stack's is the same rule in the S3 API's spelling
+    assert rules == [
+        {"AllowedMethods": ["GET", "PUT"], "AllowedOrigins": ["*"], "AllowedHeaders": ["Content-Type"], "MaxAge": 3000}
+    ]
+    assert {("MaxAge" if key == "MaxAgeSeconds" else key): value for key, value in local.items()} == rules[0]
 
 
 def test_bucket_policy_denies_requests_without_tls(template: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
 """REST API (API Gateway proxy events): create documents, poll status, fetch transcripts, retry failed pages, re-run
-or correct one page."""
+or correct one page; and the review page (GET /review), which calls the rest of it from the browser."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ from pagescribe.runtime import get_runtime
 from pagescribe.service import MAX_LIST_LIMIT, NewUpload, RequestError, RetryLimitError, TranscriptFormat
 from pagescribe.settings import get_settings
 from pagescribe.tenancy import KeyRefused
+from pagescribe.webpage import Asset, asset, page, security_headers
 
 get_settings()  # validate the configuration at cold start
 logger = Logger()
 app = APIGatewayRestResolver(enable_validation=True)
 
 MAX_BODY_BYTES = 64 * 1024
-UNAUTHENTICATED_PATHS = {"/health"}
+UNAUTHENTICATED_PATHS = {"/health", "/review"}
+REVIEW_PREFIX = "/review/"  # the review page's files: one path segment after it, from a fixed allow-list
 
 
 class CreateDocumentRequest(BaseModel):
@@ -265,7 +267,7 @@ def authenticate(raw_event: dict[str, Any]) -> tuple[dict[str, Any] | None, str 
     event = APIGatewayProxyEvent(raw_event)
     refusal: tuple[HTTPStatus, str] | None = None
     tenant: str | None = None
-    if event.path not in UNAUTHENTICATED_PATHS:
+    if not _unauthenticated(event.path):
         given = event.headers.get("x-api-key") or event.headers.get("X-Api-Key") or None
         try:
             tenant = get_runtime().keyring.tenant_for(given)
@@ -281,6 +283,14 @@ def authenticate(raw_event: dict[str, Any]) -> tuple[dict[str, Any] | None, str 
         "body": json.dumps({"message": refusal[1]}),
         "isBase64Encoded": False,
     }, None
+
+
+def _unauthenticated(path: str) -> bool:
+    """The health check and the review page's files: they carry no data."""
+    if path in UNAUTHENTICATED_PATHS:
+        return True
+    name = path.removeprefix(REVIEW_PREFIX)
+    return name != path and bool(name) and "/" not in name
 
 
 def gate(raw_event: dict[str, Any]) -> dict[str, Any] | None:
@@ -316,6 +326,25 @@ def _not_found() -> ApiError:
 @app.get("/health", summary="Liveness check (no API key needed)")
 def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+def _review_response(served: Asset) -> Response[str]:
+    headers = {**security_headers(get_runtime().bucket_origin), "Cache-Control": served.cache_control}
+    return Response(status_code=200, content_type=served.content_type, body=served.body, headers=headers)
+
+
+@app.get("/review", include_in_schema=False)
+def review_page() -> Response[str]:
+    """The review page (no API key: it carries no data; the user types the key into it)."""
+    return _review_response(page())
+
+
+@app.get("/review/<name>", include_in_schema=False)
+def review_asset(name: str) -> Response[str]:
+    served = asset(name)
+    if served is None:
+        raise ApiError(HTTPStatus.NOT_FOUND, "no such file")
+    return _review_response(served)
 
 
 @app.post(

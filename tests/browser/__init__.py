@@ -1,0 +1,1 @@
+"""The review page in a headless browser."""

@@ -1,0 +1,235 @@
+"""The review page (GET /review), used as a person uses it: sign in with a key, drop a file, follow its pages, open it,
+move between flagged pages with the keyboard, re-run a page, correct one, download the transcript; and a hostile
+transcript that stays text."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from selenium.webdriver.common.action_chains import ActionChains
+
+from tests.browser.conftest import API_KEY, MODEL, OTHER_MODEL, Page, Stack
+from tests.fakes.chat_server import Ok
+from tests.support.answers import captured
+
+pytestmark = pytest.mark.integration
+
+FINISHED = {"COMPLETED", "PARTIAL", "FAILED"}
+HOSTILE = (
+    "# Invoice\n\n"
+    "<script>window.pwned = 'script'; document.title = 'pwned';</script>\n\n"
+    "<img src=x onerror=\"window.pwned = 'onerror'; document.title = 'pwned';\">\n\n"
+    '<a href="javascript:window.pwned=1">a link</a> and **Total: 42 EUR**\n'
+)
+
+
+def press(page: Page, key: str) -> None:
+    """A key pressed with the focus on the page itself, not in a field."""
+    page.script("document.activeElement && document.activeElement.blur()")
+    ActionChains(page.driver).send_keys(key).perform()
+
+
+def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run(
+    page: Page, stack: Stack, corpus: Path
+) -> None:
+    # Given a 4-page PDF whose page 2 the stack's model refuses (a captured real refusal: a hard flag, and no
+    # escalation model, so the page fails), which another model transcribes; the other pages are answered faithfully
+    source = corpus / "pdflatex-4-pages.pdf"
+    images = {n: render_page(source, DocumentKind.PDF, n).data for n in range(1, 5)}
+    for number, image in images.items():
+        answer = captured("refusal")[0] if number == 2 else extract_text_layer(source, number)
+        stack.answers.set(image, MODEL, Ok(text=answer))
+    stack.answers.set(images[2], OTHER_MODEL, Ok(text=extract_text_layer(source, 2)))
+
+    # When a person signs in with the key and drops the file
+    page.sign_in(stack.api)
+    row = page.drop(source)
+
+    # Then its pages are followed live until it finishes: three done, one failed, one flagged
+    assert page.finished(row) == "PARTIAL"
+    assert (row.get_attribute("data-done"), row.get_attribute("data-failed")) == ("3", "1")
+    assert row.get_attribute("data-flagged") == "1"
+    assert "3 of 4 pages done · 1 failed (p. 2) · 1 flagged (p. 2)" in row.text
+    document_id = str(row.get_attribute("data-document-id"))
+
+    # And the documents list shows it, newest first, with its status, pages, flags and cost
+    listed = f'#documents tr[data-document-id="{document_id}"]'
+    page.until(lambda d: page.all(listed), "the document is listed")
+    assert page.all("#documents tbody tr")[0].get_attribute("data-document-id") == document_id
+    cells = [cell.text for cell in page.find(listed).find_elements("css selector", "td")]
+    assert cells[:4] == ["pdflatex-4-pages.pdf", "PARTIAL", "3/4 (1 failed)", "1"]
+    assert cells[4].startswith("$")
+
+    # When it is opened from the list
+    page.find(f"{listed} a").click()
+    page.until(lambda d: page.all("#page-view[data-page]") and page.shown_page() == 1, "page 1 is shown")
+    assert "pdflatex-4-pages.pdf" in page.find("#doc-title").text
+    assert "j" in page.find(".keys").text and "k" in page.find(".keys").text
+
+    # And the reviewer presses j (next flagged page)
+    press(page, "j")
+
+    # Then page 2 is shown with its image beside its text, its flag and the value measured highlighted, and why
+    page.until(lambda d: page.shown_page() == 2, "j moves to the flagged page 2")
+    flags = {flag.get_attribute("data-flag"): flag for flag in page.all("#page-flags li")}
+    assert "refusal" in flags, flags.keys()
+    flag = flags["refusal"]
+    assert float(flag.find_element("css selector", "mark").text) > 0.5
+    assert "threshold 0.5" in flag.text
+    assert "refusal" in page.find("#page-error").text
+    page.until(
+        lambda d: page.script("const i = document.getElementById('page-img'); return i.complete && i.naturalWidth")
+    )
+    assert page.find("#page-strip button[aria-current]").text == "2"
+    if os.environ.get("REVIEW_SCREENSHOT"):  # docs/review.png: REVIEW_SCREENSHOT=docs/review.png pytest tests/browser
+        page.driver.save_screenshot(os.environ["REVIEW_SCREENSHOT"])
+
+    # When page 2 is re-run on the other model
+    page.find("#rerun-model").send_keys(OTHER_MODEL)
+    page.find("#rerun").click()
+
+    # Then the page follows the document until it is finished again, and page 2 is done, unflagged, on that model
+    page.until(lambda d: "re-run on" in page.find("#notice").text or "refused" in page.find("#notice").text, "answered")
+    assert page.find("#notice").text == f"Page 2 re-run on {OTHER_MODEL}: COMPLETED."
+    assert page.find("#doc-status").get_attribute("data-status") == "COMPLETED"
+    assert page.shown_page() == 2 and page.all("#page-flags li") == []
+    assert OTHER_MODEL in page.find("#page-facts").text
+    assert extract_text_layer(source, 2).split()[0] in page.find("#rendered").text
+    # And nothing the page did on the way needed what its Content-Security-Policy refuses
+    assert page.policy_violations() == []
+
+
+def test_a_correction_is_saved_and_is_in_the_downloaded_markdown(page: Page, stack: Stack, corpus: Path) -> None:
+    """Depends on PUT /documents/{id}/pages/{n}/correction (built on another branch)."""
+    # Given a transcribed one-page document, open on the review page
+    page.sign_in(stack.api)
+    row = page.drop(corpus / "minimal-document.pdf")
+    assert page.finished(row) in FINISHED
+    row.find_element("css selector", "a").click()
+    page.until(lambda d: page.all("#page-view[data-page]") and page.shown_page() == 1, "page 1 is shown")
+
+    # When the reviewer presses e, writes the page's markdown anew and saves it
+    press(page, "e")
+    page.until(lambda d: page.find("#editor-text").is_displayed(), "the editor opens")
+    page.find("#editor-text").clear()
+    page.find("#editor-text").send_keys("# Corrected heading\n\nFixed by a reviewer.")
+    page.find("#save").click()
+
+    # Then the correction is saved and shown, and the page is marked corrected
+    page.until(lambda d: "saved" in page.find("#notice").text, "the save is answered")
+    assert page.find("#notice").text == "Correction of page 1 saved (revision 1)."
+    assert page.find("#rendered h1").text == "Corrected heading"
+    assert "corrected" in (page.find("#page-strip button[aria-current]").get_attribute("class") or "")
+
+    # And the downloaded markdown holds it
+    page.find("#download-md").click()
+    downloaded = page.downloads / "minimal-document.md"
+    page.until(lambda d: downloaded.is_file() and "Fixed by a reviewer." in downloaded.read_text(), "the .md arrives")
+
+
+def test_a_hostile_transcript_is_shown_as_inert_text(page: Page, stack: Stack, corpus: Path) -> None:
+    # Given an image whose transcript carries a script, an image with an onerror handler and a javascript: link
+    image = corpus / "smile.png"
+    stack.answers.set(render_page(image, DocumentKind.PNG, 1).data, MODEL, Ok(text=HOSTILE))
+    page.sign_in(stack.api)
+    row = page.drop(image)
+    assert page.finished(row) in FINISHED
+
+    # When it is opened on the review page
+    row.find_element("css selector", "a").click()
+    page.until(lambda d: "Total: 42 EUR" in page.find("#rendered").text, "the transcript is rendered")
+
+    # Then its markdown is rendered, and nothing of it ran or can run
+    assert page.find("#rendered h1").text == "Invoice"
+    assert page.script("return window.pwned") is None
+    assert page.driver.title == "pagescribe review"
+    assert page.script("return document.querySelectorAll('#rendered script, #rendered [onerror]').length") == 0
+    assert page.script("return [...document.querySelectorAll('#rendered a')].map(a => a.getAttribute('href'))") == [
+        None
+    ]
+    # And the raw view (r) shows the text as it is, tags and all, as text
+    press(page, "r")
+    page.until(lambda d: page.find("#raw").is_displayed(), "the raw view is shown")
+    assert "<script>window.pwned = 'script';" in page.find("#raw").text
+    assert page.script("return document.querySelectorAll('#raw *').length") == 0
+
+
+def test_the_page_fits_a_phone_and_puts_image_and_text_side_by_side_on_a_desktop(
+    browser: Page, stack: Stack, corpus: Path
+) -> None:
+    # Given a transcribed document created over the API with the same key
+    headers = {"x-api-key": API_KEY}
+    created = httpx.post(
+        f"{stack.api}/documents",
+        json={"filename": "four pages.pdf", "content_type": "application/pdf"},
+        headers=headers,
+    ).json()
+    put = httpx.put(
+        created["upload_url"], content=(corpus / "pdflatex-4-pages.pdf").read_bytes(), headers=created["upload_headers"]
+    )
+    assert put.status_code == 200
+    document = f"{stack.api}/review#doc/{created['document_id']}/1"
+
+    # When it is opened at a desktop's width
+    browser.viewport(1280, 900)
+    browser.sign_in(stack.api)
+    browser.driver.get(document)
+    browser.until(lambda d: browser.all("#page-view[data-page]"), "the document is shown")
+    # Then the page image and the markdown stand side by side
+    image, text = (browser.find(css).rect for css in (".page-image", ".page-text"))
+    assert image["x"] + image["width"] <= text["x"] and image["y"] == text["y"]
+
+    # When the same views are shown at a phone's width (390 px)
+    browser.viewport(390, 844)
+    # Then nothing is wider than the screen, on the document and on the list, and the image is above the text
+    assert browser.script("return document.documentElement.scrollWidth") <= 390
+    image, text = (browser.find(css).rect for css in (".page-image", ".page-text"))
+    assert image["y"] + image["height"] <= text["y"]
+    browser.find(".back").click()
+    browser.until(lambda d: browser.all(f'#documents tr[data-document-id="{created["document_id"]}"]'), "listed")
+    assert browser.script("return document.documentElement.scrollWidth") <= 390
+
+
+def test_a_wrong_key_is_refused_and_the_right_one_is_kept_for_the_tab_only(page: Page, stack: Stack) -> None:
+    # When a wrong key is typed in
+    page.driver.get(f"{stack.api}/review")
+    page.script("sessionStorage.clear()")
+    page.driver.get(f"{stack.api}/review")
+    page.until(lambda d: page.find("#api-key").is_displayed(), "the key field is shown")
+    page.find("#api-key").send_keys("not-the-key")
+    page.find("#login-form button[type=submit]").click()
+    # Then the page says so and stays on the key field, keeping nothing
+    page.until(lambda d: page.find("#login-error").is_displayed(), "the refusal is shown")
+    assert page.find("#login-error").text == "invalid API key"
+    assert not page.find("#home").is_displayed() and page.script("return sessionStorage.length") == 0
+    # When the right one is typed in, it is kept in the tab's sessionStorage, and nowhere that outlives the tab
+    page.sign_in(stack.api)
+    assert page.script("return sessionStorage.getItem('pagescribe.apiKey')") == API_KEY
+    assert page.script("return localStorage.length") == 0 and page.script("return document.cookie") == ""
+    # And "Forget key" forgets it
+    page.find("#forget-key").click()
+    page.until(lambda d: page.find("#api-key").is_displayed(), "the key field is shown again")
+    assert page.script("return sessionStorage.length") == 0
+
+
+def test_the_page_is_served_without_a_key_with_a_strict_policy_and_only_its_own_files(stack: Stack) -> None:
+    # When the page and one of its files are fetched without a key
+    html = httpx.get(f"{stack.api}/review")
+    script = httpx.get(f"{stack.api}/review/purify.min.js")
+    # Then both are served, with the policy that lets the page run only its own code and reach only the API and S3
+    assert html.status_code == 200 and html.headers["content-type"] == "text/html; charset=utf-8"
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    policy = html.headers["content-security-policy"]
+    assert policy.startswith(
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' http://127.0.0.1:"
+    )
+    assert "base-uri 'none'; form-action 'none'; frame-ancestors 'none'" in policy
+    assert (html.headers["x-content-type-options"], html.headers["referrer-policy"]) == ("nosniff", "no-referrer")
+    # And a name off the allow-list, or a path out of the folder, is not found, and data still needs the key
+    for path in ("/review/README.md", "/review/vendor%2Fpurify.min.js", "/review/..%2F..%2Fsettings.py", "/review/x/y"):
+        assert httpx.get(f"{stack.api}{path}").status_code in (401, 404), path
+    assert httpx.get(f"{stack.api}/documents").status_code == 401
