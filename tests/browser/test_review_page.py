@@ -104,7 +104,6 @@ def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run(
 
 
 def test_a_correction_is_saved_and_is_in_the_downloaded_markdown(page: Page, stack: Stack, corpus: Path) -> None:
-    """Depends on PUT /documents/{id}/pages/{n}/correction (built on another branch)."""
     # Given a transcribed one-page document, open on the review page
     page.sign_in(stack.api)
     row = page.drop(corpus / "minimal-document.pdf")
