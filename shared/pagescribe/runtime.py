@@ -185,7 +185,14 @@ class Runtime:
 
         settings = self.settings
         signed = settings.callback_secret is not None or settings.callback_secret_parameter is not None
-        return DocumentService(settings, self.db, self.objects, self.queue, self.transcripts, callbacks_signed=signed)
+        return DocumentService(
+            settings,
+            self.db,
+            self.objects,
+            self.queue,
+            lambda document_id: self.transcripts.rewrite(document_id),
+            callbacks_signed=signed,
+        )
 
     @cached_property
     def keyring(self) -> KeyRing:

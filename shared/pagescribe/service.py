@@ -8,13 +8,13 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
-from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
 from pagescribe.database import Database
 from pagescribe.domain import (
@@ -210,14 +210,14 @@ class DocumentService:
         db: Database,
         objects: ObjectStore,
         queue: JobQueue,
-        transcripts: TranscriptWriter,
+        rewrite: Callable[[str], bool],
         callbacks_signed: bool,
     ) -> None:
         self._settings = settings
         self._db = db
         self._objects = objects
         self._queue = queue
-        self._transcripts = transcripts
+        self._rewrite = rewrite  # TranscriptWriter.rewrite, built on the first correction: a cold start skips it
         self._callbacks_signed = callbacks_signed
 
     def create(self, upload: NewUpload, tenant: str, *, idempotency_key: str | None = None) -> CreatedUpload:
@@ -399,7 +399,7 @@ class DocumentService:
             )
         if save.saved is None:
             return CorrectionAnswer(None, f"the document has no page {page_number}", missing=True)
-        rewritten = self._transcripts.rewrite(document.document_id)
+        rewritten = self._rewrite(document.document_id)
         log.info(
             "page corrected",
             extra={

@@ -246,7 +246,7 @@ def documents_service(db: Database, objects: ObjectStore) -> DocumentService:
     """The service as the runtime builds it, on ``db`` and writing through ``objects``."""
     runtime = get_runtime()
     writer = TranscriptWriter(runtime.settings, db, objects, runtime.notifier)
-    return DocumentService(runtime.settings, db, objects, runtime.queue, writer, callbacks_signed=False)
+    return DocumentService(runtime.settings, db, objects, runtime.queue, writer.rewrite, callbacks_signed=False)
 
 
 class SaveDuringFirstPut(ObjectStore):

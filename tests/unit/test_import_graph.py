@@ -61,7 +61,13 @@ NOT_AT_COLD_START = {
         "pagescribe.rendering",
         "pagescribe.service",
     },
-    "api": {"pagescribe.ingestion", "pagescribe.sources", "pagescribe.rendering", "pagescribe.transcription"},
+    "api": {
+        "pagescribe.assembly",  # built on the first correction, to write the transcript files again
+        "pagescribe.ingestion",
+        "pagescribe.sources",
+        "pagescribe.rendering",
+        "pagescribe.transcription",
+    },
 }
 
 
