@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from http import HTTPStatus
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
@@ -323,6 +323,27 @@ def _not_found() -> ApiError:
     return ApiError(HTTPStatus.NOT_FOUND, "no document with this id")
 
 
+class _PageAnswer(Protocol):
+    @property
+    def refused(self) -> str | None: ...
+
+    @property
+    def missing(self) -> bool: ...
+
+
+_Answer = TypeVar("_Answer", bound=_PageAnswer)
+
+
+def _granted(answer: _Answer | None) -> _Answer:
+    """A page action's answer when it was carried out; else the refusal: 404 for an unknown document (None) or a
+    missing page, 409 for a page (or document) not in a state to take it."""
+    if answer is None:
+        raise _not_found()
+    if answer.refused is not None:
+        raise ApiError(HTTPStatus.NOT_FOUND if answer.missing else HTTPStatus.CONFLICT, answer.refused)
+    return answer
+
+
 @app.get("/health", summary="Liveness check (no API key needed)")
 def health() -> dict[str, str]:
     return {"status": "ok"}
@@ -467,11 +488,7 @@ def get_page_image(document_id: str, page: str) -> PageImageResponse:
 )
 def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Body()]) -> RerunResponse:
     number = _page_number(page)
-    answer = get_runtime().documents.rerun_page(document_id, number, _tenant(), model=request.model)
-    if answer is None:
-        raise _not_found()
-    if answer.refused is not None:
-        raise ApiError(HTTPStatus.NOT_FOUND if answer.missing else HTTPStatus.CONFLICT, answer.refused)
+    answer = _granted(get_runtime().documents.rerun_page(document_id, number, _tenant(), model=request.model))
     logger.info("page queued again", extra={"document_id": document_id, "page": number, "model": answer.model})
     return RerunResponse(document_id=document_id, page_number=number, model=answer.model)
 
@@ -492,11 +509,7 @@ def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Bod
 )
 def correct_page(document_id: str, page: str, request: Annotated[CorrectionRequest, Body()]) -> CorrectionResponse:
     number = _page_number(page)
-    answer = get_runtime().documents.correct_page(document_id, number, request.markdown, _tenant())
-    if answer is None:
-        raise _not_found()
-    if answer.refused is not None:
-        raise ApiError(HTTPStatus.NOT_FOUND if answer.missing else HTTPStatus.CONFLICT, answer.refused)
+    answer = _granted(get_runtime().documents.correct_page(document_id, number, request.markdown, _tenant()))
     saved = answer.saved
     assert saved is not None, "a correction that was not refused was saved"
     return CorrectionResponse(
