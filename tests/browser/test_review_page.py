@@ -27,15 +27,19 @@ HOSTILE = (
 )
 
 
+CORRECTED = "Page two, as a reviewer reads it."
+
+
 def press(page: Page, key: str) -> None:
     """A key pressed with the focus on the page itself, not in a field."""
     page.script("document.activeElement && document.activeElement.blur()")
     ActionChains(page.driver).send_keys(key).perform()
 
 
-def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run(
+def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run_and_corrected(
     page: Page, stack: Stack, corpus: Path
 ) -> None:
+    # The issue's whole scenario, in one flow.
     # Given a 4-page PDF whose page 2 the stack's model refuses (a captured real refusal: a hard flag, and no
     # escalation model, so the page fails), which another model transcribes; the other pages are answered faithfully
     source = corpus / "pdflatex-4-pages.pdf"
@@ -99,6 +103,24 @@ def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run(
     assert page.shown_page() == 2 and page.all("#page-flags li") == []
     assert OTHER_MODEL in page.find("#page-facts").text
     assert extract_text_layer(source, 2).split()[0] in page.find("#rendered").text
+
+    # When the reviewer corrects page 2 (e), saves the correction and downloads the markdown
+    press(page, "e")
+    page.until(lambda d: page.find("#editor-text").is_displayed(), "the editor opens")
+    page.find("#editor-text").clear()
+    page.find("#editor-text").send_keys(CORRECTED)
+    page.find("#save").click()
+    page.until(lambda d: "saved" in page.find("#notice").text, "the save is answered")
+    assert page.find("#notice").text == "Correction of page 2 saved (revision 1)."
+    page.find("#download-md").click()
+    downloaded = page.downloads / "pdflatex-4-pages.md"
+    page.until(lambda d: downloaded.is_file() and CORRECTED in downloaded.read_text(), "the .md arrives")
+
+    # Then the downloaded markdown holds the correction in page 2's place, marked as one, and the other pages as read
+    markdown = downloaded.read_text()
+    second = markdown.split("<!-- page 2 of 4")[1].split("<!-- page 3 of 4")[0]
+    assert "corrected (revision 1" in second and CORRECTED in second
+    assert extract_text_layer(source, 3).split()[0] in markdown.split("<!-- page 3 of 4")[1]
     # And nothing the page did on the way needed what its Content-Security-Policy refuses
     assert page.policy_violations() == []
 
