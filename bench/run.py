@@ -1,6 +1,6 @@
 """Run every benchmark in one process, print one judged line each, and write docs/benchmarks.md.
 
-    .venv/bin/python -m bench.run            # the full run (about ten minutes)
+    .venv/bin/python -m bench.run            # the full run (about fifteen minutes)
     .venv/bin/python -m bench.run --quick    # smaller and faster
 
 Benchmarks are run, not asserted: a missed target is reported, not failed. The exit status is non-zero only
@@ -39,7 +39,7 @@ def benchmarks(quick: bool, scratch: Path) -> list[tuple[str, Callable[[], Resul
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller inputs and fewer repetitions (about 4 min)")
+    parser.add_argument("--quick", action="store_true", help="smaller inputs and fewer repetitions (about 6 min)")
     parser.add_argument("--only", nargs="+", metavar="KEY", help="run these benchmarks only (docs are not written)")
     parser.add_argument("--no-docs", action="store_true", help=f"do not write {DOCS.relative_to(REPO)}")
     args = parser.parse_args(argv)
