@@ -22,7 +22,7 @@ from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "corpus"
+CORPUS = REPO / "tests" / "data" / "corpus"
 ADMIN_URL = os.environ.get("PAGESCRIBE_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.ocr --quick                           # one single-column and one two-column page
     .venv/bin/python -m bench.ocr --markdown docs/accuracy.md       # also write the section into that file
 
-Every page with a usable text layer of every PDF in tests/data/documents and ../shared/corpus is rendered as the
+Every page with a usable text layer of every PDF in tests/data/documents and tests/data/corpus is rendered as the
 pipeline renders it (the default settings), transcribed by RapidOcrProvider and scored (CER) against its own text
 layer. The same page, turned with ``Image.rotate(angle, expand=True)`` (counter-clockwise), then goes the way of a
 scan (an image document: orientation detection, then the default rendering) and is transcribed and scored again.
@@ -286,7 +286,7 @@ def section(run: Run) -> str:
         f"{run.tesseract or 'tesseract: not installed'}.",
         "",
         ("Two pages (`--quick`: a two-column and a single-column one)" if run.quick else "Every page")
-        + " with a usable text layer of the PDFs in `tests/data/documents` and `../shared/corpus`, rendered "
+        + " with a usable text layer of the PDFs in `tests/data/documents` and `tests/data/corpus`, rendered "
         "as the pipeline renders it (default settings: "
         + ", ".join(f"{key} {value}" for key, value in RENDER_OPTIONS.items())
         + "), read by `RapidOcrProvider` ("

@@ -2,4 +2,4 @@
 
 from pathlib import Path
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"  # ../shared/corpus beside the checkout
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # tests/data/corpus (SOURCES.md)
