@@ -47,8 +47,8 @@ from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callb
 
 from pagescribe_local import evaluation
 from pagescribe_local.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
+from pagescribe_local.environments import EnvironmentPool
 from pagescribe_local.stack import (
-    LambdaContext,
     LambdaService,
     LocalAws,
     LocalExtraMissing,
@@ -430,9 +430,22 @@ def _content_length(value: str | None) -> int | None:
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 12 else None
 
 
-def _refusal(status: HTTPStatus, message: str) -> dict[str, Any]:
+def _body_refusal(length: int | None, limit: int) -> dict[str, Any] | None:
+    """The refusal of a body by its announced length (None: a malformed Content-Length), before it is read."""
+    if length is None:
+        return _refusal(HTTPStatus.BAD_REQUEST, "malformed Content-Length: send the body's size in bytes")
+    if length > limit:
+        return _refusal(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body exceeds {limit} bytes")
+    return None
+
+
+MISSING_ROUTE_ERROR = "MissingAuthenticationTokenException"  # API Gateway's answer to a method no route takes
+
+
+def _refusal(status: HTTPStatus, message: str, error_type: str | None = None) -> dict[str, Any]:
     body = json.dumps({"message": message})
-    return {"statusCode": int(status), "headers": {"Content-Type": "application/json"}, "body": body}
+    headers = {"Content-Type": "application/json", **({"x-amzn-ErrorType": error_type} if error_type else {})}
+    return {"statusCode": int(status), "headers": headers, "body": body}
 
 
 def _response_headers(response: dict[str, Any]) -> list[tuple[str, str]]:
@@ -445,9 +458,11 @@ def _response_headers(response: dict[str, Any]) -> list[tuple[str, str]]:
     return single + multi
 
 
-def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
+def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type[BaseHTTPRequestHandler]:
     class ApiGatewayBridge(BaseHTTPRequestHandler):
-        """Turns each HTTP request into an API Gateway REST proxy event for the API handler."""
+        """Turns each HTTP request into an API Gateway REST proxy event for the API handler, run in an environment of
+        its own (``environments``), as Lambda runs it. A method the stack routes nowhere (HEAD, DELETE, ...) is
+        answered by API Gateway itself: 403 "Missing Authentication Token"."""
 
         protocol_version = "HTTP/1.1"
         timeout = BRIDGE_READ_TIMEOUT_SECONDS  # a client that stops sending is dropped, not waited for
@@ -457,23 +472,23 @@ def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
             before it is read: a refused request's body is never read, and its connection is closed."""
             url = urlsplit(self.path)
             headers, query = dict(self.headers.items()), dict(parse_qsl(url.query)) or None
-            refused = api.gate(api_gateway_event(self.command, url.path, headers=headers))
             length = _content_length(self.headers.get("Content-Length"))
-            if refused is None and length is None:
-                refused = _refusal(HTTPStatus.BAD_REQUEST, "malformed Content-Length: send the body's size in bytes")
-            elif refused is None and length is not None and length > api.MAX_BODY_BYTES:
-                refused = _refusal(
-                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body exceeds {api.MAX_BODY_BYTES} bytes"
-                )
+            refused = api.gate(api_gateway_event(self.command, url.path, headers=headers)) or _body_refusal(
+                length, api.MAX_BODY_BYTES
+            )
             if refused is not None:
                 self.close_connection = True
                 self._reply(refused, close=True)
                 return
             body = self.rfile.read(length).decode("utf-8", errors="replace") if length else None
             event = api_gateway_event(self.command, url.path, body=body, headers=headers, query=query)
-            self._reply(api.handler(event, LambdaContext(29, "pagescribe-api")))
+            self._reply(environments.invoke(event))
+
+        def _no_route(self) -> None:
+            self._reply(_refusal(HTTPStatus.FORBIDDEN, "Missing Authentication Token", MISSING_ROUTE_ERROR))
 
         def _reply(self, response: dict[str, Any], *, close: bool = False) -> None:
+            """The response; a HEAD request gets its headers only, as HTTP has it."""
             payload = str(response.get("body") or "").encode("utf-8")
             self.send_response(int(response["statusCode"]))
             for name, value in _response_headers(response):
@@ -482,9 +497,11 @@ def _api_request_handler(api: ModuleType) -> type[BaseHTTPRequestHandler]:
             if close:
                 self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(payload)
+            if self.command != "HEAD":
+                self.wfile.write(payload)
 
-        do_GET = do_POST = do_PUT = do_DELETE = _bridge
+        do_GET = do_POST = do_PUT = _bridge
+        do_HEAD = do_DELETE = do_PATCH = do_OPTIONS = _no_route
 
         def log_message(self, format: str, *args: Any) -> None:
             sys.stderr.write("api: " + (format % args) + "\n")
@@ -497,7 +514,11 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     with local_stack(data_dir=Path(args.data_dir), aws_port=args.aws_port, sweep_every=60.0) as stack:
         api = _handler("api")
-        server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(api))
+        environments = EnvironmentPool(
+            "pagescribe.handlers.api", size=args.api_environments, function_name="pagescribe-api"
+        )
+        environments.start()
+        server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(api, environments))
         server.daemon_threads = True
         poller = threading.Thread(target=stack.lambdas.run, args=(stop,), name="lambda-service", daemon=True)
         poller.start()
@@ -536,6 +557,7 @@ def _serve(args: argparse.Namespace) -> int:
             stop.set()
             poller.join(timeout=60)
             server.server_close()
+            environments.close()
             print("pagescribe stopped; work in flight is left to the sweeper", file=sys.stderr)
     return 0
 
@@ -619,6 +641,12 @@ def _tenant_callback_secret(args: argparse.Namespace) -> int:
     print(json.dumps({"tenant": args.tenant, "callback_secret": secret}))
     print("pagescribe: the tenant's callbacks are signed with this secret from now on", file=sys.stderr)
     return 0
+
+
+def _environments_argument(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 64:
+        raise argparse.ArgumentTypeError(f"{value!r}: the number of API environments is between 1 and 64")
+    return int(value)
 
 
 def _usd_argument(value: str) -> float:
@@ -775,6 +803,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="S3/SQS endpoint port on 127.0.0.1 (it takes no credentials: never on another address; default: any)",
+    )
+    serve.add_argument(
+        "--api-environments",
+        type=_environments_argument,
+        default=4,
+        help="the API function's environments: requests run in one each, one at a time, as in Lambda (default 4)",
     )
     serve.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     serve.set_defaults(run=_serve)

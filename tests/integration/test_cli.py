@@ -8,8 +8,6 @@ import json
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from PIL import Image
 
 from tests.fakes.chat_server import FakeChatServer, Ok, expected_text
 from tests.support.answers import captured
-from tests.support.commands import command_environment, pagescribe
+from tests.support.commands import command_environment, pagescribe, start_serve
 
 pytestmark = pytest.mark.integration
 
@@ -65,23 +63,6 @@ def test_transcribe_fails_clearly_on_a_password_protected_pdf(
 def test_transcribe_names_a_missing_file(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> None:
     result = pagescribe("transcribe", "nope.pdf", env=command_environment(database_url, fake_provider), cwd=tmp_path)
     assert result.returncode == 2 and "no such file: nope.pdf" in result.stderr
-
-
-def start_serve(
-    database_url: str, fake_provider: FakeChatServer, cwd: Path, *options: str
-) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """``pagescribe serve`` with the API key ``local-key``, and the endpoints it printed once it was up."""
-    env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pagescribe_local.cli", "serve", "--port", "0", *options],
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert server.stdout is not None
-    return server, json.loads(server.stdout.readline())
 
 
 def test_serve_is_used_like_the_deployed_stack(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from tests.fakes.chat_server import FakeChatServer
 
@@ -34,3 +37,23 @@ def pagescribe(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Complet
         text=True,
         timeout=300,
     )
+
+
+def start_serve(
+    database_url: str, fake_provider: FakeChatServer, cwd: Path, *options: str
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """``pagescribe serve`` with the API key ``local-key``, and the endpoints it printed once it was up."""
+    env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pagescribe_local.cli", "serve", "--port", "0", *options],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert server.stdout is not None
+    endpoints = json.loads(server.stdout.readline())
+    # The handlers' JSON logs follow on stdout: read them, so that a full pipe never blocks the server
+    threading.Thread(target=server.stdout.read, daemon=True).start()
+    return server, endpoints
