@@ -113,9 +113,9 @@ def fresh_database(label: str) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-# Handler logs at WARNING. Metrics stay on, as deployed (their EMF lines are discarded by bench.stack): with
-# POWERTOOLS_METRICS_DISABLED, Powertools 3.x keeps every value and prints a blob per 100 values anyway.
-QUIET = {"POWERTOOLS_LOG_LEVEL": "WARNING"}
+# Handler logs at WARNING. The handlers run as in Lambda (which sets AWS_LAMBDA_FUNCTION_NAME), so their metrics are
+# recorded as deployed (their EMF lines are discarded by bench.stack); outside Lambda they are not recorded at all.
+QUIET = {"POWERTOOLS_LOG_LEVEL": "WARNING", "AWS_LAMBDA_FUNCTION_NAME": "pagescribe-bench"}
 
 
 @contextmanager

@@ -360,11 +360,11 @@ figures above are this run's.
     parts.append(
         """### Not a performance problem, but seen while measuring
 
-With `POWERTOOLS_METRICS_DISABLED=true` (which `pagescribe transcribe` sets to keep stdout for `--out -`),
-Powertools 3.37 keeps every metric value and, once a metric holds 100 values, prints the whole set to stdout
-anyway (`add_metric` flushes at 100 values without checking the flag). `pagescribe transcribe` therefore keeps
-metrics out of stdout itself (fixed while the reliability suite was written). The benchmarks keep metrics on
-(as deployed) and discard the handlers' stdout instead.
+With `POWERTOOLS_METRICS_DISABLED=true`, Powertools 3.37 keeps every metric value and, once a metric holds 100
+values, prints the whole set to stdout anyway (`add_metric` flushes at 100 values without checking the flag), and
+`single_metric` prints whatever the flag says. So pagescribe records metrics only where it runs in Lambda
+(`AWS_LAMBDA_FUNCTION_NAME` set; `pagescribe.observability`), and nowhere else. The benchmarks run the handlers as
+in Lambda, metrics on as deployed, and discard the handlers' stdout.
 """
     )
     return "\n".join(parts)

@@ -246,8 +246,8 @@ def _write_outputs(stack: LocalStack, doc: Tracked, out: str, with_json: bool) -
 def _pipeline_environment(args: argparse.Namespace) -> None:
     """The settings the local pipeline of transcribe and eval starts with: the command's --ocr-language, its
     --model and --escalation-model allowed (whoever runs the command is the operator: ALLOWED_MODELS binds API
-    callers), and the handlers' JSON logs at warnings and their metrics off (stdout may carry the markdown, or the
-    report)."""
+    callers), and the handlers' JSON logs at warnings (stdout may carry the markdown, or the report). Their metrics
+    are CloudWatch's: outside Lambda they are not recorded (pagescribe.observability)."""
     if args.ocr_language:
         os.environ["OCR_LANGUAGE"] = args.ocr_language
     named = [model for model in (args.model, args.escalation_model) if model]
@@ -255,7 +255,6 @@ def _pipeline_environment(args: argparse.Namespace) -> None:
         allowed = get_settings().model_allow_list
         os.environ["ALLOWED_MODELS"] = ",".join(sorted({*allowed, *named}))
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 
 
 def _transcribe(args: argparse.Namespace) -> int:
@@ -511,7 +510,6 @@ def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type
 
 def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     with local_stack(data_dir=Path(args.data_dir), aws_port=args.aws_port, sweep_every=60.0) as stack:
         api = _handler("api")
         environments = EnvironmentPool(

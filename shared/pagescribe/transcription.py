@@ -462,23 +462,24 @@ class Transcriber:
             page_number=ctx.job.page_number,
         )
         started = asyncio.get_running_loop().time()
+        ran = self._provider.answering_model(model)
         try:
             result = await self._provider.transcribe(request, budget_seconds=budget)
         except ProviderError as exc:
-            self._record_failures(ctx, model, exc.earlier_attempts)
+            self._record_failures(ctx, ran, exc.earlier_attempts)
             elapsed = asyncio.get_running_loop().time() - started - sum(a.latency_seconds for a in exc.earlier_attempts)
-            self._record_failures(ctx, model, [FailedAttempt(exc.status_code, exc.message, elapsed)])
+            self._record_failures(ctx, ran, [FailedAttempt(exc.status_code, exc.message, elapsed)])
             pause = self._governor.rate_limited(model, exc.retry_after) if exc.status_code == 429 else None
             if pause is not None:
                 exc.retry_after = max(exc.retry_after or 0.0, pause)
             raise
-        self._record_failures(ctx, model, result.failed_attempts)
-        count_for_model("ModelCalls", model)
+        self._record_failures(ctx, ran, result.failed_attempts)
+        count_for_model("ModelCalls", ran)
         self._governor.settle(model, admitted, (result.prompt_tokens or 0) + (result.completion_tokens or 0))
         milliseconds("ModelLatency", round(result.latency_seconds * 1000))
         count("PromptTokens", result.prompt_tokens or 0)
         count("CompletionTokens", result.completion_tokens or 0)
-        count_for_model("CostUSD", model, result.cost or 0.0)
+        count_for_model("CostUSD", ran, result.cost or 0.0)
         answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
         if result.rotation:  # the engine turned the image it was sent: the page was turned that much more
             evidence = replace(evidence, rotation=(evidence.rotation + result.rotation) % 360)
@@ -491,7 +492,8 @@ class Transcriber:
         return _Checked(outcome, flags)
 
     def _record_failures(self, ctx: _Context, model: str, failures: Sequence[FailedAttempt]) -> None:
-        """Record the requests of a call that failed: each was made, and a 429 counts in the rate limit's metrics."""
+        """Record the requests of a call to ``model`` (the one that ran) that failed: each was made, and a 429 counts
+        in the rate limit's metrics."""
         for failure in failures:
             latency = round(failure.latency_seconds * 1000)
             call = FailedCall(model, self._provider.name, failure.status_code, failure.message, latency)

@@ -206,6 +206,28 @@ def test_transcribe_escalates_a_looping_page_and_prints_one_line_per_flagged_pag
 
 
 @pytest.mark.offline_ocr
+def test_transcribe_to_stdout_prints_only_its_own_lines_on_stderr(
+    database_url: str, fake_provider: FakeChatServer, tmp_path: Path
+) -> None:
+    # Given the README's first command: the sample, read by the offline engine, the markdown on stdout, and
+    # nothing in the environment that turns metrics off
+    sample = Path(__file__).resolve().parents[2] / "samples" / "minimal-document.pdf"
+    env = {**command_environment(database_url, fake_provider), "PROVIDER": "offline"}
+    env.pop("POWERTOOLS_METRICS_DISABLED", None)
+    # When it runs
+    result = pagescribe("transcribe", str(sample), "--out", "-", env=env, cwd=tmp_path)
+    # Then stderr holds the command's own lines only (what reads the pages, then the document's progress and
+    # result): no metrics, no warnings
+    assert result.returncode == 0, result.stderr
+    first, *rest = result.stderr.splitlines()
+    assert first == "pagescribe: offline:rapidocr (offline OCR); database: DATABASE_URL", result.stderr
+    assert rest and all(line.startswith("minimal-document.pdf ") for line in rest), result.stderr
+    assert rest[-1].endswith("COMPLETED"), result.stderr
+    # And stdout is the markdown
+    assert result.stdout.startswith("<!-- pagescribe document ") and '"_aws"' not in result.stdout
+
+
+@pytest.mark.offline_ocr
 def test_an_upside_down_scan_is_read_upright_by_the_offline_engine_and_flagged_rotated(
     database_url: str, fake_provider: FakeChatServer, tmp_path: Path
 ) -> None:

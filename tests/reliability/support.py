@@ -163,6 +163,7 @@ class WarmEnvironment:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.support", function, str(timeout)],
             cwd=REPO,
+            env={**os.environ, "AWS_LAMBDA_FUNCTION_NAME": f"pagescribe-{function}"},  # as Lambda sets it
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSEvent, SQS
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from pagescribe.domain import PageResult
-from pagescribe.observability import metrics
+from pagescribe.observability import publish_metrics
 from pagescribe.providers import openai_compat  # noqa: F401 - the provider unless PROVIDER=offline: loaded at cold start
 from pagescribe.runtime import get_runtime
 from pagescribe.settings import get_settings
@@ -20,7 +20,7 @@ get_settings().check_render_memory()
 logger = Logger()
 
 
-@metrics.log_metrics
+@publish_metrics
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     runtime = get_runtime()

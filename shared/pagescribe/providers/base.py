@@ -95,6 +95,11 @@ class TranscriptionProvider(Protocol):
         """Which provider this is, for logs and stored metadata, e.g. "openai-compatible:openrouter.ai"."""
         ...
 
+    def answering_model(self, requested: str) -> str:
+        """The model that answers a request for ``requested``: that model, unless the provider runs one of its own
+        whatever is asked (the offline OCR engine). Metrics and the ledger name it."""
+        ...
+
     async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
         """Transcribe one page, retrying transient failures, finishing within ``budget_seconds``.
 

@@ -93,6 +93,9 @@ class RapidOcrProvider:
     def name(self) -> str:
         return "offline:rapidocr"
 
+    def answering_model(self, requested: str) -> str:
+        return self._model  # the engine reads every page, whichever model the document names
+
     @property
     def engine_loads(self) -> int:
         """How many OCR engines this provider has built: at most one per worker thread."""

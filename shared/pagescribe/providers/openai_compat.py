@@ -87,6 +87,9 @@ class OpenAICompatibleProvider:
     def name(self) -> str:
         return self._name
 
+    def answering_model(self, requested: str) -> str:
+        return requested
+
     async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
         """Transcribe one page; return or raise :class:`ProviderError` within ``budget_seconds``."""
         loop = asyncio.get_running_loop()
