@@ -21,11 +21,11 @@ from pagescribe.settings import ConfigurationError
 from pagescribe.sources import DocumentKind, extract_text_layer, render_page
 from PIL import Image
 
+from tests.support import CORPUS
 from tests.support.offline import offline
 
 pytest.importorskip("rapidocr")  # only a guard for machines without the extra: CI installs it
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 PDF = CORPUS / "pdflatex-4-pages.pdf"
 TWO_COLUMNS = CORPUS / "multicolumn.pdf"  # a LaTeX article in two columns, with a narrow gutter
 PAPER = Path(__file__).resolve().parents[1] / "data" / "documents" / "hasyv2-paper.pdf"  # page 6 is a table

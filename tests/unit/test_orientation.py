@@ -15,7 +15,7 @@ from pagescribe.orientation import Orientation, detect_orientation, upright
 from pagescribe.sources import DocumentKind, inspect_document, render_page
 from PIL import Image
 
-from tests.support import CORPUS
+from tests.support import CORPUS, CORPUS_NOTES
 
 DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
 LIMITS = {"max_pages": 500, "max_image_pixels": 60_000_000}
@@ -97,7 +97,7 @@ def turned(image: Image.Image, angle: int) -> Image.Image:
 def corpus_pages() -> list[tuple[str, int]]:
     pages = []
     for path in sorted(CORPUS.iterdir()):
-        if path.name in ("LICENSE", "libreoffice-writer-password.pdf"):
+        if path.name in CORPUS_NOTES or path.name == "libreoffice-writer-password.pdf":
             continue
         pages += [(path.name, n) for n in range(1, inspect_document(path, **LIMITS).page_count + 1)]
     return pages

@@ -26,7 +26,7 @@ from pagescribe.sources import (
     render_page,
 )
 
-from tests.support import CORPUS
+from tests.support import CORPUS, CORPUS_NOTES
 from tests.support.hostile import bilevel_png, decompression_bomb, page_with_contents
 
 FIRST_PAGE = CORPUS / "minimal-document.pdf"
@@ -37,7 +37,7 @@ GENEROUS_TIMEOUT = 120.0  # long enough never to fire where a test is not about 
 def corpus_pages() -> list[tuple[Path, DocumentKind, int]]:
     pages = []
     for path in sorted(CORPUS.iterdir()):
-        if path.name == "LICENSE" or path == PASSWORD:
+        if path.name in CORPUS_NOTES or path == PASSWORD:
             continue
         info = inspect_document(path, max_pages=500, max_image_pixels=60_000_000)
         pages += [(path, info.kind, number) for number in range(1, info.page_count + 1)]
