@@ -253,8 +253,10 @@ def test_extra_fields_are_refused_not_ignored(api: Pipeline, db: Database, extra
 
 # Ids
 
+UNKNOWN_ID = "6f1c2c1e-5a0b-4f3e-9a7d-0c2b8e4d1f90"  # well formed, and no document's (the same in every worker)
 
-@pytest.mark.parametrize("document_id", [str(uuid.uuid4()), *SQL_LOOKING, *NOT_UUIDS])
+
+@pytest.mark.parametrize("document_id", [UNKNOWN_ID, *SQL_LOOKING, *NOT_UUIDS])
 def test_unknown_sql_looking_and_non_uuid_ids_get_404_and_touch_nothing(
     api: Pipeline, db: Database, document_id: str
 ) -> None:
