@@ -163,7 +163,6 @@ class WarmEnvironment:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.support", function, str(timeout)],
             cwd=REPO,
-            env={**os.environ, "AWS_LAMBDA_FUNCTION_NAME": f"pagescribe-{function}"},  # as Lambda sets it
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -205,14 +204,10 @@ def serve_invocations() -> None:
     """``python -m tests.reliability.support transcribe|sweeper|upload TIMEOUT``: a warm environment; every line
     on stdin is an event, answered on stdout by a line ``RESPONSE <json>``, each with a fresh Lambda context."""
     from tests.support.aws_events import LambdaContext
+    from tests.support.invoke import lambda_handler
 
     function, timeout = sys.argv[1], float(sys.argv[2])
-    if function == "transcribe":
-        from pagescribe.handlers.transcribe import handler
-    elif function == "sweeper":
-        from pagescribe.handlers.sweeper import handler
-    else:
-        from pagescribe.handlers.upload import handler
+    handler = lambda_handler(function)
     for line in sys.stdin:
         response = handler(json.loads(line), LambdaContext(timeout))
         print(RESPONSE + json.dumps(response), flush=True)
