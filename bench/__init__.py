@@ -1,1 +1,1 @@
-"""Benchmarks of pagescribe on this machine: ``python -m bench.run [--quick]`` (see docs/benchmarks.md)."""
+"""Benchmarks of pagescribe on this machine: ``python -m bench.run [--quick | --smoke]`` (see docs/benchmarks.md)."""

@@ -1,9 +1,9 @@
 """Benchmark 8: cost caps under 3x duplicate delivery to 8 concurrent environments.
 
-Ten 10-page documents, each capped so that its cap is reached at page k (k = 0..9): ``max_cost_usd`` = (k + 0.5) x
-the price the fake provider reports per call. Every job message is sent three times (SQS delivers at least once), and
-eight environments transcribe concurrently. Each document must spend exactly what the provider reported for its k
-pages done, and no call may start once its cap is reached."""
+Ten 10-page documents (4 with --quick, 2 in a smoke run), each capped so that its cap is reached at page k
+(k = 0..9): ``max_cost_usd`` = (k + 0.5) x the price the fake provider reports per call. Every job message is sent
+three times (SQS delivers at least once), and eight environments transcribe concurrently. Each document must spend
+exactly what the provider reported for its k pages done, and no call may start once its cap is reached."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pagescribe.aws import JobMessage
 from pagescribe.domain import DEFAULT_TENANT
 from pagescribe.service import NewUpload
 
-from bench.common import CorrectnessError, Result, connect, fresh_database
+from bench.common import CorrectnessError, Mode, Result, connect, fresh_database
 from bench.governor import ENVIRONMENTS, Environment, run_environments
 from bench.pdfs import build_pdf
 from bench.stack import local_pipeline
@@ -27,9 +27,14 @@ PAGES = 10
 COPIES = 3
 
 
-def run(*, quick: bool, scratch: Path) -> Result:
+# capped documents, k = 0 .. documents - 1. SMOKE: two, a cap reached before any page (k = 0) and one after a page
+# (k = 1), each page's message still delivered three times to eight environments and every document's spend checked.
+DOCUMENTS = {Mode.FULL: 10, Mode.QUICK: 4, Mode.SMOKE: 2}
+
+
+def run(mode: Mode, *, scratch: Path) -> Result:
     started = time.perf_counter()
-    documents = 4 if quick else 10
+    documents = DOCUMENTS[mode]
     pdf = build_pdf(PAGES, scratch)
     with (
         fresh_database("caps") as url,

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import boto3
 from pagescribe_local.stack import SCHEDULED_EVENT, api_gateway_event, sqs_event
 
-from bench.common import CORPUS, REPO, Result, fresh_database, median
+from bench.common import CORPUS, REPO, Mode, Result, fresh_database, median
 from bench.stack import local_pipeline
 from tests.fakes.chat_server import FakeChatServer
 
@@ -245,12 +246,31 @@ def _invoke(cold: ColdStart, env: dict[str, str], event: dict[str, Any]) -> Any:
     return result["response"]
 
 
-def run() -> Result:
-    runs = 5  # the same with --quick: a median of 3 swung with the load of a shared machine (CI saw 1.15, 1.48)
+def _repeats(runs: int) -> str:
+    return f"median of {runs}" if runs > 1 else "one run"
+
+
+# Pairs of fresh interpreters per function (handler, third-party alone), whether each function is imported once first
+# to warm the page and bytecode caches, and how many functions are measured at once. QUICK as FULL: a median of 3
+# swung with the load of a shared machine (CI saw 1.15, 1.48). SMOKE: one pair, no warm-up, two functions at a time
+# (its figures are not compared): every function is still imported, timed against its third-party imports and
+# invoked once in a fresh process against the local stack.
+SIZES: dict[Mode, tuple[int, bool, int]] = {
+    Mode.FULL: (5, True, 1),
+    Mode.QUICK: (5, True, 1),
+    Mode.SMOKE: (1, False, 2),
+}
+
+
+def run(mode: Mode) -> Result:
+    runs, warm_up, at_once = SIZES[mode]
     started = time.perf_counter()
-    for function in FUNCTIONS:  # warm the page cache and bytecode caches, not counted
+    for function in FUNCTIONS if warm_up else ():  # warm the page cache and bytecode caches, not counted
         child("handler", f"pagescribe.handlers.{function}")
-    results = {function: measure_imports(function, runs) for function in FUNCTIONS}
+    with ThreadPoolExecutor(max_workers=at_once) as pool:  # one: one after another, in order
+        results = dict(
+            zip(FUNCTIONS, pool.map(lambda function: measure_imports(function, runs), FUNCTIONS), strict=True)
+        )
     measure_invocations(results)
     worst = max(results.values(), key=lambda r: r.ratio)
     rows: list[tuple[str, str]] = []
@@ -273,7 +293,7 @@ def run() -> Result:
     failed = sorted({name for r in results.values() for name in r.failed})
     return Result(
         key="coldstart",
-        title=f"Cold start (import in a fresh interpreter, median of {runs})",
+        title=f"Cold start (import in a fresh interpreter, {_repeats(runs)})",
         ratio_label=f"worst handler import / its third-party imports alone ({worst.function})",
         ratio=worst.ratio,
         target=1.2,
@@ -299,7 +319,7 @@ def table_header() -> tuple[str, str]:
 
 
 if __name__ == "__main__":  # a quick look: python -m bench.coldstart
-    outcome = run()
+    outcome = run(Mode.FULL)
     print(outcome.line())
     for label, value in outcome.rows:
         print(label, value)

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,18 @@ from pagescribe.settings import get_settings
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "data" / "corpus"
 ADMIN_URL = os.environ.get("PAGESCRIBE_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+class Mode(StrEnum):
+    """How big a run is. Each benchmark picks its sizes per mode in one place, near the top of its run function.
+
+    FULL is the run docs/benchmarks.md reports; QUICK (``--quick``) a smaller, quicker measurement; SMOKE
+    (``--smoke``, CI) every benchmark once at the smallest inputs that still reach all its correctness checks: its
+    figures are printed but not comparable with either, and it writes no docs."""
+
+    SMOKE = "smoke"
+    QUICK = "quick"
+    FULL = "full"
 
 
 class CorrectnessError(AssertionError):

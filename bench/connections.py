@@ -1,23 +1,27 @@
-"""Benchmark 2: provider connections over 10 warm invocations of the transcribe function (100 pages)."""
+"""Benchmark 2: provider connections over 10 warm invocations of the transcribe function (100 pages; a smoke run:
+2 invocations, 20 pages)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from bench.common import Result, fresh_database
+from bench.common import Mode, Result, fresh_database
 from bench.pdfs import build_pdf
 from bench.stack import Invocation, local_pipeline
 from tests.fakes.chat_server import FakeChatServer
 
-PAGES = 100
+# pages: batches of ten, one warm invocation each. SMOKE: two, the fewest in which a second invocation reuses the
+# first one's connections, every page still checked completed at its first attempt.
+PAGES = {Mode.FULL: 100, Mode.QUICK: 100, Mode.SMOKE: 20}
 PAGE_CONCURRENCY = 10
 DELAY = 0.25  # long enough that the ten pages of a batch are in flight together
 
 
-def run(*, quick: bool, scratch: Path) -> Result:
+def run(mode: Mode, *, scratch: Path) -> Result:
+    pages = PAGES[mode]
     started = time.perf_counter()
-    pdf = build_pdf(PAGES, scratch)
+    pdf = build_pdf(pages, scratch)
     with (
         fresh_database("connections") as url,
         FakeChatServer(default_delay=DELAY) as fake,
@@ -30,23 +34,23 @@ def run(*, quick: bool, scratch: Path) -> Result:
                 opened.append(fake.connections_opened)
 
         pipeline.after_invocation.append(count_connections)
-        pipeline.put("uploads/bench-100-pages.pdf", pdf)
+        pipeline.put(f"uploads/bench-{pages}-pages.pdf", pdf)
         document_id = pipeline.document_id(pipeline.deliver_upload())
         pipeline.run_until_finished(document_id, timeout=180)
-        pipeline.check_all_completed(document_id, PAGES)
+        pipeline.check_all_completed(document_id, pages)
         connections, calls = fake.connections_opened, fake.calls
     invocations = len(opened)
     per_invocation = [b - a for a, b in zip([0, *opened], opened, strict=False)]
     return Result(
         key="connections",
-        title=f"Connection reuse ({PAGES} pages, {invocations} warm invocations of 10 messages)",
+        title=f"Connection reuse ({pages} pages, {invocations} warm invocations of 10 messages)",
         ratio_label="connections opened / PAGE_CONCURRENCY",
         ratio=connections / PAGE_CONCURRENCY,
         target=1.0,
         direction="<=",
         summary=(
             f"{connections} TCP connections to the provider for {calls} calls "
-            f"(target <= {PAGE_CONCURRENCY}; a client per page would open {PAGES})"
+            f"(target <= {PAGE_CONCURRENCY}; a client per page would open {pages})"
         ),
         rows=[
             ("provider calls (pages transcribed)", f"{calls}"),

@@ -1,4 +1,5 @@
-"""Benchmark 3: a 50-page PDF through the local pipeline against a provider answering in exactly 1.0 s."""
+"""Benchmark 3: a 50-page PDF (10 in a smoke run) through the local pipeline against a provider answering in exactly
+1.0 s."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from pathlib import Path
 from pagescribe.database import Database
 from pagescribe.domain import NewDocument, PageOutcome
 
-from bench.common import Result, StorageTimer, fresh_database, median, percentile, spread_ms, timed_async_method
+from bench.common import Mode, Result, StorageTimer, fresh_database, median, percentile, spread_ms, timed_async_method
 from bench.pdfs import build_pdf
 from bench.stack import local_pipeline
 from tests.fakes.chat_server import FakeChatServer
 
-PAGES = 50
+# pages of the PDF. SMOKE: one batch of ten, the whole way from the S3 put to the transcript, every page checked.
+PAGES = {Mode.FULL: 50, Mode.QUICK: 50, Mode.SMOKE: 10}
 BATCH = 10
 MODEL_SECONDS = 1.0
 PAGE_CONCURRENCY = 10
@@ -44,11 +46,12 @@ def _cpu_seconds(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run(*, quick: bool, scratch: Path) -> Result:
+def run(mode: Mode, *, scratch: Path) -> Result:
+    pages = PAGES[mode]
     started = time.perf_counter()
-    pdf = build_pdf(PAGES, scratch)
-    batches = math.ceil(PAGES / BATCH)
-    rounds_per_batch = math.ceil(min(BATCH, PAGES) / PAGE_CONCURRENCY)
+    pdf = build_pdf(pages, scratch)
+    batches = math.ceil(pages / BATCH)
+    rounds_per_batch = math.ceil(min(BATCH, pages) / PAGE_CONCURRENCY)
     ideal = batches * rounds_per_batch * MODEL_SECONDS  # one environment, batches one after another
     with (
         fresh_database("pipeline") as url,
@@ -63,17 +66,17 @@ def run(*, quick: bool, scratch: Path) -> Result:
         children_before = _cpu_seconds(resource.RUSAGE_CHILDREN)
         self_before = _cpu_seconds(resource.RUSAGE_SELF)
         t0_wall, t0 = time.time(), time.perf_counter()
-        pipeline.put("uploads/bench-50-pages.pdf", pdf)
+        pipeline.put(f"uploads/bench-{pages}-pages.pdf", pdf)
         upload = pipeline.deliver_upload()
         document_id = pipeline.document_id(upload)
         pipeline.run_until_finished(document_id, timeout=120)
         wall = time.perf_counter() - t0
         own_cpu = _cpu_seconds(resource.RUSAGE_SELF) - self_before
-        rows = pipeline.check_all_completed(document_id, PAGES)
+        rows = pipeline.check_all_completed(document_id, pages)
         calls, connections = fake.calls, fake.connections_opened
         transcribes = [i for i in pipeline.invocations if i.function == "transcribe"]
         page_path = ("claim_jobs", "get_documents", "complete_job")
-        in_pipeline = sum(db.seconds.get(name, 0.0) for name in page_path) / PAGES  # a mean: calls are timed apart
+        in_pipeline = sum(db.seconds.get(name, 0.0) for name in page_path) / pages  # a mean: calls are timed apart
         db_seconds, db_calls, db_described = db.total_seconds, db.total_calls, db.describe()
         alone = _page_storage_alone(pipeline.stack.runtime.db)
 
@@ -92,7 +95,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
     ratio = wall / ideal
     return Result(
         key="pipeline",
-        title=f"Pipeline overhead ({PAGES}-page PDF, {len(transcribes)} batches, provider answering in 1.0 s)",
+        title=f"Pipeline overhead ({pages}-page PDF, {len(transcribes)} batches, provider answering in 1.0 s)",
         ratio_label="wall / ideal",
         ratio=ratio,
         target=1.25,
@@ -124,7 +127,7 @@ def run(*, quick: bool, scratch: Path) -> Result:
             ("sum of the renders over the document", f"{sum(renders):.2f} s"),
             (
                 "database time in Database calls (all functions), per page",
-                f"{db_seconds / PAGES * 1000:.1f} ms in {db_calls / PAGES:.1f} calls",
+                f"{db_seconds / pages * 1000:.1f} ms in {db_calls / pages:.1f} calls",
             ),
             ("Database calls", db_described),
             (

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pagescribe.sources import DocumentKind, InvalidDocumentError, inspect_document, render_page
 
-from bench.common import CORPUS, Result, median
+from bench.common import CORPUS, Mode, Result, median
 
 Format = Literal["jpeg", "png"]
 
@@ -83,17 +83,16 @@ def _render_all(setting: Setting, pdfs: list[tuple[Path, int]]) -> tuple[float, 
     return time.perf_counter() - started, out
 
 
-def measure(pdfs: list[tuple[Path, int]], passes: int) -> list[Measured]:
+def measure(pdfs: list[tuple[Path, int]], passes: int, *, warm_up: bool) -> list[Measured]:
     """Each setting over the whole corpus, the settings interleaved within each pass (load drift hits all alike);
-    one warm-up pass first, not counted."""
+    with ``warm_up``, one pass first, not counted. Sizes are those of the first pass."""
     seconds = {setting: 0.0 for setting in SETTINGS}
     pages: dict[Setting, list[tuple[int, int, int]]] = {}
-    for number in range(passes + 1):
+    for number in range(-1 if warm_up else 0, passes):  # -1: the warm-up
         for setting in SETTINGS:
             elapsed, rendered = _render_all(setting, pdfs)
-            if number == 0:
-                pages[setting] = rendered
-            else:
+            pages.setdefault(setting, rendered)
+            if number >= 0:
                 seconds[setting] += elapsed
     results: list[Measured] = []
     for setting in SETTINGS:
@@ -113,11 +112,16 @@ def measure(pdfs: list[tuple[Path, int]], passes: int) -> list[Measured]:
     return results
 
 
-def run(*, quick: bool) -> Result:
-    passes = 2 if quick else 6
+# counted passes over the corpus, and whether one warm-up pass comes first. SMOKE: one pass, counted: every page of
+# every corpus PDF rendered once at every setting.
+SIZES: dict[Mode, tuple[int, bool]] = {Mode.FULL: (6, True), Mode.QUICK: (2, True), Mode.SMOKE: (1, False)}
+
+
+def run(mode: Mode) -> Result:
+    passes, warm_up = SIZES[mode]
     started = time.perf_counter()
     pdfs = corpus_pdfs()
-    results = measure(pdfs, passes)
+    results = measure(pdfs, passes, warm_up=warm_up)
     default, png = results[0], results[1]
     rows = [
         (

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from bench import coldstart, rendering
-from bench.common import ADMIN_URL, REPO, Result
+from bench.common import ADMIN_URL, REPO, Mode, Result
 
 PACKAGES = ("psycopg", "sqlalchemy", "moto", "boto3", "httpx", "aws-lambda-powertools", "pypdfium2", "pillow")
 
@@ -371,7 +371,7 @@ in Lambda, metrics on as deployed, and discard the handlers' stdout.
 
 
 def write_report(
-    path: Path, results: list[Result], *, command: str, facts: dict[str, Any], total_seconds: float, quick: bool
+    path: Path, results: list[Result], *, command: str, facts: dict[str, Any], total_seconds: float, mode: Mode
 ) -> None:
     by_key = {r.key: r for r in results}
     lines = [
@@ -388,6 +388,7 @@ def write_report(
         "```sh",
         ".venv/bin/python -m bench.run            # the full run: about ten minutes",
         ".venv/bin/python -m bench.run --quick    # smaller inputs, fewer repetitions: about four minutes",
+        ".venv/bin/python -m bench.run --smoke    # CI: every benchmark once at its smallest; writes nothing here",
         "```",
         "",
         "It needs PostgreSQL on 127.0.0.1:5432 (user `postgres`, trust; or set `PAGESCRIBE_BENCH_ADMIN_URL`); each",
@@ -397,7 +398,8 @@ def write_report(
         "## Last run",
         "",
         f"- code: commit {facts['commit']}",
-        f"- command: `{command}`" + (" (the quick variant: smaller inputs, fewer repetitions)" if quick else ""),
+        f"- command: `{command}`"
+        + (" (the quick variant: smaller inputs, fewer repetitions)" if mode is Mode.QUICK else ""),
         f"- date: {facts['date']}; total {total_seconds:.0f} s",
         f"- machine: `nproc` = {facts['nproc']}, {facts['cpu']}, {facts['memory']} RAM; {facts['platform']}",
         f"- Python {facts['python']}; PostgreSQL {facts['postgres']} on 127.0.0.1",
