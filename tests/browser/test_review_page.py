@@ -16,7 +16,7 @@ from tests.browser.conftest import API_KEY, MODEL, OTHER_MODEL, Page, Stack
 from tests.fakes.chat_server import Ok
 from tests.support.answers import captured
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("review-page")]  # one stack, on one worker
 
 FINISHED = {"COMPLETED", "PARTIAL", "FAILED"}
 HOSTILE = (

@@ -23,7 +23,7 @@ from sqlalchemy import text
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.commands import start_serve
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("serve-concurrency")]  # one serve, on one worker
 
 CLIENTS = 8
 REQUESTS_PER_CLIENT = 40
@@ -46,16 +46,18 @@ class Tenant:
         return {"x-api-key": self.key}
 
 
-@pytest.fixture
-def served(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> Iterator[tuple[str, Database]]:
-    server, endpoints = start_serve(database_url, fake_provider, tmp_path)
-    engine = create_database_engine(database_url)
-    try:
-        yield endpoints["api"], Database(engine)
-    finally:
-        engine.dispose()
-        server.send_signal(signal.SIGINT)
-        assert server.wait(timeout=60) == 0
+@pytest.fixture(scope="module")
+def served(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Database]]:
+    """``pagescribe serve`` with the fake provider, and the database it uses."""
+    with FakeChatServer() as provider:
+        server, endpoints = start_serve(database_url, provider, tmp_path_factory.mktemp("serve"))
+        engine = create_database_engine(database_url)
+        try:
+            yield endpoints["api"], Database(engine)
+        finally:
+            engine.dispose()
+            server.send_signal(signal.SIGINT)
+            assert server.wait(timeout=60) == 0
 
 
 def _finished_document(api: str, tenant: Tenant, source: Path, name: str) -> str:
