@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.run            # the full run (about fifteen minutes)
     .venv/bin/python -m bench.run --quick    # smaller and faster
-    .venv/bin/python -m bench.run --smoke    # CI: every benchmark once at its smallest, about a minute
+    .venv/bin/python -m bench.run --smoke    # CI: every benchmark once at its smallest, a minute and a half
 
 Benchmarks are run, not asserted: a missed target is reported, not failed. The exit status is non-zero only
 when a benchmark crashes or sees a correctness violation (a job claimed twice, a page lost). A smoke run keeps
@@ -83,8 +83,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         dest="mode",
         action="store_const",
         const=Mode.SMOKE,
-        help="CI: every benchmark once at its smallest (about a minute), failing only on a crash or a correctness "
-        "violation; figures not comparable, docs not written",
+        help="CI: every benchmark once at its smallest (about a minute and a half), failing only on a crash or a "
+        "correctness violation; figures not comparable, docs not written",
     )
     parser.set_defaults(mode=Mode.FULL)
     parser.add_argument("--only", nargs="+", metavar="KEY", help="run these benchmarks only (docs are not written)")
