@@ -9,10 +9,11 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from selenium import webdriver
@@ -93,10 +94,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 assert server.stdout is not None
                 line = server.stdout.readline()
                 assert line, f"pagescribe serve did not start: {log.read_text()[-3000:]}"
+                # The handlers' JSON logs follow on stdout: drained into a file, since a full pipe would stop
+                # whichever process writes to it next (the Lambda service's poller, an API environment)
+                drain = threading.Thread(target=_copy, args=(server.stdout, where / "serve.stdout.log"), daemon=True)
+                drain.start()
                 yield Stack(json.loads(line)["api"], answers, log)
             finally:
                 server.send_signal(signal.SIGINT)
                 server.wait(timeout=60)
+
+
+def _copy(stream: IO[str], path: Path) -> None:
+    with path.open("w") as copy:
+        for line in stream:
+            copy.write(line)
 
 
 class Page:
