@@ -1,5 +1,5 @@
 """Source files (what was uploaded) on local disk: detect the type from the bytes, count pages, render one page to
-an image, read its text layer.
+an image, read its text layer (as text, and as words placed on the rendered image, for grounding).
 
 The functions run this code in render worker processes (``rendering.py``), one page at a time each; it is also called
 in-process (tests, ``pagescribe transcribe --estimate``), possibly from several threads, and pdfium is not thread-safe,
@@ -15,7 +15,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -27,10 +27,12 @@ import pypdfium2.raw as pdfium_c
 from PIL import Image, ImageOps, TiffImagePlugin
 
 if TYPE_CHECKING:
+    from pagescribe.grounding import PageText
     from pagescribe.layout import TextBox
 
-# pagescribe.checks, pagescribe.layout and pagescribe.orientation are imported where a page is rendered or its text
-# read: the upload function only inspects documents, and keeps them (and their compiled patterns) out of its cold start.
+# pagescribe.checks, pagescribe.grounding, pagescribe.layout and pagescribe.orientation are imported where a page is
+# rendered or its text read: the upload function only inspects documents, and keeps them (and their compiled patterns)
+# out of its cold start.
 
 _PDFIUM_LOCK = threading.Lock()
 _PILLOW_GUARD_LOCK = threading.Lock()
@@ -52,6 +54,7 @@ RUN_GAP = 0.5  # text drawn by two text objects on one line is one box when at m
 LAYOUT_MAX_BOXES = 5_000  # a page with more runs of text than this keeps pdfium's order (see _laid_out_text)
 _HYPHENATION_MARKS = frozenset("\ufffe\x02")  # pdfium's mark for a hyphen that breaks a word at a line's end
 _HYPHENATION_BREAK = re.compile("[\ufffe\x02]\\s*")  # ... and the line break after it, in laid-out text
+_CJK_CHARACTER = re.compile("[\u2e80-\u2fdf\u3040-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _T = TypeVar("_T")
 
 
@@ -610,3 +613,136 @@ def _read_text(path: Path, page_number: int, read: Callable[[pdfium.PdfPage], _T
             return read(pdf[page_number - 1])
         except pdfium.PdfiumError as exc:
             raise InvalidDocumentError(f"the text of page {page_number} could not be read: {exc}") from exc
+
+
+def text_layer_words(path: Path, page_number: int, *, dpi: int = 150, max_long_edge: int = 1568) -> PageText:
+    """The words of a PDF page's text on the visible page (its crop box), with their boxes in pixels of the image
+    :func:`render_page` makes of it at the same ``dpi`` and ``max_long_edge`` (the page's /Rotate applied, as pdfium
+    renders it; a page with a usable text layer is never turned further): the evidence an answer is grounded to.
+
+    A word is a run of characters between spaces or line breaks, as pdfium reads them (:func:`_characters`), and a CJK
+    character is a word of its own; a word that pdfium's hyphenation mark breaks at a line's end is one word, its box
+    the union of both parts. A mark standing alone (a glyph without Unicode) is no word.
+    """
+    return _read_text(path, page_number, lambda page: _page_words(page, dpi, max_long_edge))
+
+
+def _page_words(page: pdfium.PdfPage, dpi: int, max_long_edge: int) -> PageText:
+    from pagescribe.grounding import Box, EvidenceWord, GroundingSource, PageText
+
+    scale = _pdf_scale(page.get_size(), dpi, max_long_edge)
+    place = _Placement.of(page, scale)
+    words = tuple(
+        EvidenceWord(text, Box(*place.pixels(rect)), line)
+        for text, rect, line in _words(_characters(page.get_textpage(), page.get_bbox()))
+    )
+    return PageText(GroundingSource.TEXT_LAYER, words, place.width, place.height, 1 / scale)
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where PDF user space lands in a page's render: the crop box, turned by the page's /Rotate and scaled to the
+    bitmap pdfium draws (``width`` x ``height`` pixels, each side the page's rounded up, as pypdfium2 sizes it)."""
+
+    bbox: _Rect
+    rotation: int  # degrees clockwise
+    size: tuple[float, float]  # the visible page in points, turned
+    width: int
+    height: int
+
+    @classmethod
+    def of(cls, page: pdfium.PdfPage, scale: float) -> _Placement:
+        size = page.get_size()  # pdfium's size is the crop box's, turned
+        return cls(page.get_bbox(), page.get_rotation(), size, math.ceil(size[0] * scale), math.ceil(size[1] * scale))
+
+    def pixels(self, rect: _Rect) -> tuple[float, float, float, float]:
+        """A rectangle of user space (left, bottom, right, top; y upwards) as x0, y0, x1, y1 in pixels (y downwards).
+
+        pdfium puts the crop box's turned corner at the bitmap's origin (CPDF_Page's page matrix): a page turned 90
+        degrees clockwise shows its bottom-left corner at the top left."""
+        left, bottom, right, top = self.bbox
+        x0, y0, x1, y1 = rect
+        # the rectangle in points from the turned page's bottom-left corner, x to the right and y upwards
+        x_span, y_span = {
+            0: ((x0 - left, x1 - left), (y0 - bottom, y1 - bottom)),
+            90: ((y0 - bottom, y1 - bottom), (right - x1, right - x0)),
+            180: ((right - x1, right - x0), (top - y1, top - y0)),
+            270: ((top - y1, top - y0), (x0 - left, x1 - left)),
+        }[self.rotation]
+        width, height = self.size
+        x_scale, y_scale = self.width / width, self.height / height
+        return (
+            x_span[0] * x_scale,
+            (height - y_span[1]) * y_scale,
+            x_span[1] * x_scale,
+            (height - y_span[0]) * y_scale,
+        )
+
+
+@dataclass
+class _Word:
+    """A word being read, character by character, and where it is in user space."""
+
+    text: str
+    rect: _Rect
+    last: _Rect  # its last character's box
+    line: int
+    hyphenated: bool = False  # it ends in pdfium's hyphenation mark: the next character goes on it
+
+    def add(self, char: str, rect: _Rect) -> None:
+        left, bottom, right, top = self.rect
+        self.rect = (min(left, rect[0]), min(bottom, rect[1]), max(right, rect[2]), max(top, rect[3]))
+        if char not in _HYPHENATION_MARKS:
+            self.text += char
+            self.last = rect
+        self.hyphenated = char in _HYPHENATION_MARKS
+
+
+def _words(characters: Iterable[tuple[str, _Rect, int | None, bool] | None]) -> Iterator[tuple[str, _Rect, int]]:
+    """(text, box in user space, line) of each word of :func:`_characters`, in its order, lines counted where a word
+    starts off the line of the one before (:func:`_same_line`)."""
+    word: _Word | None = None
+    for character in characters:
+        if character is None:  # nothing runs on over text off the visible page
+            if word is not None:
+                yield word.text, word.rect, word.line
+            word = None
+            continue
+        char, rect, _, space = character
+        if word is not None and _goes_on(word, char, rect, space):
+            word.add(char, rect)
+            continue
+        if char in _HYPHENATION_MARKS:  # a mark after a space is a glyph without Unicode, not a broken word
+            continue
+        line = 0
+        if word is not None:
+            yield word.text, word.rect, word.line
+            line = word.line + (not _same_line(word, char, rect))
+        word = _Word(char, rect, rect, line)
+    if word is not None:
+        yield word.text, word.rect, word.line
+
+
+def _same_line(word: _Word, char: str, rect: _Rect) -> bool:
+    """The character is on the word's line: level with its last character and not back to the left of it, or for
+    vertical CJK writing, stacked under it."""
+    if _CJK_CHARACTER.match(char) and _CJK_CHARACTER.match(word.text[-1]) and _level(word.last, rect, axis=0):
+        return rect[3] <= word.last[3]
+    return _level(word.last, rect) and rect[0] >= word.last[0]
+
+
+def _goes_on(word: _Word, char: str, rect: _Rect, space: bool) -> bool:
+    """The character goes on the word: the word is hyphenated at a line's end, or no space comes between them and
+    the character is level with the word's last or stacked on it (pdfium runs some lines together); a CJK character
+    is a word of its own."""
+    if _CJK_CHARACTER.match(char) or _CJK_CHARACTER.match(word.text[-1]):
+        return False
+    return word.hyphenated or (not space and (_level(word.last, rect) or _level(word.last, rect, axis=0)))
+
+
+def _level(before: _Rect, after: _Rect, axis: int = 1) -> bool:
+    """The two characters' heights overlap by at least half the smaller one (with ``axis`` 0: their widths, stacked
+    as in a turned label). Half, because a font's full height is taller than a line's pitch in tight leading."""
+    low, high = axis, axis + 2
+    overlap = min(before[high], after[high]) - max(before[low], after[low])
+    return overlap >= 0.5 * min(before[high] - before[low], after[high] - after[low])
