@@ -22,6 +22,7 @@ from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.commands import start_serve
+from tests.support.database import fresh_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("serve-concurrency")]  # one serve, on one worker
 
@@ -47,9 +48,10 @@ class Tenant:
 
 
 @pytest.fixture(scope="module")
-def served(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Database]]:
-    """``pagescribe serve`` with the fake provider, and the database it uses."""
-    with FakeChatServer() as provider:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Database]]:
+    """``pagescribe serve`` with the fake provider, and the database it uses: one of its own, so that another test's
+    documents (of tenants with the same names) are not in its lists."""
+    with fresh_database() as database_url, FakeChatServer() as provider:
         server, endpoints = start_serve(database_url, provider, tmp_path_factory.mktemp("serve"))
         engine = create_database_engine(database_url)
         try:
