@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pypdfium2 as pdfium
-import pypdfium2.raw as pdfium_c
 import pytest
 from pagescribe.checks import usable_text_layer
 from pagescribe.grounding import (
@@ -37,6 +36,8 @@ from pagescribe.grounding import (
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.scoring import plain
 from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
+from pagescribe_local.true_boxes import squashed
+from pagescribe_local.true_boxes import true_boxes as blocks_true_boxes
 from PIL import Image, ImageChops, ImageDraw
 
 from tests.support import CORPUS
@@ -282,63 +283,12 @@ def test_the_pages_are_grounded_in_full_in_sum() -> None:
     assert max(real.clean.missed_text for real in pages) <= 0.005
 
 
-def squashed(text: str) -> str:
-    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
-    return "".join(char for char in folded if char.isalnum())
-
-
 def true_boxes(real: Page) -> dict[str, Box]:
-    """Each block's box from the page's own lines, independently of the alignment and of ``text_layer_words``:
-    pdfium's text cut at its own line breaks, each line of 8 letters and digits or more given to a block whose text
-    has it after what the block's lines so far took (of several, the first from the block the line before went to:
-    a page that repeats a text reads it in order), or else to the one block that has it at all; a block's box is the
-    union of its lines' characters' boxes (loose, as pdfium gives them), put into the image's pixels by pdfium itself
-    (FPDF_PageToDevice)."""
-    blocks = {block.id: squashed(block.plain) for block in real.blocks}
-    pdf = pdfium.PdfDocument(real.path)
-    try:
-        pdf_page = pdf[real.number - 1]
-        textpage = pdf_page.get_textpage()
-        lines: list[tuple[str, list[tuple[float, float, float, float]]]] = [("", [])]
-        for index in range(textpage.count_chars()):
-            char = chr(pdfium_c.FPDFText_GetUnicode(textpage, index))
-            if char == "\n":
-                lines.append(("", []))
-            elif squashed(char):
-                lines[-1] = (lines[-1][0] + char, [*lines[-1][1], textpage.get_charbox(index, loose=True)])
-        boxes: dict[str, Box] = {}
-        read = dict.fromkeys(blocks, 0)  # how far into each block's text the lines given to it go
-        at = 0  # the block the line before went to
-        for text, rects in lines:
-            line = squashed(text)
-            if len(line) < 8:
-                continue
-            ahead = [i for i, (block, plain_text) in enumerate(blocks.items()) if line in plain_text[read[block] :]]
-            anywhere = [i for i, plain_text in enumerate(blocks.values()) if line in plain_text]
-            owner = next((i for i in ahead if i >= at), ahead[0] if ahead else None)
-            if owner is None and len(anywhere) == 1:
-                owner = anywhere[0]
-            if owner is None:
-                continue
-            block = real.blocks[owner].id
-            found = blocks[block].find(line, read[block])
-            read[block], at = (found if found >= 0 else blocks[block].find(line)) + len(line), owner
-            for rect in rects:
-                box = pixel_box(pdf_page, rect, real.evidence)
-                boxes[block] = boxes[block].union(box) if block in boxes else box
-        return boxes
-    finally:
-        pdf.close()
-
-
-def pixel_box(pdf_page: pdfium.PdfPage, rect: tuple[float, float, float, float], evidence: PageText) -> Box:
-    corners = []
-    for x, y in ((rect[0], rect[1]), (rect[2], rect[3])):
-        device_x, device_y = pdfium_c.c_int(), pdfium_c.c_int()
-        pdfium_c.FPDF_PageToDevice(pdf_page, 0, 0, evidence.width, evidence.height, 0, x, y, device_x, device_y)
-        corners.append((device_x.value, device_y.value))
-    (x0, y0), (x1, y1) = corners
-    return Box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
+    """Each block's true box from the page's own lines, independently of the alignment and of ``text_layer_words``
+    (:func:`pagescribe_local.true_boxes.true_boxes`: pdfium's lines given to the blocks that have them, their
+    characters' boxes put into the image's pixels by pdfium itself)."""
+    blocks = [(block.id, block.plain) for block in real.blocks]
+    return blocks_true_boxes(real.path, real.number, blocks, (real.evidence.width, real.evidence.height))
 
 
 def test_each_blocks_box_is_where_its_own_words_are() -> None:
