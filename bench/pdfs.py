@@ -1,4 +1,4 @@
-"""Test documents built from the corpus: long PDFs made by importing the pages of a short one again and again."""
+"""Test documents built by importing pages again and again: long PDFs from the corpus, and a PDF of real scans."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pypdfium2 as pdfium
 
-from bench.common import CORPUS
+from bench.common import CORPUS, REPO
 
 SOURCE = CORPUS / "pdflatex-4-pages.pdf"
 
@@ -26,4 +26,28 @@ def build_pdf(pages: int, directory: Path) -> Path:
     finally:
         target.close()
         source.close()
+    return path
+
+
+SCANS = (REPO / "tests" / "data" / "documents" / "congress.pdf", REPO / "tests" / "data" / "documents" / "cardinal.pdf")
+
+
+def build_scan_pdf(pages: int, directory: Path) -> Path:
+    """A ``pages``-page image-only PDF of real scans: the pages of congress.pdf (1) and cardinal.pdf (4), in turn and
+    again (PdfDocument.new + import_pages), none with a text layer."""
+    path = directory / f"bench-scans-{pages}-pages.pdf"
+    if path.exists():
+        return path
+    sources = [pdfium.PdfDocument(scan) for scan in SCANS]
+    order = [(source, index) for source in sources for index in range(len(source))]
+    target = pdfium.PdfDocument.new()
+    try:
+        for number in range(pages):
+            source, index = order[number % len(order)]
+            target.import_pages(source, pages=[index])
+        target.save(path)
+    finally:
+        target.close()
+        for source in sources:
+            source.close()
     return path

@@ -173,6 +173,26 @@ function, `PYTHONPATH` the built function then the layer's `python/` (`/var/task
 `PYTHONDONTWRITEBYTECODE=1` (both are read-only in Lambda). Alternated with a fresh python3.12 importing only the
 third-party modules that import loads, from the same layer; medians of five. Lambda's own runtime start and the
 download of the code are not in it.""",
+    "secondread": """\
+Ten scanned pages (an image-only PDF of the real scans in `tests/data/documents`: the page of `congress.pdf` and the
+four of `cardinal.pdf`, in turn) in one SQS batch, one local execution environment, against a fake provider that
+answers every page after 5.0 s (3 pages and 2.0 s with `--smoke`). The environment has the deployed one's shape:
+`AWS_LAMBDA_FUNCTION_MEMORY_SIZE` is the transcribe function's `MemorySize` in template.yaml, so pages render in the
+render processes that memory holds, and the second read runs in its own process (`SECOND_READ_MEMORY_LIMIT_MB`). Each
+document is created through the API's service with its own `second_read` (`auto`, `off` or `always`: what
+`SECOND_READ` sets for a whole stack) and `reuse` off, then put in S3; its wall time runs from the put to the document
+finished. The first document (`auto`) starts the reading process and loads the engine, once per environment: it is
+shown, not compared. Then in rounds: `auto` and `off` in alternating order, then `always`; the judged ratio is the
+median of the rounds' `auto` / `off`, and `always` / `off` is information (`always` waits for its reads within the
+page's time budget). Before each document the benchmark waits until the reading process is free (a read a page
+stopped waiting for goes on in it). Pages read are the JSON transcript's `pages[].attempts[].second_read` that have
+`lines`; the others say why they went without (`skipped`). Memory: each process's peak resident set (`VmHWM` in
+`/proc/<pid>/status`, sampled every 0.1 s while the documents run, and once at the end) of the render processes
+(`runtime.renderer.pids`), the reading process (`runtime.reading_pool.pids`) and this process, whose peak is reset
+first (`/proc/self/clear_refs`). This process holds moto, the fake provider and the benchmark beside the handler, so
+its figure is an upper bound of the function's own; the next row puts the 256 MB the settings reserve for the handler
+in its place. Every page must complete at its first attempt with one provider call, and no page may be read with
+`off`, or the run fails.""",
     "rendering": """\
 `render_page` on every page of every corpus PDF that opens (the password-protected one is refused, as the
 pipeline refuses it), one thread, each setting over the whole corpus in turn within each pass, after one
@@ -379,9 +399,9 @@ def write_report(
         "",
         "`bench/` measures pagescribe on the machine it runs on, all in one process: the claim path against raw",
         "psycopg, provider connection reuse, the local pipeline's overhead over the model's own time, the upload's",
-        "fan-out, cold starts, page rendering, the rate governor and cost caps. Each benchmark prints one line with",
-        "the ratio it is judged by and",
-        "its target, and every run rewrites this file. Targets are reported, not enforced: the command exits",
+        "fan-out, cold starts, page rendering, the rate governor, cost caps and the second read of scans. Each",
+        "benchmark prints one line with the ratio it is judged by and its target, and every run rewrites this file.",
+        "Targets are reported, not enforced: the command exits",
         "non-zero only when a benchmark crashes or sees a correctness violation (a job claimed twice, a page lost",
         "or failed, a message not sent).",
         "",

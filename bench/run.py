@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from bench import built, caps, claims, coldstart, connections, fanout, governor, pipeline, rendering
+from bench import built, caps, claims, coldstart, connections, fanout, governor, pipeline, rendering, secondread
 from bench.common import REPO, CorrectnessError, Mode, Result
 from bench.report import machine_facts, write_report
 
@@ -38,6 +38,7 @@ def benchmarks(mode: Mode, scratch: Path, built_ahead: Future[None] | None) -> l
         ("rendering", lambda: rendering.run(mode)),
         ("governor", lambda: governor.run(mode, scratch=scratch)),
         ("caps", lambda: caps.run(mode, scratch=scratch)),
+        ("secondread", lambda: secondread.run(mode, scratch=scratch)),
     ]
 
 
