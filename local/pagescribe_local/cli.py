@@ -46,6 +46,7 @@ from pagescribe.sources import InvalidDocumentError, detect_kind, inspect_docume
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 
 from pagescribe_local import evaluation
+from pagescribe_local import faults as fault_set
 from pagescribe_local.embedded import EmbeddedDatabaseError, embedded_database_url, stop_embedded_database
 from pagescribe_local.environments import EnvironmentPool
 from pagescribe_local.stack import (
@@ -406,11 +407,19 @@ def _eval(args: argparse.Namespace) -> int:
             scores += evaluation.score_document(document, transcript, doc.error)
     summary = evaluation.summarize(scores)
     print(evaluation.summary_table(summary) + "\n\n" + evaluation.pages_table(scores))
+    faults = None
+    if args.faults:
+        print("pagescribe eval: the fault-injection set (the offline engine reads the scans again)", file=sys.stderr)
+        faults = fault_set.run(documents, settings)
+        print("\n" + fault_set.summary_tables(faults))
     if args.json:
-        Path(args.json).write_text(json.dumps(evaluation.as_json(summary, scores, context), indent=2) + "\n")
+        figures = evaluation.as_json(summary, scores, context, faults.as_json() if faults else None)
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
         print(f"pagescribe eval: wrote {args.json}", file=sys.stderr)
     if args.report:
-        Path(args.report).write_text(evaluation.report(summary, scores, context, [d.path for d in documents]))
+        paths = [d.path for d in documents]
+        text = evaluation.report(summary, scores, context, paths, fault_set.markdown(faults) if faults else None)
+        Path(args.report).write_text(text)
         print(f"pagescribe eval: wrote {args.report}", file=sys.stderr)
     return 0
 
@@ -782,6 +791,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", metavar="OUT", help="write every figure and every page's scores as JSON")
     evaluate.add_argument("--report", metavar="FILE", help="write the whole run as markdown (docs/accuracy.md)")
     evaluate.add_argument("--olmocr-bench", metavar="DIR", help="run olmOCR-bench's JSONL tests and PDFs in DIR")
+    evaluate.add_argument(
+        "--faults",
+        action="store_true",
+        help="also measure the ungrounded and missed_text checks on the fault-injection set built from the pages "
+        "with a truth (a born-digital page's text layer, a scan's truth file): each page's truth replayed as the "
+        "answer, clean and with faults injected (an invented sentence, a dropped paragraph, an invented table row, "
+        "the neighbouring page's text) and reordered (no fault); the scans are read again by the offline engine",
+    )
     evaluate.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     evaluate.set_defaults(run=_eval)
 

@@ -10,6 +10,12 @@ The truth of a document, in this order:
 
 A page without truth is transcribed and reported, not scored. Scores are those of :mod:`pagescribe.scoring`, and the
 olmOCR-bench rule pass rates of :mod:`pagescribe_local.olmocr_bench`.
+
+Every page is also reported as the pipeline grounded its answer (the JSON transcript's ``grounding``): its source
+(``text_layer``, ``second_read``, ``engine``) and the share of the answer's characters grounded; on a born-digital PDF
+page (grounded to its text layer), each text block's box (``blocks[].bbox.pixels``) against its true box from the
+text layer (:mod:`pagescribe_local.true_boxes`), as intersection over union. ``--faults`` adds the fault-injection
+set (:mod:`pagescribe_local.faults`).
 """
 
 from __future__ import annotations
@@ -21,11 +27,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pagescribe.assembly import running_furniture
+from pagescribe.blocks import BlockType, parse_blocks
 from pagescribe.checks import usable_text_layer
+from pagescribe.grounding import Box, GroundingSource
 from pagescribe.scoring import cer, percentile, recall_precision, split_pages, wer
 from pagescribe.sources import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
 
 from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
+from pagescribe_local.true_boxes import true_boxes
 
 TRUTH_SUFFIXES = (".md", ".txt")
 INPUT_SUFFIXES = frozenset({".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp"})
@@ -71,6 +81,12 @@ class PageScore:
     cost: float
     latency_ms: int
     rules: list[RuleResult] = field(default_factory=list)
+    grounding_source: str | None = None  # text_layer, second_read or engine; None: the answer was not grounded
+    grounded: float | None = None  # the share of the answer's characters the page's own text supports
+    ungrounded: float | None = None  # what the ungrounded and missed_text checks measured
+    missed_text: float | None = None
+    grounding_skipped: str | None = None  # why the answer was not grounded, where the pipeline says
+    box_ious: dict[str, float] = field(default_factory=dict)  # born-digital: block id -> IoU with its true box
 
 
 # --- what to run ------------------------------------------------------------------------------------------------------
@@ -201,7 +217,8 @@ def score_document(document: EvalDocument, transcript: dict[str, Any] | None, er
             for page in pages
         ]
     scores = []
-    for page in transcript["pages"]:
+    furniture = running_furniture([page.get("text") for page in transcript["pages"]])
+    for page, running in zip(transcript["pages"], furniture, strict=True):
         number, text = int(page["page"]), page.get("text") or ""
         truth = document.truth.get(number)
         calls = page.get("attempts", [])
@@ -224,9 +241,46 @@ def score_document(document: EvalDocument, transcript: dict[str, Any] | None, er
                 cost=sum(call.get("cost") or 0.0 for call in calls),
                 latency_ms=sum(call.get("latency_ms") or 0 for call in calls),
                 rules=[check(rule, text) for rule in document.rules if rule.page == number],
+                **page_grounding(document.path, page, running),
             )
         )
     return scores
+
+
+def page_grounding(path: Path, page: dict[str, Any], furniture: dict[int, str]) -> dict[str, Any]:
+    """What a transcript's page says of its answer's grounding, and on a page grounded to its PDF's text layer each
+    text block's box against its true box (a block that has a true box but no box of its own counts 0)."""
+    grounding = page.get("grounding")
+    if not grounding:
+        return {}
+    if not grounding.get("source"):
+        return {"grounding_skipped": grounding.get("skipped")}
+    found: dict[str, Any] = {
+        "grounding_source": grounding["source"],
+        "grounded": grounding.get("grounded"),
+        "ungrounded": grounding.get("ungrounded"),
+        "missed_text": grounding.get("missed_text"),
+    }
+    if grounding["source"] == GroundingSource.TEXT_LAYER.value and _is_pdf(path):
+        found["box_ious"] = block_box_ious(path, page, furniture)
+    return found
+
+
+def block_box_ious(path: Path, page: dict[str, Any], furniture: dict[int, str]) -> dict[str, float]:
+    """Each text block's box (``blocks[].bbox.pixels``) against its true box from the page's text layer, by the
+    block's id in the transcript; figures (their text is a description) are not measured."""
+    number, image = int(page["page"]), page["grounding"]["image"]
+    blocks = [block for block in parse_blocks(page.get("text") or "", furniture) if block.type is not BlockType.FIGURE]
+    truth = true_boxes(
+        path, number, [(f"p{number}-{block.id}", block.plain) for block in blocks], (image["width"], image["height"])
+    )
+    boxes: dict[str, list[float]] = {
+        block["id"]: block["bbox"]["pixels"] for block in page.get("blocks", []) if block.get("bbox")
+    }
+    return {
+        block_id: round(Box(*boxes[block_id]).iou(true), 4) if block_id in boxes else 0.0
+        for block_id, true in truth.items()
+    }
 
 
 def _scores(truth: str | None, text: str) -> tuple[float | None, float | None, float | None, float | None]:
@@ -246,7 +300,8 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def summarize(scores: Sequence[PageScore]) -> dict[str, Any]:
-    """The figures of a run: error rates over scored pages, flags, spend, latency, olmOCR-bench pass rates."""
+    """The figures of a run: error rates over scored pages, flags, spend, latency, olmOCR-bench pass rates, and how
+    the answers were grounded."""
     scored = [s for s in scores if s.cer is not None]
     latencies = [float(s.latency_ms) for s in scores if s.model_calls]
     cost = sum(s.cost for s in scores)
@@ -270,15 +325,55 @@ def summarize(scores: Sequence[PageScore]) -> dict[str, Any]:
         "latency_ms_p50": percentile(latencies, 50) if latencies else None,
         "latency_ms_p95": percentile(latencies, 95) if latencies else None,
         "olmocr_bench": {kind: {"passed": p, "scored": n} for kind, (p, n) in pass_rates(rules).items()},
+        "grounding": grounding_summary(scores),
     }
+
+
+def grounding_summary(scores: Sequence[PageScore]) -> dict[str, Any]:
+    """By grounding source: the pages and the share of their answers grounded (median, mean, least); the pages not
+    grounded; and the block boxes of the born-digital pages against their true boxes."""
+    by_source: dict[str, dict[str, Any]] = {}
+    for source in dict.fromkeys(s.grounding_source for s in scores if s.grounding_source):
+        shares = [s.grounded for s in scores if s.grounding_source == source and s.grounded is not None]
+        by_source[source] = {"pages": len(shares), **_shares(shares)}
+    ious = [iou for s in scores for iou in s.box_ious.values()]
+    return {
+        "by_source": by_source,
+        "pages_not_grounded": sum(s.grounding_source is None for s in scores),
+        "why_not_grounded": dict(Counter(s.grounding_skipped for s in scores if s.grounding_skipped)),
+        "box_iou": {
+            "pages": sum(bool(s.box_ious) for s in scores),
+            "blocks": len(ious),
+            "median": percentile(ious, 50) if ious else None,
+            "at_least_0_8": sum(iou >= 0.8 for iou in ious) / len(ious) if ious else None,
+            "zero": sum(iou == 0.0 for iou in ious),  # no box, or a box that misses its true one
+        },
+    }
+
+
+def _shares(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "mean": None, "least": None}
+    return {"median": percentile(values, 50), "mean": sum(values) / len(values), "least": min(values)}
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def as_json(summary: dict[str, Any], scores: Iterable[PageScore], context: dict[str, Any]) -> dict[str, Any]:
-    return {**context, "summary": summary, "pages": [asdict(score) for score in scores]}
+def as_json(
+    summary: dict[str, Any],
+    scores: Iterable[PageScore],
+    context: dict[str, Any],
+    faults: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Every figure of the run; ``faults``: the fault-injection set's (``--faults``)."""
+    return {
+        **context,
+        "summary": summary,
+        "pages": [asdict(score) for score in scores],
+        **({"faults": faults} if faults is not None else {}),
+    }
 
 
 # --- tables -----------------------------------------------------------------------------------------------------------
@@ -314,15 +409,38 @@ def summary_table(summary: dict[str, Any]) -> str:
     for kind, counts in summary["olmocr_bench"].items():
         rate = f"{counts['passed']}/{counts['scored']}" if counts["scored"] else "unsupported"
         rows.append((f"olmOCR-bench {kind}", rate))
+    rows += grounding_rows(summary["grounding"])
     lines = ["| measure | value |", "| --- | --- |", *(f"| {name} | {value} |" for name, value in rows)]
     return "\n".join(lines)
+
+
+def grounding_rows(grounding: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table's rows of how the answers were grounded."""
+    rows = [
+        (
+            f"grounded, {source} ({entry['pages']} pages): median / mean / least",
+            f"{_fmt(entry['median'])} / {_fmt(entry['mean'])} / {_fmt(entry['least'])}",
+        )
+        for source, entry in grounding["by_source"].items()
+    ]
+    rows.append(("pages not grounded", str(grounding["pages_not_grounded"])))
+    iou = grounding["box_iou"]
+    share = "-" if iou["at_least_0_8"] is None else f"{100 * iou['at_least_0_8']:.1f} %"
+    rows.append(
+        (
+            "block box IoU against the text layer: median / 0.8 or more / blocks (pages)",
+            f"{_fmt(iou['median'])} / {share} / {iou['blocks']} ({iou['pages']})",
+        )
+    )
+    return rows
 
 
 def pages_table(scores: Sequence[PageScore]) -> str:
     """One row per page."""
     lines = [
-        "| document | page | status | truth | CER | WER | recall | precision | flags | latency ms |",
-        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| document | page | status | truth | CER | WER | recall | precision | grounded | box IoU (blocks) | flags "
+        "| latency ms |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: |",
     ]
     for s in scores:
         truth = s.truth_source
@@ -330,10 +448,20 @@ def pages_table(scores: Sequence[PageScore]) -> str:
             truth += f" rules {sum(r.passed is True for r in s.rules)}/{sum(r.passed is not None for r in s.rules)}"
         lines.append(
             f"| {s.document} | {s.page or '-'} | {s.status} | {truth} | {_fmt(s.cer)} | {_fmt(s.wer)} "
-            f"| {_fmt(s.recall)} | {_fmt(s.precision)} | {', '.join(s.flags) or '-'} "
+            f"| {_fmt(s.recall)} | {_fmt(s.precision)} | {_grounded(s)} | {_ious(s)} | {', '.join(s.flags) or '-'} "
             f"| {s.latency_ms if s.model_calls else '-'} |"
         )
     return "\n".join(lines)
+
+
+def _grounded(score: PageScore) -> str:
+    return f"{score.grounding_source} {_fmt(score.grounded)}" if score.grounding_source else "-"
+
+
+def _ious(score: PageScore) -> str:
+    if not score.box_ious:
+        return "-"
+    return f"{percentile(list(score.box_ious.values()), 50):.3f} ({len(score.box_ious)})"
 
 
 def machine() -> str:
@@ -371,8 +499,71 @@ def sources(paths: Iterable[Path]) -> list[str]:
     return found
 
 
-def report(summary: dict[str, Any], scores: Sequence[PageScore], context: dict[str, Any], paths: Sequence[Path]) -> str:
-    """The whole run as a markdown document (docs/accuracy.md)."""
+def grounding_section(
+    summary: dict[str, Any], scores: Sequence[PageScore], context: dict[str, Any], faults: str | None
+) -> str:
+    """How the run's answers were grounded, and the fault-injection set when it was run."""
+    grounding = summary["grounding"]
+    rows = ["| grounded to | pages | grounded median | mean | least |", "| --- | ---: | ---: | ---: | ---: |"]
+    rows += [
+        f"| {source} | {entry['pages']} | {_fmt(entry['median'])} | {_fmt(entry['mean'])} | {_fmt(entry['least'])} |"
+        for source, entry in grounding["by_source"].items()
+    ]
+    iou = grounding["box_iou"]
+    share = "-" if iou["at_least_0_8"] is None else f"{100 * iou['at_least_0_8']:.1f} %"
+    worst = min(
+        (s for s in scores if s.box_ious), key=lambda s: percentile(list(s.box_ious.values()), 50), default=None
+    )
+    least = f"; the page with the lowest median, {worst.document} p. {worst.page}: {_ious(worst)}" if worst else ""
+    command = context["command"]
+    extra = (
+        faults
+        if faults is not None
+        else "The fault-injection set was not run: add `--faults` to the command to measure the two checks on it."
+    )
+    return f"""## Grounding: coverage, block boxes and the two checks
+
+Written by `{command}` on {context["date"]} ({context["machine"]}); provider `{context["provider"]}`, model
+`{context["model"]}`.
+
+### The answers of this run
+
+Each answer of the run above was grounded by the pipeline to the page's own text (README, *Grounded transcripts*):
+a born-digital page's text layer, a scan's second read by the offline engine, or, when the offline engine wrote the
+answer, the engine's own boxes. "Grounded" is the share of the answer's letters and digits that text supports.
+
+{chr(10).join(rows)}
+
+Pages whose answer was not grounded: {grounding["pages_not_grounded"]}{_why_not(grounding)}. Block boxes on
+born-digital pages (each text block's `bbox.pixels` against its true box from the text layer,
+`pagescribe_local.true_boxes`; a block with a true box but no box counts 0): {iou["blocks"]} blocks on
+{iou["pages"]} pages, median IoU {_fmt(iou["median"])}, {share} of them 0.8 or more, {iou["zero"]} at 0{least}.
+
+What these figures say: grounding to a text layer holds the answer against the page's own characters, so it is
+evidence of fidelity; grounding to the engine's own boxes (the offline provider on a scan) holds the engine's answer
+against its own read, so there it only shows that the layout kept what the engine read, not that the engine read it
+right. A block's true box is made of the text layer's lines of 8 letters and digits or more that the answer has letter
+for letter: a misread line, or a block of short lines (a table of contents' "1 Foo 2"), gives a smaller true box or
+none, so a low IoU can be the true box's fault as well as the alignment's.
+
+{extra}"""
+
+
+def _why_not(grounding: dict[str, Any]) -> str:
+    """Why pages were not grounded, where the pipeline said (a page that failed, or rendered blank, says nothing)."""
+    reasons = grounding["why_not_grounded"]
+    return f" ({'; '.join(f'{count}: {why}' for why, count in reasons.items())})" if reasons else ""
+
+
+def report(
+    summary: dict[str, Any],
+    scores: Sequence[PageScore],
+    context: dict[str, Any],
+    paths: Sequence[Path],
+    faults: str | None = None,
+) -> str:
+    """The whole run as a markdown document (docs/accuracy.md); ``faults``: the fault-injection set's section
+    (:func:`pagescribe_local.faults.markdown`), when it was run."""
     provenance = "\n".join(f"- `{source}`" for source in sources(paths))
     return f"""# Accuracy
 
@@ -396,6 +587,8 @@ precision are order-insensitive word overlaps. A page without truth is listed, n
 ## By page
 
 {pages_table(scores)}
+
+{grounding_section(summary, scores, context, faults)}
 
 ## Where the documents come from
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
 
 from tests.fakes.chat_server import FakeChatServer, Ok
 from tests.support.commands import command_environment, pagescribe
@@ -145,6 +145,54 @@ def test_olmocr_bench_rules_are_run_on_the_pages_they_name(
         "present": {"passed": 1, "scored": 1},
     }
     assert "| olmOCR-bench math | unsupported |" in result.stdout
+
+
+def test_each_pages_grounding_and_block_boxes_are_reported_and_faults_adds_the_fault_set(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given a born-digital PDF whose pages a model answers with their own text laid out
+    source = tmp_path / "four.pdf"
+    shutil.copy(corpus / "pdflatex-4-pages.pdf", source)
+    _answer_pages_with(
+        fake_provider, source, DocumentKind.PDF, {n: read_text_layer(source, n).laid_out for n in range(1, 5)}
+    )
+    # When the user runs pagescribe eval with --faults, JSON out and a report
+    result = _eval(
+        str(source),
+        "--faults",
+        "--json",
+        "out.json",
+        "--report",
+        "accuracy.md",
+        env=command_environment(database_url, fake_provider),
+        cwd=tmp_path,
+    )
+    # Then every page's answer is grounded in full to its text layer, and its blocks' boxes are where the text layer
+    # puts them, in the JSON and in the table
+    assert result.returncode == 0, result.stderr
+    figures: dict[str, Any] = json.loads((tmp_path / "out.json").read_text())
+    pages = figures["pages"]
+    assert [(p["grounding_source"], p["grounded"], p["ungrounded"], p["missed_text"]) for p in pages] == [
+        ("text_layer", 1.0, 0.0, 0.0)
+    ] * 4
+    assert all(p["box_ious"] and min(p["box_ious"].values()) >= 0.8 for p in pages)
+    grounding = figures["summary"]["grounding"]
+    assert grounding["by_source"] == {"text_layer": {"pages": 4, "median": 1.0, "mean": 1.0, "least": 1.0}}
+    assert grounding["box_iou"]["blocks"] >= 4 and grounding["box_iou"]["median"] >= 0.9
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| four.pdf |")]
+    assert len(rows) == 4 and all("| text_layer 1.000 | 0.9" in row for row in rows)
+    # And the fault set built from the same pages finds each fault it could inject, and flags neither the clean nor
+    # the reordered answers
+    faults = figures["faults"]["summary"]
+    assert faults["pages"] == {"born_digital": 4, "scans": 0}
+    assert [faults["faults"][name]["detected"] for name in ("invented_sentence", "dropped_paragraph")] == [4, 4]
+    assert faults["faults"]["invented_row"]["pages"] == 0
+    assert faults["false_flags"]["clean"]["flagged"] == faults["false_flags"]["reordered"]["flagged"] == 0
+    assert "a reordered but complete answer is not flagged: 0 of 4 pages flagged" in result.stdout
+    # And the report holds both in its grounding section
+    report = (tmp_path / "accuracy.md").read_text()
+    assert "## Grounding: coverage, block boxes and the two checks" in report
+    assert "### Injected faults: the two checks on real pages whose truth is known" in report
 
 
 def test_eval_names_what_is_missing(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> None:
