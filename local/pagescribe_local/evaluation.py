@@ -38,6 +38,8 @@ from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult
 from pagescribe_local.true_boxes import true_boxes
 
 TRUTH_SUFFIXES = (".md", ".txt")
+UNGROUNDED_SWEEP = (0.005, 0.0075, 0.01, 0.015, 0.02)  # thresholds whose effect is shown for information
+MISSED_SWEEP = (0.01, 0.02, 0.03, 0.05)
 INPUT_SUFFIXES = frozenset({".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp"})
 
 
@@ -539,6 +541,11 @@ born-digital pages (each text block's `bbox.pixels` against its true box from th
 `pagescribe_local.true_boxes`; a block with a true box but no box counts 0): {iou["blocks"]} blocks on
 {iou["pages"]} pages, median IoU {_fmt(iou["median"])}, {share} of them 0.8 or more, {iou["zero"]} at 0{least}.
 
+The same answers at other thresholds of the two checks (information: how many would be flagged; a page is flagged
+above a threshold):
+
+{thresholds_table(scores)}
+
 What these figures say: grounding to a text layer holds the answer against the page's own characters, so it is
 evidence of fidelity; grounding to the engine's own boxes (the offline provider on a scan) holds the engine's answer
 against its own read, so there it only shows that the layout kept what the engine read, not that the engine read it
@@ -547,6 +554,20 @@ for letter: a misread line, or a block of short lines (a table of contents' "1 F
 none, so a low IoU can be the true box's fault as well as the alignment's.
 
 {extra}"""
+
+
+def thresholds_table(scores: Sequence[PageScore]) -> str:
+    """How many of the run's grounded answers each threshold of the two checks would flag, by grounding source."""
+    sources = list(dict.fromkeys(s.grounding_source for s in scores if s.grounding_source))
+    rows = [f"| check above | {' | '.join(sources)} |", f"| --- | {' | '.join('---:' for _ in sources)} |"]
+    for name, thresholds in (("ungrounded", UNGROUNDED_SWEEP), ("missed_text", MISSED_SWEEP)):
+        for threshold in thresholds:
+            cells = []
+            for source in sources:
+                values = [getattr(s, name) for s in scores if s.grounding_source == source]
+                cells.append(f"{sum(value is not None and value > threshold for value in values)}/{len(values)}")
+            rows.append(f"| `{name}` {threshold} | {' | '.join(cells)} |")
+    return "\n".join(rows)
 
 
 def _why_not(grounding: dict[str, Any]) -> str:

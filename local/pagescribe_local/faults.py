@@ -54,7 +54,7 @@ from pagescribe.sources import (
     text_layer_words,
 )
 
-from pagescribe_local.evaluation import EvalDocument
+from pagescribe_local.evaluation import MISSED_SWEEP, UNGROUNDED_SWEEP, EvalDocument
 from pagescribe_local.true_boxes import squashed, true_boxes
 
 CLEAN = "clean"
@@ -618,8 +618,6 @@ _LABELS = {
     NEIGHBOUR: "the neighbouring page's text",
     REORDERED: "blocks reordered (no fault)",
 }
-UNGROUNDED_SWEEP = (0.005, 0.0075, 0.01, 0.015, 0.02)
-MISSED_SWEEP = (0.01, 0.02, 0.03, 0.05)
 
 
 def sweep(pages: Sequence[PageFaults]) -> dict[str, list[dict[str, Any]]]:

@@ -193,6 +193,7 @@ def test_each_pages_grounding_and_block_boxes_are_reported_and_faults_adds_the_f
     report = (tmp_path / "accuracy.md").read_text()
     assert "## Grounding: coverage, block boxes and the two checks" in report
     assert "### Injected faults: the two checks on real pages whose truth is known" in report
+    assert "| `ungrounded` 0.02 | 0/4 |" in report and "| `missed_text` 0.05 | 0/4 |" in report
 
 
 def test_eval_names_what_is_missing(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> None:
