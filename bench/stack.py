@@ -22,7 +22,7 @@ import psycopg
 from pagescribe_local.cli import LocalStack, local_stack
 from pagescribe_local.stack import LambdaService
 
-from bench.common import QUIET, CorrectnessError, environment, plain_url
+from bench.common import QUIET, SYNTHETIC_ANSWERS, CorrectnessError, environment, plain_url
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
@@ -142,7 +142,7 @@ def _instrumented(pipeline_ref: list[Pipeline], function: str, handler: Handler)
 @contextmanager
 def local_pipeline(database_url: str, **settings: str) -> Iterator[Pipeline]:
     """The local stack on ``database_url`` with the given settings, its handlers timed per invocation."""
-    values = {**QUIET, "DATABASE_URL": database_url, "MODEL": "bench/vision-model", **settings}
+    values = {**QUIET, **SYNTHETIC_ANSWERS, "DATABASE_URL": database_url, "MODEL": "bench/vision-model", **settings}
     with (
         environment(**values),
         tempfile.TemporaryDirectory(prefix="bench-stack-") as scratch,

@@ -21,6 +21,7 @@ from sqlalchemy import text
 from tests.fakes.chat_server import FakeChatServer
 from tests.support import CORPUS
 from tests.support.aws_events import REGION
+from tests.support.commands import NOT_GROUNDED
 from tests.support.database import fresh_database
 from tests.support.pipeline import Pipeline
 
@@ -128,6 +129,7 @@ def pipeline(
         "MIN_CALL_BUDGET_SECONDS": "2",
         "RETRY_BASE_SECONDS": "0",
         "MAX_ATTEMPTS": "3",
+        **NOT_GROUNDED,
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -7,7 +7,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagescribe.aws import ObjectStore
 from pagescribe.callbacks import CallbackNotifier
@@ -16,6 +16,9 @@ from pagescribe.database import Database
 from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.layout import is_page_number
 from pagescribe.settings import Settings
+
+if TYPE_CHECKING:
+    from pagescribe.blocks import Cell
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,7 @@ def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
 
 
 def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
+    read = attempt.second_read
     return {
         "model": attempt.model,
         "provider": attempt.provider,
@@ -121,6 +125,9 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         "confidence": attempt.confidence,
         "flags": attempt.flags,
         **({"status_code": attempt.status_code, "error": attempt.error} if attempt.error is not None else {}),
+        # what the offline engine read of the page during the call: its lines ([text, x0, y0, x1, y1, score], in the
+        # page image's pixels), confidence and CPU time; or why it did not
+        **({"second_read": read} if read is not None else {}),
     }
 
 
@@ -131,6 +138,86 @@ def _correction(page: PageRecord) -> dict[str, Any] | None:
         "revision": page.correction.revision,
         "corrected_at": page.correction.corrected_at.isoformat(),
         "original_text": page.text,
+    }
+
+
+def _box(pixels: list[float] | None, points_per_pixel: float | None) -> dict[str, Any] | None:
+    """A box in the page image's pixels and, for a PDF page, in points; both from the top left corner, y downwards."""
+    if pixels is None:
+        return None
+    points = [round(value * points_per_pixel, 2) for value in pixels] if points_per_pixel else None
+    return {"pixels": pixels, "points": points}
+
+
+def page_blocks(page: PageRecord, furniture: dict[int, str]) -> list[dict[str, Any]]:
+    """The page's text as blocks (:mod:`pagescribe.blocks`), each with its box on the page image and its grounding
+    where the kept answer was grounded; a person's correction has blocks without either (it was not read off the
+    page). Unsupported runs are given as offsets in the page's ``text``."""
+    from pagescribe.blocks import parse_blocks
+
+    text = page.current_text or ""
+    grounded = page.grounding if page.correction is None and page.grounding and page.grounding.get("source") else None
+    by_id: dict[str, Any] = grounded["blocks"] if grounded else {}
+    scale = grounded["image"]["points_per_pixel"] if grounded else None
+    blocks = []
+    for block in parse_blocks(text, furniture):
+        found = by_id.get(block.id, {})
+        spans = [block.answer_span(start, end) for start, end in found.get("unsupported", ())]
+        cells = {(row, col): box for row, col, box in found.get("cells", ())}
+        entry: dict[str, Any] = {
+            "id": f"p{page.page_number}-{block.id}",
+            "type": block.type.value,
+            "text": block.text,
+            "start": block.start,
+            "end": block.end,
+            "bbox": _box(found.get("bbox"), scale),
+            "grounding": found.get("grounding"),
+            "unsupported": [{"start": a, "end": b, "text": text[a:b]} for a, b in spans],
+        }
+        if block.level is not None:
+            entry["level"] = block.level
+        if block.cells:
+            entry["cells"] = [
+                {**_cell(cell), "bbox": _box(cells.get((cell.row, cell.col)), scale)} for cell in block.cells
+            ]
+        blocks.append(entry)
+    return blocks
+
+
+def _cell(cell: Cell) -> dict[str, Any]:
+    return {
+        "row": cell.row,
+        "col": cell.col,
+        "text": cell.text,
+        "rowspan": cell.rowspan,
+        "colspan": cell.colspan,
+        "header": cell.header,
+    }
+
+
+def page_grounding(page: PageRecord) -> dict[str, Any] | None:
+    """How the page's kept answer lines up with the page: its source (``text_layer``, ``second_read``, ``engine``),
+    the share of its characters grounded, the ``ungrounded`` and ``missed_text`` shares and the missed regions with
+    their boxes; or why it could not be grounded; None where nothing grounded it (a page read off its own text
+    layer, a blank render)."""
+    grounded = page.grounding
+    if grounded is None:
+        return None
+    if page.correction is not None:
+        return {"source": None, "skipped": "the page shows a person's correction, not the answer that was grounded"}
+    if not grounded.get("source"):
+        return grounded
+    scale = grounded["image"]["points_per_pixel"]
+    return {
+        "source": grounded["source"],
+        "grounded": grounded["grounding"],
+        "ungrounded": grounded["ungrounded"],
+        "missed_text": grounded["missed_text"],
+        "image": {"width": grounded["image"]["width"], "height": grounded["image"]["height"]},
+        "missed": [
+            {"text": region["text"], "chars": region["chars"], "bbox": _box(region["bbox"], scale)}
+            for region in grounded["missed"]
+        ],
     }
 
 
@@ -180,6 +267,8 @@ def render_json(
                         {"kind": kind, "text": _HEADING_MARK.sub("", (p.current_text or "").splitlines()[at]).strip()}
                         for at, kind in running[p.page_number].items()
                     ],
+                    "grounding": page_grounding(p),
+                    "blocks": page_blocks(p, running[p.page_number]),
                     "model": p.model,
                     "provider": p.provider,
                     "escalated": p.escalation is not None,

@@ -1,7 +1,9 @@
 """Every answer checked: cleaned before it is stored, then flagged with what was measured.
 
 Provider-agnostic and cheap: no model call, only the answer, the call's evidence (finish reason, token counts, the
-offline engine's confidence) and what the renderer saw of the page (ink, the PDF's own text layer, a rotation).
+offline engine's confidence), what the renderer saw of the page (ink, the PDF's own text layer, a rotation) and the
+answer's grounding: the answer aligned to the page's own positioned text (the text layer's words, or a second read of
+the image by the offline engine; :mod:`pagescribe.grounding`).
 
 The flags are a fixed vocabulary. Each is stored with the value measured and the threshold that raised it:
 
@@ -15,14 +17,20 @@ empty                yes  the page's ink when the answer has no text (``FLAG_INK
 blank_render         yes  the render's share of non-white pixels although the PDF page draws text or paths
                           (``FLAG_BLANK_RENDER_THRESHOLD``)
 truncated            yes  completion tokens when the model stopped at the output limit (``MAX_OUTPUT_TOKENS``)
-text_layer_mismatch  no   the answer's order-insensitive word recall against the page's usable text layer
-                          (``FLAG_TEXT_LAYER_RECALL_THRESHOLD``)
+ungrounded           yes  share of the answer's characters in runs of words nothing on the page supports: invented
+                          text (``FLAG_UNGROUNDED_THRESHOLD``)
+missed_text          yes  share of the page's own text (text layer or second read) in runs of words the answer does not
+                          contain: dropped regions (``FLAG_MISSED_TEXT_THRESHOLD``)
 low_confidence       no   the offline engine's mean recognition confidence (``FLAG_LOW_CONFIDENCE_THRESHOLD``)
 rotated              no   degrees the page was turned clockwise to read upright (threshold 0: any turn is reported)
 ==================== ==== =============================================================================================
 
 A hard flag means the answer is not accepted as it is: the page is escalated once to a stronger model, and fails with
 the flag as its reason if the answer is still hard-flagged. Soft flags leave the page completed, with the flags shown.
+
+``text_layer_mismatch`` (the answer's word recall against the text layer, a soft flag) is retired: ``ungrounded`` and
+``missed_text`` measure the same thing in place, on scans too. It is still read in the flags of pages transcribed
+before, and never raised.
 """
 
 from __future__ import annotations
@@ -31,9 +39,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pagescribe.scoring import recall_precision
+if TYPE_CHECKING:  # grounding (markdown-it, rapidfuzz) is loaded by the first answer grounded: ground()
+    from pagescribe.grounding import PageGrounding, PageText
 
 BLANK_PAGE = "(blank page)"  # what the default prompt asks for, and what the offline engine answers, on a blank page
 
@@ -44,12 +53,17 @@ class Flag(StrEnum):
     EMPTY = "empty"
     BLANK_RENDER = "blank_render"
     TRUNCATED = "truncated"
-    TEXT_LAYER_MISMATCH = "text_layer_mismatch"
+    UNGROUNDED = "ungrounded"
+    MISSED_TEXT = "missed_text"
+    TEXT_LAYER_MISMATCH = "text_layer_mismatch"  # retired: read in older pages' flags, never raised
     LOW_CONFIDENCE = "low_confidence"
     ROTATED = "rotated"
 
 
-HARD_FLAGS = frozenset({Flag.REPETITION, Flag.REFUSAL, Flag.EMPTY, Flag.BLANK_RENDER, Flag.TRUNCATED})
+HARD_FLAGS = frozenset(
+    {Flag.REPETITION, Flag.REFUSAL, Flag.EMPTY, Flag.BLANK_RENDER, Flag.TRUNCATED, Flag.UNGROUNDED, Flag.MISSED_TEXT}
+)
+RETIRED_FLAGS = frozenset({Flag.TEXT_LAYER_MISMATCH})
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,8 @@ class Thresholds:
     refusal: float = 0.5
     ink: float = 0.002
     blank_render: float = 0.00001
-    text_layer_recall: float = 0.5
+    ungrounded: float = 0.02
+    missed_text: float = 0.05
     low_confidence: float = 0.8
 
 
@@ -103,6 +118,7 @@ class PageEvidence:
     ink: float  # share of dark pixels: a page with ink has something to transcribe
     text_layer: str = ""  # a PDF page's own visible text, cleaned; empty for images and scans
     rotation: int = 0  # degrees the page image was turned clockwise before it was sent
+    words: PageText | None = None  # the page's own positioned text, to ground the answer to (None: nothing to)
 
 
 # --- cleaning ---------------------------------------------------------------------------------------------------------
@@ -322,9 +338,15 @@ class Answer:
 
 
 def check_answer(
-    answer: Answer, page: PageEvidence, thresholds: Thresholds, *, max_output_tokens: int
+    answer: Answer,
+    page: PageEvidence,
+    thresholds: Thresholds,
+    *,
+    max_output_tokens: int,
+    grounding: PageGrounding | None = None,
 ) -> list[PageFlag]:
-    """Every flag the answer raises, hard ones first, in the vocabulary's order."""
+    """Every flag the answer raises, hard ones first, in the vocabulary's order. ``grounding``: the answer aligned to
+    the page's own text (:func:`ground`), where the page has some."""
     flags: list[PageFlag] = []
     if answer.finish_reason == "length":
         flags.append(
@@ -338,15 +360,25 @@ def check_answer(
         flags.append(PageFlag(Flag.REFUSAL, round(refused, 4), thresholds.refusal))
     if not has_text(answer.text) and page.ink >= thresholds.ink:
         flags.append(PageFlag(Flag.EMPTY, round(page.ink, 6), thresholds.ink))
-    if usable_text_layer(page.text_layer) and has_text(answer.text):
-        recall, _ = recall_precision(page.text_layer, answer.text)
-        if recall < thresholds.text_layer_recall:
-            flags.append(PageFlag(Flag.TEXT_LAYER_MISMATCH, round(recall, 4), thresholds.text_layer_recall))
+    if grounding is not None and has_text(answer.text):
+        if grounding.ungrounded > thresholds.ungrounded:
+            flags.append(PageFlag(Flag.UNGROUNDED, round(grounding.ungrounded, 4), thresholds.ungrounded))
+        if grounding.missed_text > thresholds.missed_text:
+            flags.append(PageFlag(Flag.MISSED_TEXT, round(grounding.missed_text, 4), thresholds.missed_text))
     if answer.confidence is not None and answer.confidence < thresholds.low_confidence:
         flags.append(PageFlag(Flag.LOW_CONFIDENCE, round(answer.confidence, 4), thresholds.low_confidence))
     if page.rotation:
         flags.append(rotated(page.rotation))
     return merge_flags([], flags)
+
+
+def ground(answer: str, page: PageText) -> PageGrounding:
+    """The answer's blocks aligned to the page's own positioned text: each block's box, the unsupported and missed
+    text that ``ungrounded`` and ``missed_text`` measure."""
+    from pagescribe.blocks import parse_blocks
+    from pagescribe.grounding import align
+
+    return align(parse_blocks(answer), page)
 
 
 def rotated(angle: int) -> PageFlag:

@@ -71,10 +71,11 @@ INSERT_DOCUMENT = """
 
 INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
-                           prompt, filename, requested_pages, callback_url, tenant_id, reuse, max_cost_usd)
+                           prompt, filename, requested_pages, callback_url, tenant_id, reuse, max_cost_usd,
+                           second_read)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
             %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s,
-            %(max_cost_usd)s)
+            %(max_cost_usd)s, %(second_read)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -153,11 +154,11 @@ CLAIM_NEXT_QUEUED_JOBS = (
 _RECORD_ATTEMPT = """
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
-                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence)
+                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence, second_read)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
-               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s
+               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(second_read)s
         WHERE %(called)s
     ),
     counted AS (
@@ -178,6 +179,7 @@ _ANSWER_COLUMNS = (
     "provider_request_id",
     "latency_ms",
     "confidence",
+    "grounding",
 )
 
 # The end of a page, written by the holder of the current lease only. A write that carries an answer replaces the
@@ -456,7 +458,7 @@ GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id, reuse,
-           reused_from, max_cost_usd,
+           reused_from, max_cost_usd, second_read,
            (SELECT daily_budget_usd FROM tenants WHERE tenants.id = documents.tenant_id) AS tenant_daily_budget_usd
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
@@ -583,7 +585,7 @@ PAGE_IMAGE = """
 LOAD_PAGES = """
     SELECT j.page_number, j.status, j.attempts, j.result_text, j.finish_reason, j.error, j.prompt_tokens,
            j.completion_tokens, j.cost, j.model, j.provider, j.provider_request_id, j.flags, j.escalation,
-           j.confidence, c.revision AS corrected_revision, c.markdown AS corrected_markdown,
+           j.confidence, j.grounding, c.revision AS corrected_revision, c.markdown AS corrected_markdown,
            c.created_at AS corrected_at
     FROM jobs j
     LEFT JOIN LATERAL (
@@ -599,7 +601,7 @@ LOAD_PAGES = """
 LOAD_ATTEMPTS = """
     SELECT j.page_number, a.claim, a.outcome, a.model, a.provider, a.finish_reason, a.prompt_tokens,
            a.completion_tokens, a.cost, a.latency_ms, a.provider_request_id, a.flags, a.confidence, a.status_code,
-           a.error
+           a.error, a.second_read
     FROM attempts a JOIN jobs j ON j.id = a.job_id
     WHERE a.document_id = %(document_id)s
     ORDER BY j.page_number, a.id
@@ -795,9 +797,9 @@ FIND_REUSABLE_DOCUMENT = """
 # A reused document's pages: the donor's answers and flags, COMPLETED, with no attempt and nothing spent.
 COPY_JOBS = """
     INSERT INTO jobs (document_id, page_number, status, result_text, finish_reason, prompt_tokens, completion_tokens,
-                      cost, model, provider, flags, confidence, escalation, completed_at)
+                      cost, model, provider, flags, confidence, grounding, escalation, completed_at)
     SELECT %(document_id)s, j.page_number, 'COMPLETED', j.result_text, j.finish_reason, 0, 0, 0, j.model, j.provider,
-           j.flags, j.confidence, j.escalation, now()
+           j.flags, j.confidence, j.grounding, j.escalation, now()
     FROM jobs j WHERE j.document_id = %(donor_id)s AND j.page_number = ANY(CAST(%(pages)s AS integer[]))
     RETURNING id, page_number
     """
@@ -921,6 +923,8 @@ def fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutc
         "provider_request_id": outcome.provider_request_id,
         "latency_ms": outcome.latency_ms,
         "confidence": outcome.confidence,
+        "grounding": Jsonb(outcome.grounding) if outcome.grounding is not None else None,
+        "second_read": Jsonb(outcome.second_read) if outcome.second_read is not None else None,
         "flags": Jsonb(list(outcome.page_flags if outcome.page_flags is not None else outcome.flags)),
         "attempt_flags": Jsonb(list(outcome.flags)),
     }
@@ -958,6 +962,7 @@ def _document(row: Any) -> DocumentRecord:
         reused_from=str(row.reused_from) if row.reused_from else None,
         max_cost_usd=_float(row.max_cost_usd),
         tenant_daily_budget_usd=_float(row.tenant_daily_budget_usd),
+        second_read=row.second_read,
     )
 
 
@@ -984,6 +989,7 @@ def _pages(rows: Sequence[Any]) -> list[PageRecord]:
                 if r.corrected_revision is not None
                 else None
             ),
+            grounding=r.grounding,
         )
         for r in rows
     ]
@@ -1007,6 +1013,7 @@ def _attempts(rows: Sequence[Any]) -> list[AttemptRecord]:
             confidence=r.confidence,
             status_code=r.status_code,
             error=r.error,
+            second_read=r.second_read,
         )
         for r in rows
     ]
@@ -1152,6 +1159,7 @@ class Database:
                 "tenant_id": pending.tenant_id,
                 "reuse": pending.reuse,
                 "max_cost_usd": pending.max_cost_usd,
+                "second_read": pending.second_read,
             },
         )
 

@@ -124,6 +124,7 @@ class DocumentRecord(NamedTuple):
     reused_from: str | None = None  # the document whose pages this one's are, copied without a model call
     max_cost_usd: float | None = None  # what its model calls may cost in all; pages beyond it end SKIPPED
     tenant_daily_budget_usd: float | None = None  # its tenant's own daily budget, as it was when the record was read
+    second_read: str | None = None  # auto, always or off: its pages' second reads (None: the stack's SECOND_READ)
 
 
 class PendingDocument(NamedTuple):
@@ -141,6 +142,7 @@ class PendingDocument(NamedTuple):
     tenant_id: str = DEFAULT_TENANT
     reuse: bool = True
     max_cost_usd: float | None = None
+    second_read: str | None = None  # auto, always or off; None: the stack's SECOND_READ
 
 
 class PageSummary(NamedTuple):
@@ -252,6 +254,7 @@ class PageRecord(NamedTuple):
     escalation: str | None = None
     confidence: float | None = None  # the offline engine's mean recognition confidence of the kept answer
     correction: PageCorrection | None = None  # the latest correction made after the page's latest answer
+    grounding: dict[str, Any] | None = None  # the kept answer aligned to the page's own text, where it could be
 
     @property
     def current_text(self) -> str | None:
@@ -277,6 +280,7 @@ class AttemptRecord(NamedTuple):
     confidence: float | None = None
     status_code: int | None = None  # a failed call's HTTP status
     error: str | None = None  # a failed call's error
+    second_read: dict[str, Any] | None = None  # the offline engine's read of the page during the call, or why none
 
 
 class DocumentProgress(NamedTuple):
@@ -313,6 +317,8 @@ class PageOutcome(NamedTuple):
     called: bool = True
     page_flags: tuple[dict[str, Any], ...] | None = None  # the page's, when more than the answer's (an escalation)
     confidence: float | None = None  # an OCR engine's mean recognition confidence
+    grounding: dict[str, Any] | None = None  # the answer aligned to the page's own text (pagescribe.grounding)
+    second_read: dict[str, Any] | None = None  # what the offline engine read of the page meanwhile, or why not
 
 
 NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None, called=False)

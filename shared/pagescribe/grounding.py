@@ -70,10 +70,10 @@ import itertools
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rapidfuzz import fuzz, process
 from rapidfuzz.distance import Indel
@@ -196,6 +196,7 @@ class Span:
     start: int
     end: int
     text: str
+    counts: bool = False  # long enough to count towards ``ungrounded`` (MIN_UNSUPPORTED_*): not a misread word
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ class MissedRegion:
     text: str
     box: Box
     chars: int  # letters and digits
+    counts: bool = False  # long enough to count towards ``missed_text`` (MIN_MISSED_WORDS): not a stray mark
 
 
 @dataclass(frozen=True)
@@ -879,10 +881,10 @@ def _block_grounding(block: GroundedText, words: _Words, evidence: _Evidence) ->
     unsupported, counted = [], 0
     for run in words.runs(by_cell=False):
         start, end = words.spans[run[0]][0], words.spans[run[-1]][1]
-        unsupported.append(Span(start, end, block.plain[start:end]))
         chars = sum(len(words.keys[index]) for index in run)
-        if len(run) >= MIN_UNSUPPORTED_WORDS or chars >= MIN_UNSUPPORTED_CHARS:
-            counted += chars
+        counts = len(run) >= MIN_UNSUPPORTED_WORDS or chars >= MIN_UNSUPPORTED_CHARS
+        unsupported.append(Span(start, end, block.plain[start:end], counts))
+        counted += chars if counts else 0
     cells = tuple(
         (
             cell.row,
@@ -908,9 +910,9 @@ def _missed(evidence: _Evidence) -> tuple[list[MissedRegion], int]:
         chars = sum(chars for _, chars in run)
         box = _union(word.box for word, _ in run)
         assert box is not None  # a run has a word
-        regions.append(MissedRegion(" ".join(word.text for word, _ in run), box, chars))
-        if len(run) >= MIN_MISSED_WORDS:
-            counted += chars
+        counts = len(run) >= MIN_MISSED_WORDS
+        regions.append(MissedRegion(" ".join(word.text for word, _ in run), box, chars, counts))
+        counted += chars if counts else 0
     return regions, counted
 
 
@@ -933,3 +935,53 @@ def _untaken_runs(evidence: _Evidence) -> Iterator[list[tuple[EvidenceWord, int]
             run.append((word, count))
     if run:
         yield run
+
+
+# --- stored and shown ---------------------------------------------------------------------------------------------
+
+
+def evidence_as_json(page: PageText) -> dict[str, Any]:
+    """The evidence as JSON (from a render process to the function): its words as ``[text, x0, y0, x1, y1, line]``."""
+    return {
+        "source": page.source.value,
+        "width": page.width,
+        "height": page.height,
+        "points_per_pixel": page.points_per_pixel,
+        "words": [[word.text, *word.box.as_list(2), word.line] for word in page.words],
+    }
+
+
+def evidence_from_json(data: Mapping[str, Any]) -> PageText:
+    words = tuple(EvidenceWord(text, Box(x0, y0, x1, y1), line) for text, x0, y0, x1, y1, line in data["words"])
+    return PageText(
+        GroundingSource(data["source"]), words, int(data["width"]), int(data["height"]), data["points_per_pixel"]
+    )
+
+
+def grounding_record(result: PageGrounding, page: PageText) -> dict[str, Any]:
+    """What is kept with the page's answer (``jobs.grounding``) and shown in its JSON transcript: the source, the
+    image the boxes are in, the page's shares, each block's box and grounding by its id, the unsupported runs that
+    count (offsets in the block's ``plain``) and the missed regions that count. Boxes are ``[x0, y0, x1, y1]`` in the
+    image's pixels."""
+    return {
+        "source": result.source.value,
+        "image": {"width": page.width, "height": page.height, "points_per_pixel": page.points_per_pixel},
+        "grounding": round(result.grounding, 4),
+        "ungrounded": round(result.ungrounded, 4),
+        "missed_text": round(result.missed_text, 4),
+        "blocks": {block.block_id: _block_record(block) for block in result.blocks},
+        "missed": [
+            {"text": region.text, "bbox": region.box.as_list(), "chars": region.chars}
+            for region in result.missed
+            if region.counts
+        ],
+    }
+
+
+def _block_record(block: BlockGrounding) -> dict[str, Any]:
+    return {
+        "bbox": block.bbox.as_list() if block.bbox is not None else None,
+        "grounding": round(block.grounding, 4) if block.grounding is not None else None,
+        "unsupported": [[span.start, span.end] for span in block.unsupported if span.counts],
+        "cells": [[row, col, box.as_list() if box is not None else None] for row, col, box in block.cells],
+    }

@@ -28,9 +28,11 @@ import sys
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
+from pagescribe.layout import TextBox
 from pagescribe.sources import (
     DocumentInfo,
     DocumentKind,
@@ -42,6 +44,9 @@ from pagescribe.sources import (
     render_page,
 )
 
+if TYPE_CHECKING:
+    from pagescribe.grounding import PageText
+
 # The pool's sizes and limits come from the settings (RENDER_WORKERS, RENDER_MEMORY_LIMIT_MB, RENDER_TIMEOUT_SECONDS),
 # their only source of defaults.
 MIN_RENDER_MEMORY_LIMIT_MB = 128  # below this an idle worker has too little room left to render anything
@@ -50,7 +55,24 @@ _FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
 _MAX_META_BYTES = 16 << 20
 _MAX_BLOB_BYTES = 1 << 30
 # what RenderedPage says of the page besides its pixels
-_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation", "laid_out_text")
+_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation", "laid_out_text", "points_per_pixel")
+
+
+@dataclass(frozen=True)
+class SecondRead:
+    """What the offline engine read of a page image in a render process."""
+
+    lines: tuple[TextBox, ...]  # in pixels of the image
+    confidence: float | None  # the lines' mean recognition confidence
+    cpu_seconds: float  # the read's CPU time
+
+
+def _evidence(words: dict[str, Any] | None) -> PageText | None:
+    if words is None:
+        return None
+    from pagescribe.grounding import evidence_from_json
+
+    return evidence_from_json(words)
 
 
 class RenderWorkerError(RuntimeError):
@@ -100,7 +122,9 @@ def _limit_memory(memory_limit_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, core_hard))  # an abort() under the limit must not dump a core
 
 
-def _handle(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+    if request["op"] == "read":
+        return {"ok": _read(blob, request["language"])}, b""
     path = Path(request["path"])
     if request["op"] == "render":
         page = render_page(
@@ -116,7 +140,9 @@ def _handle(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
             blank_below=request["blank_below"],
         )
         seen = {field: getattr(page, field) for field in _SEEN_FIELDS}
-        return {"ok": {"media_type": page.media_type, "width": page.width, "height": page.height, **seen}}, page.data
+        words = _words(path, request) if request.get("words") and _usable(page.text_layer) else None
+        size = {"media_type": page.media_type, "width": page.width, "height": page.height}
+        return {"ok": {**size, **seen, "words": words}}, page.data
     if request["op"] == "text":
         layer = read_text_layer(path, request["page_number"])
         return {"ok": {"text": layer.text, "laid_out": layer.laid_out}}, b""
@@ -126,9 +152,42 @@ def _handle(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     raise ValueError(f"unknown request {request['op']!r}")
 
 
-def serve(reply_fd: int, memory_limit_mb: int) -> int:
-    """The worker loop: one request at a time from stdin, one reply each on ``reply_fd``, until stdin closes."""
+def _usable(text_layer: str) -> bool:
+    from pagescribe.checks import usable_text_layer
+
+    return usable_text_layer(text_layer)
+
+
+def _words(path: Path, request: dict[str, Any]) -> dict[str, Any]:
+    """A born-digital page's words placed on its render: the evidence its answer is grounded to."""
+    from pagescribe.grounding import evidence_as_json
+    from pagescribe.sources import text_layer_words
+
+    words = text_layer_words(path, request["page_number"], dpi=request["dpi"], max_long_edge=request["max_long_edge"])
+    return evidence_as_json(words)
+
+
+def _read(image: bytes, language: str) -> dict[str, Any]:
+    """The second read of a page image by the offline engine: its lines (text, box, score), their mean confidence,
+    and the CPU time it took (the whole process's: the engine's threads too)."""
+    from pagescribe.layout import mean_confidence
+    from pagescribe.providers.offline import read_lines
+
+    started = time.process_time()
+    lines = read_lines(image, language)
+    return {
+        "lines": [[line.text, line.left, line.top, line.right, line.bottom, line.score] for line in lines],
+        "confidence": mean_confidence(lines),
+        "cpu_seconds": round(time.process_time() - started, 3),
+    }
+
+
+def serve(reply_fd: int, memory_limit_mb: int, niceness: int = 0) -> int:
+    """The worker loop: one request at a time from stdin, one reply each on ``reply_fd``, until stdin closes. A
+    worker with a ``niceness`` runs at that lower priority: it takes only the CPU the rest of the function leaves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes or kills the workers
+    if niceness:
+        os.nice(niceness)
     requests = sys.stdin.buffer
     with os.fdopen(reply_fd, "wb") as replies:
         try:
@@ -140,7 +199,7 @@ def serve(reply_fd: int, memory_limit_mb: int) -> int:
         replies.flush()
         while (frame := _read_frame_blocking(requests)) is not None:
             try:
-                reply = _handle(frame[0])
+                reply = _handle(*frame)
             except InvalidDocumentError as exc:
                 reply = {"invalid": exc.reason}, b""
             except MemoryError:
@@ -187,12 +246,13 @@ def _child_stdout() -> int:
 class _Worker:
     """One worker process and its pipes. Only the thread holding it reads or writes; ``kill`` may come from any."""
 
-    def __init__(self, memory_limit_mb: int) -> None:
+    def __init__(self, memory_limit_mb: int, niceness: int = 0) -> None:
         reply_read, reply_write = os.pipe()
         try:
             env = {**os.environ, "PYTHONPATH": _child_path()}
             self.process = subprocess.Popen(  # noqa: S603 (our own interpreter and module; no shell, no user input)
-                [sys.executable, "-P", "-m", "pagescribe.rendering", str(reply_write), str(memory_limit_mb)],
+                [sys.executable, "-P", "-m", "pagescribe.rendering", str(reply_write), str(memory_limit_mb)]
+                + ([str(niceness)] if niceness else []),
                 stdin=subprocess.PIPE,
                 stdout=_child_stdout(),
                 pass_fds=(reply_write,),
@@ -215,10 +275,11 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def send(self, request: dict[str, Any]) -> None:
+    def send(self, request: dict[str, Any], blob: bytes = b"") -> None:
         assert self.process.stdin is not None
         try:
-            self.process.stdin.write(_encode_frame(request))  # a request is a few hundred bytes: it never blocks
+            # a request is a few hundred bytes, or an image the idle worker reads at once: it never blocks for long
+            self.process.stdin.write(_encode_frame(request, blob))
         except (BrokenPipeError, ValueError) as exc:
             raise _WorkerGone from exc
 
@@ -287,6 +348,7 @@ class RenderPool:
         timeout_seconds: float,
         *,
         startup_timeout_seconds: float = _STARTUP_TIMEOUT_SECONDS,
+        niceness: int = 0,
     ) -> None:
         if workers < 1:
             raise ValueError(f"RENDER_WORKERS must be at least 1, not {workers}")
@@ -299,6 +361,7 @@ class RenderPool:
         self.workers = workers
         self.memory_limit_mb = memory_limit_mb
         self.timeout_seconds = timeout_seconds
+        self.niceness = niceness  # the workers' lower priority (the second read's: it must not slow the pages down)
         self._startup_timeout = startup_timeout_seconds
         self._changed = threading.Condition()
         self._idle: list[_Worker] = []
@@ -328,8 +391,10 @@ class RenderPool:
         jpeg_quality: int = 85,
         orient: bool = True,
         blank_below: float = 0.0,
+        words: bool = False,
     ) -> RenderedPage:
-        """sources.render_page in a worker; InvalidDocumentError for a page that can never render."""
+        """sources.render_page in a worker; InvalidDocumentError for a page that can never render. With ``words``, a
+        page with a usable text layer comes with its words placed on the image (the evidence to ground to)."""
         request = {
             "op": "render",
             "path": os.fspath(path),
@@ -342,6 +407,7 @@ class RenderPool:
             "max_image_pixels": max_image_pixels,
             "orient": orient,
             "blank_below": blank_below,
+            "words": words,
         }
         result, data = await self._request(request, f"page {page_number} could not be rendered")
         return RenderedPage(
@@ -350,7 +416,26 @@ class RenderPool:
             int(result["width"]),
             int(result["height"]),
             **{field: result[field] for field in _SEEN_FIELDS},
+            words=_evidence(result.get("words")),
         )
+
+    def busy(self) -> bool:
+        """Every worker is taken (by a request of this loop, or one it let go of that a worker still works on), and
+        no other may start: a new request would wait."""
+        with self._changed:
+            return not self._idle and len(self._all) + self._starting >= self.workers
+
+    async def second_read(self, image: bytes, *, language: str, timeout_seconds: float) -> SecondRead:
+        """The offline engine's read of a page image in a worker (the engine loads on a worker's first read),
+        within ``timeout_seconds`` (the worker's deadline: a process cannot be cancelled, it is killed);
+        InvalidDocumentError when it runs out of time or memory."""
+        request = {"op": "read", "language": language}
+        result, _ = await self._request(request, "the second read failed", blob=image, limit_seconds=timeout_seconds)
+        lines = tuple(
+            TextBox(text, left=left, top=top, bottom=bottom, score=score, right=right)
+            for text, left, top, right, bottom, score in result["lines"]
+        )
+        return SecondRead(lines, result["confidence"], float(result["cpu_seconds"]))
 
     async def text_layer(self, path: Path, page_number: int) -> TextLayer:
         """sources.read_text_layer in a worker (loading a page parses its content, so it can be a bomb too)."""
@@ -410,21 +495,28 @@ class RenderPool:
             self._slots, self._slots_loop = asyncio.Semaphore(self.workers), loop
         return self._slots
 
-    async def _request(self, request: dict[str, Any], failure: str) -> tuple[dict[str, Any], bytes]:
+    async def _request(
+        self, request: dict[str, Any], failure: str, *, blob: bytes = b"", limit_seconds: float | None = None
+    ) -> tuple[dict[str, Any], bytes]:
+        """The worker's reply, within ``limit_seconds`` (at most the pool's own limit): the worker is a process, so
+        the limit is the reply's deadline, and a worker that misses it is killed."""
         async with self._slot():
-            return await asyncio.to_thread(self._exchange, request, failure)
+            return await asyncio.to_thread(self._exchange, request, failure, blob, limit_seconds)
 
-    def _exchange(self, request: dict[str, Any], failure: str) -> tuple[dict[str, Any], bytes]:
-        request = {**request, "path": os.path.abspath(request["path"])}  # the worker's working directory may differ
+    def _exchange(
+        self, request: dict[str, Any], failure: str, blob: bytes = b"", limit_seconds: float | None = None
+    ) -> tuple[dict[str, Any], bytes]:
+        if "path" in request:  # the worker's working directory may differ
+            request = {**request, "path": os.path.abspath(request["path"])}
+        limit = self.timeout_seconds if limit_seconds is None else min(limit_seconds, self.timeout_seconds)
         worker = self._checkout()
         try:
-            worker.send(request)
-            reply, blob = worker.receive(time.monotonic() + self.timeout_seconds)
+            worker.send(request, blob)
+            reply, data = worker.receive(time.monotonic() + limit)
         except _WorkerTimedOut:
             self._discard(worker)
-            raise InvalidDocumentError(
-                f"{failure}: it took longer than RENDER_TIMEOUT_SECONDS={self.timeout_seconds:g}"
-            ) from None
+            named = f"RENDER_TIMEOUT_SECONDS={limit:g}" if limit == self.timeout_seconds else f"the {limit:g} s left"
+            raise InvalidDocumentError(f"{failure}: it took longer than {named}") from None
         except _WorkerGone:
             returncode = self._discard(worker)
             if self._closed:
@@ -441,13 +533,14 @@ class RenderPool:
             raise InvalidDocumentError(
                 f"{failure} within RENDER_MEMORY_LIMIT_MB={self.memory_limit_mb} (the renderer ran out of memory)"
             )
+        if "error" in reply:  # a worker whose library failed unexpectedly (onnxruntime's bad_alloc) is not trusted
+            self._discard(worker)
+            raise RenderWorkerError(f"{failure}: the renderer failed unexpectedly: {reply['error']}")
         self._checkin(worker)
         if "invalid" in reply:
             raise InvalidDocumentError(str(reply["invalid"]))
-        if "error" in reply:
-            raise RenderWorkerError(f"{failure}: the renderer failed unexpectedly: {reply['error']}")
         result: dict[str, Any] = reply["ok"]
-        return result, blob
+        return result, data
 
     def _checkout(self) -> _Worker:
         with self._changed:
@@ -479,7 +572,7 @@ class RenderPool:
 
     def _start(self) -> _Worker:
         try:
-            worker = _Worker(self.memory_limit_mb)
+            worker = _Worker(self.memory_limit_mb, self.niceness)
         except OSError as exc:
             raise RenderWorkerError(f"a render worker could not be started: {exc}") from exc
         try:
@@ -515,4 +608,4 @@ class RenderPool:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2])))
+    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2]), *(int(arg) for arg in sys.argv[3:4])))

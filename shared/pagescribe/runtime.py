@@ -40,12 +40,15 @@ if TYPE_CHECKING:
     from pagescribe.ingestion import Ingestor
     from pagescribe.providers.base import TranscriptionProvider
     from pagescribe.rendering import RenderPool
+    from pagescribe.secondread import SecondReader
     from pagescribe.service import DocumentService
     from pagescribe.sweeping import Sweeper
     from pagescribe.tenancy import KeyRing
     from pagescribe.transcription import SourceCache, Transcriber
 
 log = logging.getLogger(__name__)
+
+READ_NICENESS = 10  # the second read runs below the function's own work: it takes only the CPU that would sit idle
 
 T = TypeVar("T")
 
@@ -175,8 +178,32 @@ class Runtime:
     def transcriber(self) -> Transcriber:
         from pagescribe.transcription import Transcriber
 
-        return Transcriber(
-            self.settings, self.db, self.queue, self.provider, self.sources, self.renderer, self.transcripts
+        built = (self.db, self.queue, self.provider, self.sources, self.renderer, self.transcripts, self.reader)
+        return Transcriber(self.settings, *built)
+
+    @cached_property
+    def reader(self) -> SecondReader:
+        """Second reads of pages, in a render process of their own (started on the first read): a read never holds
+        up a page's render."""
+        from pagescribe.secondread import SecondReader
+
+        settings = self.settings
+        return SecondReader(
+            lambda: self.reading_pool,
+            language=settings.ocr_language,
+            result_reserve=settings.result_reserve_seconds,
+        )
+
+    @cached_property
+    def reading_pool(self) -> RenderPool:
+        from pagescribe.rendering import RenderPool
+
+        settings = self.settings
+        return RenderPool(
+            workers=1,
+            memory_limit_mb=settings.second_read_memory_limit_mb,
+            timeout_seconds=TimeBudget.from_settings(settings).render_timeout,
+            niceness=READ_NICENESS,
         )
 
     @cached_property
@@ -232,6 +259,8 @@ class Runtime:
             self.sources.close()
         if "renderer" in built:
             self.renderer.close()
+        if "reading_pool" in built:
+            self.reading_pool.close()
         if not self.loop.is_running():
             self.loop.close()
 

@@ -96,8 +96,19 @@ class Settings(BaseSettings):
     flag_blank_render_threshold: float = Field(
         default=0.00001, ge=0, le=1, description="blank_render: a render with less than this share of marked pixels."
     )
-    flag_text_layer_recall_threshold: float = Field(
-        default=0.5, ge=0, le=1, description="text_layer_mismatch: word recall against the text layer below this."
+    flag_ungrounded_threshold: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="ungrounded: more than this share of the answer's characters in runs of words that nothing on the "
+        "page (its text layer, or the second read) supports.",
+    )
+    flag_missed_text_threshold: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="missed_text: more than this share of the page's own text (text layer or second read) in runs "
+        "of words the answer leaves out.",
     )
     flag_low_confidence_threshold: float = Field(
         default=0.8, ge=0, le=1, description="low_confidence: the offline engine's mean confidence below this."
@@ -230,6 +241,19 @@ class Settings(BaseSettings):
         default="fallback",
         description="What a PDF page's own text layer may stand in for. fallback: a page whose render is blank; auto: "
         "every page with a usable one (no model call); off: nothing (it is still checked against).",
+    )
+    second_read: Literal["auto", "always", "off"] = Field(
+        default="auto",
+        description="A page without a usable text layer is read a second time by the offline engine, in a render "
+        "process, while its model call is in flight, to ground the answer to. auto: when a render process is free "
+        "as the call starts, and for no longer than the call itself takes; always: whenever the page's time budget "
+        "allows; off: never. A page that goes without says why.",
+    )
+    second_read_memory_limit_mb: int = Field(
+        default=1536,
+        ge=512,
+        description="Address-space limit of the second read's process: the engine and a dense page take about "
+        "1.5 GB of address space (about 730 MB resident).",
     )
     ocr_language: str = Field(
         default="ch",

@@ -99,6 +99,8 @@ class RenderedPage:
     text_layer: str = ""  # PDF: the text on the visible page (its crop box), non-characters removed
     rotation: int = 0  # degrees the image was turned clockwise to read upright
     laid_out_text: str = ""  # PDF, when it draws but renders blank: its text layer in reading order, to stand in for it
+    words: PageText | None = None  # PDF, when asked for and usable: its text layer's words placed on the image
+    points_per_pixel: float | None = None  # PDF, not turned: the page's points per pixel of the image (for boxes)
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,7 @@ class PageSeen:
     draws: bool = False
     text_layer: str = ""
     laid_out_text: str = ""
+    points_per_pixel: float | None = None
 
 
 _INK_SAMPLE = 4  # ink is estimated from every 4th pixel of every 4th row; a page with none there is counted whole
@@ -395,6 +398,7 @@ def _encode(
         text_layer=seen.text_layer,
         rotation=seen.rotation,
         laid_out_text=seen.laid_out_text,
+        points_per_pixel=seen.points_per_pixel,
     )
 
 
@@ -581,7 +585,8 @@ def render_page(
                 image, seen = _look(rendered, orient=orient and not _usable(text))
                 draws = seen.marked < blank_below and _draws_visibly(page)
                 laid_out = _laid_out_text(page) if draws else ""
-                seen = replace(seen, text_layer=text, draws=draws, laid_out_text=laid_out)
+                points = None if seen.rotation else 1 / _pdf_scale(page.get_size(), dpi, max_long_edge)
+                seen = replace(seen, text_layer=text, draws=draws, laid_out_text=laid_out, points_per_pixel=points)
                 return _encode(image, image_format, jpeg_quality, seen)
     with _open_image(path, kind) as source:
         frames = _frame_count(source, max(page_number, 1))  # walked only as far as the page: None when past it

@@ -14,7 +14,7 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
@@ -27,6 +27,7 @@ from pagescribe.checks import (
     check_answer,
     clean_answer,
     describe_flags,
+    ground,
     hard_flags,
     merge_flags,
     usable_text_layer,
@@ -53,10 +54,14 @@ from pagescribe.providers.base import (
     TranscriptionProvider,
     TranscriptionRequest,
 )
-from pagescribe.rendering import RenderPool
+from pagescribe.rendering import RenderPool, RenderWorkerError
+from pagescribe.secondread import PendingRead, SecondReader
 from pagescribe.settings import Settings
 from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage
 from pagescribe.timebudget import TimeBudget
+
+if TYPE_CHECKING:  # grounding (rapidfuzz, markdown-it) is loaded by the first answer grounded
+    from pagescribe.grounding import PageGrounding
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,8 @@ def thresholds(settings: Settings) -> Thresholds:
         refusal=settings.flag_refusal_threshold,
         ink=settings.flag_ink_threshold,
         blank_render=settings.flag_blank_render_threshold,
-        text_layer_recall=settings.flag_text_layer_recall_threshold,
+        ungrounded=settings.flag_ungrounded_threshold,
+        missed_text=settings.flag_missed_text_threshold,
         low_confidence=settings.flag_low_confidence_threshold,
     )
 
@@ -104,6 +110,8 @@ _WHY = {
     Flag.REFUSAL: "the model apologised or refused instead of transcribing",
     Flag.EMPTY: "no text from a page that has ink",
     Flag.BLANK_RENDER: "the page rendered blank although it draws text or paths (missing fonts, or a render failure)",
+    Flag.UNGROUNDED: "the answer holds text that nothing on the page supports (invented text)",
+    Flag.MISSED_TEXT: "the answer leaves out text that is on the page (dropped regions)",
 }
 
 
@@ -252,6 +260,31 @@ def _text_layer_outcome(text: str, flags: list[PageFlag]) -> PageOutcome:
     )
 
 
+def _grounding_kept(
+    grounding: PageGrounding | None, evidence: PageEvidence, read: dict[str, Any]
+) -> dict[str, Any] | None:
+    """What is kept of the answer's grounding: the grounding, or why the page had nothing to ground it to."""
+    if grounding is not None and evidence.words is not None:
+        from pagescribe.grounding import grounding_record
+
+        return grounding_record(grounding, evidence.words)
+    if "skipped" in read:
+        return {"source": None, "skipped": f"no second read: {read['skipped']}"}
+    return None
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A rendered page as its answers are checked: what the renderer saw, and its second read, on its way (None when
+    the page has its own words, or the offline engine reads it, or reads are off)."""
+
+    rendered: RenderedPage
+    evidence: PageEvidence
+    reading: PendingRead | None
+    mode: str  # the page's SECOND_READ
+    remaining_seconds: Callable[[], float]
+
+
 @dataclass(frozen=True)
 class _Asked:
     """What a claimed page is asked of: the model, the flags it escalated with, and what the gates granted."""
@@ -284,6 +317,7 @@ class Transcriber:
         sources: SourceCache,
         renderer: RenderPool,
         transcripts: TranscriptWriter,
+        reader: SecondReader,
     ) -> None:
         self._settings = settings
         self._db = db
@@ -292,6 +326,7 @@ class Transcriber:
         self._sources = sources
         self._renderer = renderer
         self._transcripts = transcripts
+        self._reader = reader
         self._thresholds = thresholds(settings)
         self._governor = RateGovernor(settings, db, provider.name)
         self._time = TimeBudget.from_settings(settings)
@@ -331,12 +366,17 @@ class Transcriber:
             return await self._fail(ctx, f"the page could not be rendered: {exc.reason}")
         except ObjectMissingError as exc:
             return await self._fail(ctx, f"the source document is gone: {exc}")
+        except RenderWorkerError as exc:  # the render processes', not the page's: another attempt may get a working one
+            return await self._retry(ctx, str(exc), None)
         except ProviderError as exc:
             if not exc.retryable:
                 return await self._fail(ctx, exc.args[0])
             if exc.status_code == 429 and self._governor.enabled:  # paused for everyone: the page waits its turn
                 return await self._defer(ctx, Admission(exc.retry_after or 0.0, why=exc.args[0]))
             return await self._retry(ctx, exc.args[0], retry_after=exc.retry_after)
+        except Exception:  # the page's message goes back to the queue, its lease to the sweeper: say why, with its ids
+            log.exception("page failed unexpectedly; its message will be delivered again", extra=ctx.log_extra)
+            raise
 
     async def _transcribe_claimed(self, ctx: _Context, remaining_seconds: Callable[[], float]) -> PageResult:
         settings, job, document = self._settings, ctx.job, ctx.document
@@ -366,6 +406,7 @@ class Transcriber:
                 max_image_pixels=settings.max_image_pixels,
                 orient=settings.detect_orientation,
                 blank_below=settings.flag_blank_render_threshold,
+                words=True,
             )
         keeping = asyncio.create_task(self._keep_image(ctx, rendered)) if settings.keep_page_images else None
         try:
@@ -380,17 +421,34 @@ class Transcriber:
         """The rendered page to the model (and on to the escalation model if its answer must), and its result."""
         if rendered.draws:
             return await self._blank_render(ctx, rendered)
-        evidence = PageEvidence(ink=rendered.ink, text_layer=rendered.text_layer, rotation=rendered.rotation)
         budget = self._time.call(remaining_seconds())
         if budget < self._time.min_call:
             return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
-        checked = await self._ask(ctx, rendered, evidence, asked.model, budget, asked.earlier, asked.admitted)
-        if not checked.hard:
-            return await self._complete(ctx, checked.outcome)
-        escalation_model = ctx.document.escalation_model
-        if ctx.job.escalation is not None or not escalation_model:  # escalated already, or nowhere to escalate to
-            return await self._fail(ctx, rejection(checked.flags, escalated_to=asked.escalated_to), checked.outcome)
-        return await self._escalate(ctx, rendered, evidence, checked, escalation_model, remaining_seconds)
+        seen = self._seen(ctx, rendered, remaining_seconds)
+        try:
+            checked = await self._ask(ctx, seen, asked.model, budget, asked.earlier, asked.admitted)
+            if not checked.hard:
+                return await self._complete(ctx, checked.outcome)
+            escalation_model = ctx.document.escalation_model
+            if ctx.job.escalation is not None or not escalation_model:  # escalated already, or nowhere to escalate to
+                flags, to = checked.flags, asked.escalated_to
+                return await self._fail(ctx, rejection(flags, escalated_to=to), checked.outcome)
+            return await self._escalate(ctx, seen, checked, escalation_model)
+        finally:
+            if seen.reading is not None:
+                await seen.reading.close()
+
+    def _seen(self, ctx: _Context, rendered: RenderedPage, remaining_seconds: Callable[[], float]) -> _Seen:
+        """The page as its answers are checked: its own words where it has a usable text layer; otherwise its second
+        read, started now, as its call starts (none when the offline engine itself reads the page)."""
+        evidence = PageEvidence(
+            ink=rendered.ink, text_layer=rendered.text_layer, rotation=rendered.rotation, words=rendered.words
+        )
+        mode = ctx.document.second_read or self._settings.second_read
+        reading = None
+        if rendered.words is None and not self._settings.uses_offline_provider:
+            reading = self._reader.start(rendered, mode=mode, remaining_seconds=remaining_seconds())
+        return _Seen(rendered, evidence, reading, mode, remaining_seconds)
 
     async def _keep_image(self, ctx: _Context, rendered: RenderedPage) -> None:
         """Store the image the page is sent to the model as, and note its key on the page. A page whose image could
@@ -404,15 +462,7 @@ class Transcriber:
             log.exception("the page's image could not be kept", extra=ctx.log_extra)
             count("PageImagesNotKept")
 
-    async def _escalate(
-        self,
-        ctx: _Context,
-        rendered: RenderedPage,
-        evidence: PageEvidence,
-        checked: _Checked,
-        model: str,
-        remaining_seconds: Callable[[], float],
-    ) -> PageResult:
+    async def _escalate(self, ctx: _Context, seen: _Seen, checked: _Checked, model: str) -> PageResult:
         """Ask the escalation model once for a page whose answer is hard-flagged. The escalation is recorded (with the
         flagged answer, kept as the page's text meanwhile) before the call, under the lease: a duplicate or a later
         delivery of the page finds it escalated and never escalates it again."""
@@ -424,11 +474,11 @@ class Transcriber:
         admitted = await self._admit(ctx, model)
         if isinstance(admitted, PageResult):
             return admitted
-        budget = self._time.call(remaining_seconds())
+        budget = self._time.call(seen.remaining_seconds())
         if budget < self._time.min_call:
             return await self._retry(ctx, f"escalated to {model} ({why}); only {budget:.1f} s left for its call", None)
         try:
-            escalated = await self._ask(ctx, rendered, evidence, model, budget, checked.flags, admitted)
+            escalated = await self._ask(ctx, seen, model, budget, checked.flags, admitted)
         except ProviderError as exc:
             raise ProviderError(
                 f"escalated to {model} ({why}), which failed: {exc.message}",
@@ -441,18 +491,12 @@ class Transcriber:
         return await self._fail(ctx, rejection(escalated.flags, escalated_to=model), escalated.outcome)
 
     async def _ask(
-        self,
-        ctx: _Context,
-        rendered: RenderedPage,
-        evidence: PageEvidence,
-        model: str,
-        budget: float,
-        earlier: list[PageFlag],
-        admitted: Admission,
+        self, ctx: _Context, seen: _Seen, model: str, budget: float, earlier: list[PageFlag], admitted: Admission
     ) -> _Checked:
-        """One model call for the page, its answer cleaned and checked. ``earlier``: the flags of the answer the page
-        escalated from, whose hard ones (why it escalated) stay the page's beside this answer's own. A call that
-        fails is recorded before its error goes on; a 429 pauses every environment's calls to the model."""
+        """One model call for the page, its answer cleaned, grounded and checked. ``earlier``: the flags of the answer
+        the page escalated from, whose hard ones (why it escalated) stay the page's beside this answer's own. A call
+        that fails is recorded before its error goes on; a 429 pauses every environment's calls to the model."""
+        rendered = seen.rendered
         request = TranscriptionRequest(
             image=PageImage(rendered.data, rendered.media_type),
             prompt=ctx.document.prompt or self._settings.prompt,
@@ -481,15 +525,44 @@ class Transcriber:
         count("CompletionTokens", result.completion_tokens or 0)
         count_for_model("CostUSD", ran, result.cost or 0.0)
         answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
+        evidence, read = await self._evidence(seen, result)
         if result.rotation:  # the engine turned the image it was sent: the page was turned that much more
             evidence = replace(evidence, rotation=(evidence.rotation + result.rotation) % 360)
-        flags = check_answer(answer, evidence, self._thresholds, max_output_tokens=self._settings.max_output_tokens)
+        grounding = await asyncio.to_thread(ground, answer.text, evidence.words) if evidence.words else None
+        flags = check_answer(
+            answer, evidence, self._thresholds, max_output_tokens=self._settings.max_output_tokens, grounding=grounding
+        )
         count_flags(flag.flag for flag in flags)
-        outcome = _outcome(result, self._provider.name, answer.text, flags)
+        outcome = _outcome(result, self._provider.name, answer.text, flags)._replace(
+            grounding=_grounding_kept(grounding, evidence, read), second_read=read or None
+        )
         if earlier:
             merged = merge_flags(hard_flags(earlier), flags)
             outcome = outcome._replace(page_flags=tuple(flag.as_dict() for flag in merged))
         return _Checked(outcome, flags)
+
+    async def _evidence(self, seen: _Seen, result: Transcription) -> tuple[PageEvidence, dict[str, Any]]:
+        """The page's evidence with the words to ground the answer to, where there are any, and what the page's second
+        read is recorded as with the call ({} without one)."""
+        rendered = seen.rendered
+        if seen.evidence.words is not None:
+            return seen.evidence, {}
+        if result.lines:  # the offline engine's own answer, with its own boxes
+            from pagescribe.grounding import GroundingSource, PageText, words_from_boxes
+
+            words = words_from_boxes(result.lines)
+            engine = PageText(GroundingSource.ENGINE, tuple(words), rendered.width, rendered.height, None)
+            return replace(seen.evidence, words=engine), {}
+        if seen.reading is None:
+            return seen.evidence, {}
+        wait = SecondReader.wait_seconds(
+            seen.mode,
+            call_seconds=result.latency_seconds,
+            remaining_seconds=seen.remaining_seconds(),
+            result_reserve=self._time.result_reserve,
+        )
+        read = await seen.reading.evidence(wait_seconds=wait)
+        return replace(seen.evidence, words=read.words), read.record
 
     def _record_failures(self, ctx: _Context, model: str, failures: Sequence[FailedAttempt]) -> None:
         """Record the requests of a call to ``model`` (the one that ran) that failed: each was made, and a 429 counts

@@ -21,6 +21,7 @@ from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer
 from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Ok
 from tests.support.answers import captured
 from tests.support.aws_events import LambdaContext, api_event, sqs_event, sqs_record_for_body
+from tests.support.commands import NOT_GROUNDED
 from tests.support.database import page_rows
 from tests.support.pages import drawn_row_by_row
 from tests.support.pipeline import Pipeline
@@ -66,6 +67,16 @@ def _calls(fake: FakeChatServer, pages: dict[str, int]) -> Counter[tuple[str, in
     return Counter((body["model"], pages[_digest(_image_of(body))]) for body in fake.requests)
 
 
+@pytest.fixture
+def grounded(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
+    """The pipeline with the grounding checks at their defaults: the good answers here are the pages' own text."""
+    for name in NOT_GROUNDED:
+        monkeypatch.delenv(name)
+    shutdown_runtime()
+    get_settings.cache_clear()
+    return pipeline
+
+
 def _weak_answers_on_pages_2_and_3(fake: FakeChatServer, path: Path, pages: dict[str, int]) -> None:
     """The primary model loops on page 2 and refuses page 3; every other answer is the page's own text, as a good
     model would give it."""
@@ -107,12 +118,13 @@ def four_pages(corpus: Path) -> Path:
 
 
 def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_answer(
-    pipeline: Pipeline,
+    grounded: Pipeline,
     db: Database,
     fake_provider: FakeChatServer,
     four_pages: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    pipeline = grounded
     # Given an escalation model, and a primary model that loops on page 2 and refuses page 3
     pages = _escalating_with_weak_pages(monkeypatch, fake_provider, four_pages)
     [doc] = pipeline.upload("uploads/four.pdf", four_pages)["documents"]
@@ -133,24 +145,24 @@ def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_an
     assert status["prompt_tokens"] == 6 * PROMPT_TOKENS
     assert status["flagged_pages"] == 2
     assert [(p["page"], p["status"], [f["flag"] for f in p["flags"]]) for p in status["page_flags"]] == [
-        (2, "COMPLETED", ["repetition"]),
-        (3, "COMPLETED", ["refusal"]),
+        (2, "COMPLETED", ["repetition", "ungrounded", "missed_text"]),
+        (3, "COMPLETED", ["refusal", "ungrounded", "missed_text"]),
     ]
     # And the JSON names the kept answer's model and lists each attempt with its model, tokens, cost and flags
     markdown, js = pipeline.transcript(doc["document_id"])
     assert js["cost"] == pytest.approx(6 * COST) and js["flagged_pages"] == 2
     page2 = js["pages"][1]
     assert page2["model"] == STRONG and page2["escalated"] is True
-    # (the loop's own flags: it repeats, and it does not have the words of the page's text layer)
+    # (the loop's own flags: it repeats, nothing on the page supports it, and it leaves out the page's text)
     assert [(a["model"], a["outcome"], [f["flag"] for f in a["flags"]]) for a in page2["attempts"]] == [
-        (PRIMARY, "ESCALATED", ["repetition", "text_layer_mismatch"]),
+        (PRIMARY, "ESCALATED", ["repetition", "ungrounded", "missed_text"]),
         (STRONG, "KEPT", []),
     ]
     assert all(a["cost"] == pytest.approx(COST) and a["prompt_tokens"] == PROMPT_TOKENS for a in page2["attempts"])
     assert page2["cost"] == pytest.approx(2 * COST)
     repetition = page2["flags"][0]
     assert repetition["flag"] == "repetition" and repetition["value"] >= repetition["threshold"] == 8
-    assert [f["flag"] for f in js["pages"][2]["flags"]] == ["refusal"]
+    assert [f["flag"] for f in js["pages"][2]["flags"]] == ["refusal", "ungrounded", "missed_text"]
     assert js["pages"][0]["flags"] == [] and js["pages"][0]["attempts"][0]["outcome"] == "KEPT"
     # And the markdown page markers name the flags
     assert f"{STRONG}; escalated) flags: repetition=" in markdown
@@ -158,8 +170,9 @@ def test_hard_flagged_pages_are_escalated_once_and_keep_the_escalation_models_an
 
 
 def test_without_an_escalation_model_hard_flagged_pages_fail_with_the_flag_as_reason(
-    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, four_pages: Path
+    grounded: Pipeline, db: Database, fake_provider: FakeChatServer, four_pages: Path
 ) -> None:
+    pipeline = grounded
     # Given no escalation model, and a primary model that loops on page 2 and refuses page 3
     pages = _page_images(four_pages, 4)
     _weak_answers_on_pages_2_and_3(fake_provider, four_pages, pages)
@@ -181,7 +194,7 @@ def test_without_an_escalation_model_hard_flagged_pages_fail_with_the_flag_as_re
     markdown, js = pipeline.transcript(doc["document_id"])
     assert [a["outcome"] for a in js["pages"][1]["attempts"]] == ["REJECTED"]
     assert js["pages"][1]["escalated"] is False
-    assert [f["flag"] for f in js["pages"][1]["flags"]] == ["repetition", "text_layer_mismatch"]
+    assert [f["flag"] for f in js["pages"][1]["flags"]] == ["repetition", "ungrounded", "missed_text"]
     assert "<!-- page 2 of 4: FAILED: the answer was not accepted: repetition=" in markdown
     assert "flags: refusal=" in markdown
 

@@ -12,6 +12,11 @@ from typing import Any
 
 from tests.fakes.chat_server import FakeChatServer
 
+# The fake provider answers a page with a text of its own making (``expected_text``: what names the image), not with
+# what is on the page, so every such answer would be ungrounded and leave the page's text missed: those two checks
+# fire (at their default thresholds) only in the tests that set them to, with answers that are the page's own text.
+NOT_GROUNDED = {"FLAG_UNGROUNDED_THRESHOLD": "1", "FLAG_MISSED_TEXT_THRESHOLD": "1"}
+
 
 def command_environment(database_url: str, provider: FakeChatServer) -> dict[str, str]:
     """This process's environment without AWS, provider and API settings, pointed at ``provider``."""
@@ -23,6 +28,7 @@ def command_environment(database_url: str, provider: FakeChatServer) -> dict[str
             "MODEL": "test/vision-model",
             "FUNCTION_TIMEOUT_SECONDS": "60",
             "PROVIDER_TIMEOUT_SECONDS": "30",
+            **NOT_GROUNDED,
         }
     )
     return env

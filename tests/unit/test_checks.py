@@ -12,6 +12,7 @@ import pytest
 from pagescribe.checks import (
     BLANK_PAGE,
     HARD_FLAGS,
+    RETIRED_FLAGS,
     Answer,
     Flag,
     PageEvidence,
@@ -19,13 +20,14 @@ from pagescribe.checks import (
     Thresholds,
     check_answer,
     clean_answer,
+    ground,
     merge_flags,
     refusal_share,
     remove_non_characters,
     repetition,
 )
 from pagescribe.scoring import recall_precision
-from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
+from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
 
 from tests.support import CORPUS
 from tests.support.answers import captured, captured_file, index
@@ -265,18 +267,46 @@ def test_a_page_that_draws_nothing_is_not_a_blank_render() -> None:
     assert page.marked > DEFAULTS.blank_render and not page.draws
 
 
-# --- text layer mismatch ----------------------------------------------------------------------------------------------
+# --- grounding: invented and dropped text -------------------------------------------------------------------------
 
 
-def test_an_answer_that_drops_most_of_the_text_layer_is_a_mismatch() -> None:
-    # Given a real page's text layer and an answer with only its first quarter (a dropped region)
-    layer = extract_text_layer(DOCUMENTS / "hasyv2-paper.pdf", 1)
-    evidence = PageEvidence(ink=0.1, text_layer=layer)
-    quarter = layer[: len(layer) // 4]
-    # Then recall is about a quarter, below the threshold; the whole text in another order is no mismatch
-    [flag] = check_answer(Answer(quarter, "stop"), evidence, DEFAULTS, max_output_tokens=8192)
-    assert flag.flag is Flag.TEXT_LAYER_MISMATCH and 0.15 < flag.value < 0.35 and not flag.hard
-    assert _flags(" ".join(reversed(layer.split())), evidence) == []
+def _grounded_flags(answer: str, path: Path, page: int) -> list[PageFlag]:
+    """The flags of ``answer`` for a real born-digital page, grounded to the page's own words."""
+    words = text_layer_words(path, page)
+    evidence = PageEvidence(ink=0.1, text_layer=extract_text_layer(path, page), words=words)
+    grounding = ground(answer, words)
+    return check_answer(Answer(answer, "stop"), evidence, DEFAULTS, max_output_tokens=8192, grounding=grounding)
+
+
+def test_the_pages_own_text_in_its_reading_order_raises_no_grounding_flag() -> None:
+    # Given a real two-column paper page, answered with its own text laid out (columns one after the other)
+    paper = DOCUMENTS / "hasyv2-paper.pdf"
+    # Then nothing is unsupported and nothing missed
+    assert _grounded_flags(read_text_layer(paper, 1).laid_out, paper, 1) == []
+
+
+def test_an_answer_that_drops_most_of_the_page_misses_text_and_is_hard() -> None:
+    # Given a real page answered with only its first quarter (a dropped region)
+    paper = DOCUMENTS / "hasyv2-paper.pdf"
+    laid_out = read_text_layer(paper, 1).laid_out
+    # When it is checked
+    [flag] = _grounded_flags(laid_out[: len(laid_out) // 4], paper, 1)
+    # Then about three quarters of the page's text is missed, and the flag is hard
+    assert flag.flag is Flag.MISSED_TEXT and 0.6 < flag.value < 0.85 and flag.hard
+
+
+def test_an_invented_sentence_is_ungrounded_and_hard() -> None:
+    # Given a real page answered faithfully, but with a sentence that is nowhere on the page
+    page = CORPUS / "pdflatex-4-pages.pdf"
+    laid_out = read_text_layer(page, 1).laid_out
+    invented = "The committee approved an additional budget of forty million dollars for the new facility."
+    paragraphs = laid_out.split("\n\n")
+    answer = "\n\n".join([paragraphs[0], invented, *paragraphs[1:]])
+    # When it is checked
+    [flag] = _grounded_flags(answer, page, 1)
+    # Then the invented sentence's share of the answer is measured, over the threshold, and the flag is hard
+    share = len("".join(ch for ch in invented if ch.isalnum())) / len("".join(ch for ch in answer if ch.isalnum()))
+    assert flag.flag is Flag.UNGROUNDED and flag.value == pytest.approx(share, abs=0.01) and flag.hard
 
 
 def test_word_recall_ignores_order_case_and_markdown() -> None:
@@ -303,13 +333,28 @@ def test_a_rotated_page_is_reported_as_information() -> None:
 
 def test_flags_merge_one_per_name_the_later_value_winning_hard_ones_first() -> None:
     earlier = [PageFlag(Flag.REPETITION, 57, 10), PageFlag(Flag.ROTATED, 90, 0)]
-    later = [PageFlag(Flag.ROTATED, 90, 0), PageFlag(Flag.TEXT_LAYER_MISMATCH, 0.4, 0.5)]
+    later = [PageFlag(Flag.ROTATED, 90, 0), PageFlag(Flag.UNGROUNDED, 0.4, 0.02)]
     assert merge_flags(earlier, later) == [earlier[0], later[1], later[0]]
 
 
 def test_every_flag_is_documented_with_its_hardness() -> None:
-    assert {Flag.REPETITION, Flag.REFUSAL, Flag.EMPTY, Flag.BLANK_RENDER, Flag.TRUNCATED} == HARD_FLAGS
+    hard = {
+        Flag.REPETITION,
+        Flag.REFUSAL,
+        Flag.EMPTY,
+        Flag.BLANK_RENDER,
+        Flag.TRUNCATED,
+        Flag.UNGROUNDED,
+        Flag.MISSED_TEXT,
+    }
+    assert hard == HARD_FLAGS
     assert PageFlag.from_dict(PageFlag(Flag.REFUSAL, 1.0, 0.5).as_dict()) == PageFlag(Flag.REFUSAL, 1.0, 0.5)
+    # And a retired flag is still read in older pages' flags, and is not hard
+    old = {"flag": "text_layer_mismatch", "value": 0.4, "threshold": 0.5}
+    assert (
+        PageFlag.from_dict(old) == PageFlag(Flag.TEXT_LAYER_MISMATCH, 0.4, 0.5)
+        and Flag.TEXT_LAYER_MISMATCH in RETIRED_FLAGS
+    )
 
 
 def test_a_single_small_mark_is_counted_on_a_page_whose_ink_is_sampled(tmp_path: Path) -> None:

@@ -122,7 +122,9 @@ def test_an_empty_escalation_model_is_off(monkeypatch: pytest.MonkeyPatch) -> No
         ("TEXT_LAYER", "sometimes"),
         ("FLAG_REPETITION_THRESHOLD", "1"),
         ("FLAG_REFUSAL_THRESHOLD", "1.5"),
-        ("FLAG_TEXT_LAYER_RECALL_THRESHOLD", "-0.1"),
+        ("FLAG_UNGROUNDED_THRESHOLD", "-0.1"),
+        ("FLAG_MISSED_TEXT_THRESHOLD", "1.5"),
+        ("SECOND_READ", "sometimes"),
     ],
 )
 def test_a_bad_check_setting_is_refused_by_name_and_value(

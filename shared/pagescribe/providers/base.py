@@ -8,7 +8,10 @@ evidence of one call (tokens, cost, request id, latency, attempts) travels with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pagescribe.layout import TextBox
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Transcription:
     confidence: float | None = None  # an OCR engine's mean recognition confidence (0..1); a vision model has none
     rotation: int = 0  # degrees clockwise an OCR engine turned the image it was sent to read it upright
     failed_attempts: tuple[FailedAttempt, ...] = ()  # the requests before the one that answered, which failed
+    lines: tuple[TextBox, ...] = ()  # an OCR engine's recognised lines, in pixels of the image it was sent
 
     @property
     def truncated(self) -> bool:

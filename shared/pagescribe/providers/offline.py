@@ -18,6 +18,7 @@ reading kept.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import io
 import logging
@@ -55,6 +56,7 @@ SIDEWAYS_SHARE = 0.5
 UPSIDE_DOWN_BELOW = 0.9
 UPSIDE_DOWN_GAIN = 0.15
 _DETECTION_MODEL = "PP-OCRv6_det_small.onnx"  # in the rapidocr wheel (3.10.0 ships it), its default
+READ_MAX_LONG_EDGE = 1024  # a second read's image, at most this long: grounding needs the words, not every serif
 _MISSING_EXTRA = "the offline provider needs the 'offline' extra: pip install 'pagescribe[offline]'"
 
 
@@ -71,13 +73,7 @@ class RapidOcrProvider:
             raise ValueError(f"max_workers must be at least 1, not {max_workers}")
         self._engine_class = _import_rapidocr()
         self._model = f"rapidocr-{metadata.version('rapidocr')}"
-        self._engine_params: dict[str, object] = {
-            "Global.use_cls": False,  # pages are upright; the text-direction classifier only costs time
-            "Global.log_level": "error",  # RapidOCR's own logger; it warns on every blank page
-            "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,
-            "EngineConfig.onnxruntime.intra_op_num_threads": max(1, (os.cpu_count() or 1) // max_workers),
-            **{f"{stage}.model_path": str(path) for stage, path in _bundled_models(language).items()},
-        }
+        self._engine_params = _engine_params(language, threads=max(1, (os.cpu_count() or 1) // max_workers))
         self._max_workers = max_workers
         self._page_numbers: PageNumbers = page_numbers
         self._orient = orient  # read a page again turned when it reads sideways or unsure (DETECT_ORIENTATION)
@@ -126,6 +122,7 @@ class RapidOcrProvider:
             http_attempts=1,
             confidence=mean_confidence(boxes),
             rotation=rotation,
+            lines=tuple(boxes) if not rotation else (),  # in pixels of the image sent, unless the engine turned it
         )
 
     async def aclose(self) -> None:
@@ -225,6 +222,45 @@ def _bundled_models(language: str) -> dict[str, Path]:
             "pagescribe never downloads models: install the 'offline' extra, pip install 'pagescribe[offline]'"
         )
     return paths
+
+
+def _engine_params(language: str, *, threads: int, arena: bool = True) -> dict[str, object]:
+    return {
+        "Global.use_cls": False,  # pages are upright; the text-direction classifier only costs time
+        "Global.log_level": "error",  # RapidOCR's own logger; it warns on every blank page
+        "EngineConfig.onnxruntime.enable_cpu_mem_arena": arena,
+        "EngineConfig.onnxruntime.intra_op_num_threads": threads,
+        **{f"{stage}.model_path": str(path) for stage, path in _bundled_models(language).items()},
+    }
+
+
+def read_lines(data: bytes, language: str, *, max_long_edge: int = READ_MAX_LONG_EDGE) -> list[TextBox]:
+    """The lines of an encoded image as the engine reads it, as it stands (no turning: the second read of a page image
+    that the renderer already set upright), with one engine per process, built on the first image, on one thread
+    (a render process beside the function's own work) and without onnxruntime's memory arena (it reserves address
+    space that the process's limit counts). The image is read at most ``max_long_edge`` pixels long (about half the
+    memory and time of a full page render; enough to ground to), its boxes given in the pixels of the image as sent."""
+    with Image.open(io.BytesIO(data)) as encoded:
+        image = encoded.convert("RGB")
+    scale = min(1.0, max_long_edge / max(image.size))
+    if scale < 1.0:
+        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        image = image.resize(size, Image.Resampling.LANCZOS)
+    return [_scaled(box, 1 / scale) for box in _text_boxes(_reader(language)(image))]
+
+
+def _scaled(box: TextBox, factor: float) -> TextBox:
+    if factor == 1.0:
+        return box
+    right = box.right * factor if box.right is not None else None
+    return TextBox(box.text, box.left * factor, box.top * factor, box.bottom * factor, box.score, right)
+
+
+@functools.cache
+def _reader(language: str) -> RapidOCR:
+    # one line recognised at a time: the recognition model's attention grows with the square of a batch's widest
+    # line, and a batch of six wide lines took more than 1.5 GB
+    return _import_rapidocr()(params={**_engine_params(language, threads=1, arena=False), "Rec.rec_batch_num": 1})
 
 
 def _text_boxes(result: object) -> list[TextBox]:
