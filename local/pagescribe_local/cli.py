@@ -286,6 +286,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             prompt=args.prompt,
             reuse=args.reuse,
             max_cost_usd=args.max_cost,
+            second_read=args.second_read,
         )
         tracked = [_upload(stack, path, options) for path in paths]
         _run_until_finished(stack, tracked)
@@ -762,6 +763,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="USD",
         help="what each document's model calls may cost in all; pages beyond it are skipped (the document ends "
         "PARTIAL)",
+    )
+    transcribe.add_argument(
+        "--second-read",
+        choices=("auto", "always", "off"),
+        help="pages without a text layer read again by the offline engine during their model call, to ground the "
+        "answer to: auto (when the CPU and time allow), always (whenever the time budget allows), off "
+        "(default: SECOND_READ)",
     )
     transcribe.add_argument(
         "--estimate",

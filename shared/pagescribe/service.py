@@ -61,6 +61,7 @@ class NewUpload:
     escalation_model: str | None = None  # None: the stack's ESCALATION_MODEL; "": no escalation
     reuse: bool = True  # the same bytes for the same request reuse a finished transcript (no model call)
     max_cost_usd: float | None = None  # what the document's model calls may cost in all; pages beyond end SKIPPED
+    second_read: str | None = None  # auto, always or off: its scans' second reads (None: the stack's SECOND_READ)
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,7 @@ class DocumentService:
                 tenant_id=tenant,
                 reuse=upload.reuse,
                 max_cost_usd=upload.max_cost_usd,
+                second_read=upload.second_read,
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds

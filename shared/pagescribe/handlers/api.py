@@ -66,6 +66,13 @@ class CreateDocumentRequest(BaseModel):
         description="What the document's model calls may cost in all (USD). A page whose call would exceed it is not "
         "started: it ends SKIPPED (reason: budget) and the document PARTIAL.",
     )
+    second_read: Literal["auto", "always", "off"] | None = Field(
+        default=None,
+        description="A page without a usable text layer is read again by the offline engine while its model call is "
+        "in flight, to ground the answer to (block boxes, the ungrounded and missed_text checks). auto: when the CPU "
+        "and the time allow; always: whenever the page's time budget allows; off: never. Absent: the stack's "
+        "SECOND_READ.",
+    )
 
     @field_validator(
         "model", "escalation_model", "prompt"
@@ -111,12 +118,15 @@ class Flag(BaseModel):
         "empty",
         "blank_render",
         "truncated",
+        "ungrounded",
+        "missed_text",
         "text_layer_mismatch",
         "low_confidence",
         "rotated",
     ] = Field(
         description="Hard (the answer was not accepted as it is): repetition, refusal, empty, blank_render, "
-        "truncated. Soft: text_layer_mismatch, low_confidence, rotated."
+        "truncated, ungrounded, missed_text. Soft: low_confidence, rotated. text_layer_mismatch is retired (pages "
+        "transcribed before ungrounded and missed_text replaced it may still show it)."
     )
     value: float = Field(description="What the check measured.")
     threshold: float = Field(description="The threshold it was measured against.")
@@ -389,6 +399,7 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             callback_url=str(request.callback_url) if request.callback_url else None,
             reuse=request.reuse,
             max_cost_usd=request.max_cost_usd,
+            second_read=request.second_read,
         ),
         _tenant(),
         idempotency_key=_header("Idempotency-Key"),
