@@ -556,11 +556,12 @@ def _serve(args: argparse.Namespace) -> int:
         def _terminate(signum: int, frame: FrameType | None) -> None:
             threading.Thread(target=server.shutdown, daemon=True).start()
 
+        # Ctrl-C and SIGTERM both stop it, also when it was started with SIGINT ignored (a shell script's `serve &`,
+        # or a parent that ignores it: Python then leaves SIGINT ignored and Ctrl-C would never reach it)
         signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, _terminate)
         try:
             server.serve_forever(poll_interval=0.5)
-        except KeyboardInterrupt:
-            pass
         finally:
             stop.set()
             poller.join(timeout=60)

@@ -101,7 +101,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 yield Stack(json.loads(line)["api"], answers, log)
             finally:
                 server.send_signal(signal.SIGINT)
-                server.wait(timeout=60)
+                try:
+                    server.wait(timeout=60)
+                finally:
+                    server.kill()  # no server outlives its tests, even one that did not stop on Ctrl-C
 
 
 def _copy(stream: IO[str], path: Path) -> None:

@@ -127,8 +127,9 @@ def _raw_request(port: int, head: str) -> bytes:
 def test_serve_checks_the_key_and_the_length_before_reading_a_body_and_keeps_s3_on_loopback(
     database_url: str, fake_provider: FakeChatServer, tmp_path: Path
 ) -> None:
-    # Given pagescribe serve exposed on every address, with an API key
-    server, endpoints = start_serve(database_url, fake_provider, tmp_path, "--host", "0.0.0.0")
+    # Given pagescribe serve exposed on every address, with an API key, started with SIGINT ignored (as a shell
+    # script's `pagescribe serve &` is)
+    server, endpoints = start_serve(database_url, fake_provider, tmp_path, "--host", "0.0.0.0", sigint_ignored=True)
     try:
         port = int(endpoints["api"].rsplit(":", 1)[1])
         post = "POST /documents HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -146,6 +147,7 @@ def test_serve_checks_the_key_and_the_length_before_reading_a_body_and_keeps_s3_
         # And the S3/SQS endpoint, which takes no credentials, listens on the loopback address only
         assert endpoints["aws_endpoint"].startswith("http://127.0.0.1:"), endpoints
     finally:
+        # And SIGINT stops it all the same
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from tests.fakes.chat_server import FakeChatServer
 # The fake provider answers a page with a text of its own making (``expected_text``: what names the image), not with
 # what is on the page, so every such answer would be ungrounded and leave the page's text missed: those two checks
 # fire (at their default thresholds) only in the tests that set them to, with answers that are the page's own text.
-NOT_GROUNDED = {"FLAG_UNGROUNDED_THRESHOLD": "1", "FLAG_MISSED_TEXT_THRESHOLD": "1"}
+NOT_GROUNDED = {"FLAG_UNGROUNDED_THRESHOLD": "1", "FLAG_UNGROUNDED_BLOCK_CHARS": "0", "FLAG_MISSED_TEXT_THRESHOLD": "1"}
 
 
 def command_environment(database_url: str, provider: FakeChatServer) -> dict[str, str]:
@@ -46,9 +47,10 @@ def pagescribe(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Complet
 
 
 def start_serve(
-    database_url: str, fake_provider: FakeChatServer, cwd: Path, *options: str
+    database_url: str, fake_provider: FakeChatServer, cwd: Path, *options: str, sigint_ignored: bool = False
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """``pagescribe serve`` with the API key ``local-key``, and the endpoints it printed once it was up."""
+    """``pagescribe serve`` with the API key ``local-key``, and the endpoints it printed once it was up.
+    ``sigint_ignored``: started with SIGINT ignored, as a shell script's ``pagescribe serve &`` is."""
     env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
     server = subprocess.Popen(
         [sys.executable, "-m", "pagescribe_local.cli", "serve", "--port", "0", *options],
@@ -57,6 +59,7 @@ def start_serve(
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )
     assert server.stdout is not None
     endpoints = json.loads(server.stdout.readline())
