@@ -187,7 +187,8 @@ def test_workers_killed_between_claim_and_result_lose_no_page(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pipeline = deployed
-    # Given 200 page jobs, leases that end with the invocation (no margin), and 16 s invocations
+    # Given 200 page jobs, leases that end with the invocation (no margin), and 40 s invocations (long enough for
+    # four processes to claim and call on a loaded machine: the hanging calls end with the invocation)
     _reconfigure(monkeypatch, LEASE_MARGIN_SECONDS="0")
     _upload(pipeline, corpus, 50, "death")
     messages = pipeline.receive_all()
@@ -200,7 +201,7 @@ def test_workers_killed_between_claim_and_result_lose_no_page(
     fake_provider.script(*answer_or_hang * 20)
     # When four workers, each in its own process, take a batch of ten each
     workers = [
-        start_environment("transcribe", sqs_event(batch, pipeline.queue_arn), timeout=16) for batch in _batches(doomed)
+        start_environment("transcribe", sqs_event(batch, pipeline.queue_arn), timeout=40) for batch in _batches(doomed)
     ]
     # And once every claim is committed and every call reached the provider (20 answered and written, 20
     # hanging), and no finished document is half-written, the workers are SIGKILLed
@@ -211,7 +212,7 @@ def test_workers_killed_between_claim_and_result_lose_no_page(
                 and _statuses(db, doomed_jobs) == {"COMPLETED": 20, "PROCESSING": 20}
                 and all(d["finished_at"] for d in documents(db) if d["pages_completed"] == d["page_count"])
             ),
-            timeout=30,
+            timeout=120,
             what="the workers to claim 40 pages, write 20 and hang on 20",
         )
     finally:
