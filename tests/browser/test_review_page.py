@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
 from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.remote.webelement import WebElement
 
 from tests.browser.conftest import API_KEY, MODEL, OTHER_MODEL, Page, Stack
 from tests.fakes.chat_server import Ok
@@ -28,12 +30,52 @@ HOSTILE = (
 
 
 CORRECTED = "Page two, as a reviewer reads it."
+INVENTED = "The committee approved an additional budget of forty million dollars for the new facility."
+# Where the image is drawn in its element (object-fit: contain centres it), and each box over it, in the viewport
+GEOMETRY = """
+const img = document.getElementById('page-img');
+const r = img.getBoundingClientRect();
+const fit = Math.min(r.width / img.naturalWidth, r.height / img.naturalHeight);
+const [width, height] = [img.naturalWidth * fit, img.naturalHeight * fit];
+const image = {left: r.left + (r.width - width) / 2, top: r.top + (r.height - height) / 2, width, height};
+const boxes = [...document.querySelectorAll('#page-boxes .box')].map((box) => {
+  const b = box.getBoundingClientRect();
+  return {id: box.dataset.blockId || null, missed: box.classList.contains('missed'), title: box.title,
+          left: b.left, top: b.top, width: b.width, height: b.height};
+});
+return {image, boxes};
+"""
 
 
 def press(page: Page, key: str) -> None:
     """A key pressed with the focus on the page itself, not in a field."""
     page.script("document.activeElement && document.activeElement.blur()")
     ActionChains(page.driver).send_keys(key).perform()
+
+
+def point_at(page: Page, target: WebElement) -> None:
+    """The mouse moved over an element, brought into view first."""
+    page.script("arguments[0].scrollIntoView({block: 'center'})", target)
+    ActionChains(page.driver).move_to_element(target).perform()
+
+
+def linked(target: WebElement) -> bool:
+    return "linked" in (target.get_attribute("class") or "").split()
+
+
+def boxes_shown(page: Page, number: int) -> bool:
+    """Page ``number`` is shown, its image loaded and the boxes over it placed."""
+    return page.shown_page() == number and bool(page.find("#page-boxes").is_displayed())
+
+
+def within(box: dict[str, float], image: dict[str, float], slack: float = 1.0) -> bool:
+    """A box (its viewport rectangle) lies on the image as it is displayed."""
+    return (
+        image["left"] - slack <= box["left"]
+        and box["left"] + box["width"] <= image["left"] + image["width"] + slack
+        and image["top"] - slack <= box["top"]
+        and box["top"] + box["height"] <= image["top"] + image["height"] + slack
+    )
 
 
 def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run_and_corrected(
@@ -122,6 +164,110 @@ def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run_and
     assert "corrected (revision 1" in second and CORRECTED in second
     assert extract_text_layer(source, 3).split()[0] in markdown.split("<!-- page 3 of 4")[1]
     # And nothing the page did on the way needed what its Content-Security-Policy refuses
+    assert page.policy_violations() == []
+
+
+def test_a_grounded_page_shows_its_blocks_boxes_linked_to_its_text_and_what_is_invented_or_missed(
+    page: Page, stack: Stack, corpus: Path, tmp_path: Path
+) -> None:
+    # Given a born-digital 4-page PDF (a copy with bytes of its own, so that no other test's transcript of the file is
+    # reused) whose pages the model answers with their own text: page 2 with an invented sentence added as a
+    # paragraph of its own, page 3 as three paragraphs with the middle one left out
+    original = corpus / "pdflatex-4-pages.pdf"
+    source = tmp_path / "grounded.pdf"
+    source.write_bytes(original.read_bytes() + b"\n% a copy of its own\n")
+    answers = {n: read_text_layer(original, n).laid_out for n in range(1, 5)}
+    body, number = answers[2].rsplit("\n\n", 1)
+    answers[2] = f"{body}\n\n{INVENTED}\n\n{number}"
+    body, number = answers[3].rsplit("\n\n", 1)
+    lines = body.split("\n")
+    third = len(lines) // 3
+    answers[3] = "\n\n".join(["\n".join(lines[:third]), "\n".join(lines[2 * third :]), number])
+    for n, answer in answers.items():
+        stack.answers.set(render_page(original, DocumentKind.PDF, n).data, MODEL, Ok(text=answer))
+
+    # When it is dropped, transcribed (the grounding checks flag nothing here, their thresholds at 1, but every
+    # page is grounded all the same) and opened
+    page.sign_in(stack.api)
+    row = page.drop(source)
+    assert page.finished(row) == "COMPLETED"
+    document_id = str(row.get_attribute("data-document-id"))
+    transcript = httpx.get(
+        f"{stack.api}/documents/{document_id}/transcript?format=json", headers={"x-api-key": API_KEY}
+    ).json()
+    row.find_element("css selector", "a").click()
+    page.until(lambda d: boxes_shown(page, 1), "page 1 is shown with its boxes")
+
+    # Then page 1's image carries one box per block that has one, each where its block's pixels put it on the image
+    # as it is displayed
+    first = transcript["pages"][0]
+    size = first["grounding"]["image"]
+    assert first["grounding"]["source"] == "text_layer"
+    placed = {b["id"]: b["bbox"]["pixels"] for b in first["blocks"] if b["bbox"]}
+    drawn = page.script(GEOMETRY)
+    image = drawn["image"]
+    assert placed and sorted(box["id"] for box in drawn["boxes"]) == sorted(placed)
+    for box in drawn["boxes"]:
+        assert within(box, image), (box, image)
+        x0, y0, x1, _ = placed[box["id"]]
+        assert box["left"] == pytest.approx(image["left"] + x0 * image["width"] / size["width"], abs=1.5), box
+        assert box["top"] == pytest.approx(image["top"] + y0 * image["height"] / size["height"], abs=1.5), box
+        assert box["width"] == pytest.approx((x1 - x0) * image["width"] / size["width"], abs=1.5), box
+    # And the text is drawn block by block, and a line under the image says how the page was grounded
+    assert len(page.all("#rendered [data-block-id]")) == len(first["blocks"])
+    assert page.find("#grounding-note").text.startswith("Grounded to the text layer: 100 % of the answer found")
+
+    # When the reviewer points at the paragraph in the text
+    paragraph = next(b["id"] for b in first["blocks"] if b["type"] == "paragraph" and b["bbox"])
+    text_block = page.find(f'#rendered [data-block-id="{paragraph}"]')
+    box = page.find(f'#page-boxes [data-block-id="{paragraph}"]')
+    point_at(page, text_block)
+    # Then its box is highlighted, and no longer once the pointer leaves
+    page.until(lambda d: linked(box) and linked(text_block), "the block's box is highlighted")
+    point_at(page, page.find("#page-title"))
+    page.until(lambda d: not page.all(".linked"), "nothing is highlighted")
+    # And pointing at the box highlights its block in the text
+    point_at(page, box)
+    page.until(lambda d: linked(text_block), "the box's block is highlighted")
+    point_at(page, page.find("#page-title"))
+    # And so does moving the keyboard's focus to the block
+    page.script("arguments[0].focus()", text_block)
+    page.until(lambda d: linked(box), "the focused block's box is highlighted")
+
+    # When the reviewer moves to page 2 (n)
+    press(page, "n")
+    page.until(lambda d: boxes_shown(page, 2) and page.all("#rendered mark.unsupported"), "page 2 is shown")
+    # Then the invented sentence is marked as not on the page, in its own block, and nothing else is
+    marks = page.all("#rendered mark.unsupported")
+    assert " ".join(mark.text for mark in marks) == INVENTED
+    assert marks[0].get_attribute("title") == "not on the page"
+    invented = next(b for b in transcript["pages"][1]["blocks"] if b["unsupported"])
+    assert invented["text"] == INVENTED and invented["bbox"] is None
+    assert page.script("return arguments[0].closest('[data-block-id]').dataset.blockId", marks[0]) == invented["id"]
+    assert "unsupported" in page.find("#grounding-note").text
+
+    # When the reviewer moves to page 3
+    press(page, "n")
+    page.until(lambda d: boxes_shown(page, 3) and page.all("#page-boxes .missed"), "page 3 is shown")
+    # Then the page's text the answer left out is outlined on the image, each region with its text as its title
+    missed = transcript["pages"][2]["grounding"]["missed"]
+    drawn = page.script(GEOMETRY)
+    outlined = [box for box in drawn["boxes"] if box["missed"]]
+    assert missed and len(outlined) == len(missed)
+    assert [box["title"] for box in outlined] == [f"missed: {region['text']}" for region in missed]
+    assert all(within(box, drawn["image"]) and box["height"] > 0 for box in outlined), outlined
+    assert "of the page's text missed" in page.find("#grounding-note").text
+
+    # When the same page is shown at a phone's width
+    page.viewport(390, 844)
+
+    # Then its boxes are placed anew, over the smaller image, and nothing is wider than the screen
+    def placed_anew(drawn: dict[str, Any]) -> bool:
+        return drawn["image"]["width"] < 390 and all(within(box, drawn["image"]) for box in drawn["boxes"])
+
+    page.until(lambda d: placed_anew(page.script(GEOMETRY)), "the boxes are over the narrower image")
+    assert page.script("return document.documentElement.scrollWidth") <= 390
+    # And nothing the page did needed what its Content-Security-Policy refuses
     assert page.policy_violations() == []
 
 

@@ -1,7 +1,9 @@
 // The review page: upload documents, follow them, and check each page's transcript against its image.
 //
 // Transcripts are untrusted model output: they are rendered by marked, then sanitised by DOMPurify into a DOM
-// fragment; the raw view and every other value is set as text. All URLs are relative to the page (deployed, API
+// fragment (a grounded page block by block, each block's unsupported words wrapped in <mark> elements made here, in
+// its text nodes); the raw view and every other value is set as text. The blocks' boxes over the page image are
+// elements placed by setting their style properties from this script (the policy refuses inline style markup). All URLs are relative to the page (deployed, API
 // Gateway serves it under its stage, e.g. /v1/review), and every data call carries the key the user typed in.
 
 const { DOMPurify, marked } = window;
@@ -288,6 +290,7 @@ const review = {
   raw: false,
   blobs: [],
   loading: 0,
+  boxed: null, // the page whose blocks' boxes are over the image: its grounding's image size, for placing them
 };
 
 function doubtful(page) {
@@ -391,7 +394,9 @@ function showPage(pageNumber) {
   drawFacts(page);
   drawText(page);
   closeEditor();
-  loadImage(page.page);
+  loadImage(page.page); // hides the previous page's image at once: the new boxes wait for this page's
+  drawBoxes(page);
+  drawGrounding(page);
 }
 
 function drawFlags(page) {
@@ -425,9 +430,13 @@ function drawFacts(page) {
   for (const [term, value] of facts) list.append(element("dt", term), element("dd", value));
 }
 
+function markdown(text) {
+  return DOMPurify.sanitize(marked.parse(text), SANITIZE);
+}
+
 function drawText(page) {
   const text = page.text || "";
-  $("rendered").replaceChildren(DOMPurify.sanitize(marked.parse(text), SANITIZE));
+  $("rendered").replaceChildren(...(byBlocks(page) ? blockNodes(page) : [markdown(text)]));
   $("raw").textContent = text;
   show("rendered", !review.raw);
   show("raw", review.raw);
@@ -445,13 +454,238 @@ async function loadImage(pageNumber) {
     const path = `documents/${encodeURIComponent(review.id)}/pages/${pageNumber}/image`;
     const link = (await call("GET", path)).json();
     if (review.current !== pageNumber) return;
-    img.src = link.url;
+    img.src = link.url; // its boxes are placed once it has loaded (placeBoxes, on "load" and on each resize)
     img.hidden = false;
     note.textContent = `Page ${pageNumber}, as sent to the model`;
   } catch (failure) {
     if (review.current === pageNumber) note.textContent = `No image: ${failure.message}`;
   }
 }
+
+// --- the page's blocks, their boxes on its image, and what grounding found --------------------------------------------
+
+const FURNITURE = new Set(["page_header", "page_footer", "page_number"]);
+const FURNITURE_COMMENT = /^<!--\s*([\s\S]*?)\s*-->$/; // <!-- page number: 7 -->: shown as text, as a reader sees it
+const WORD = /[\p{L}\p{N}]+/gu;
+const MARKUP = /[*_`~\\\s]+/g; // what markdown wraps words in, dropped when a span's edges are matched
+const SOURCES = {
+  text_layer: "the text layer",
+  second_read: "a second read of the image",
+  engine: "the offline engine's own read",
+};
+const placed = new WeakMap(); // a box → its [x0, y0, x1, y1] in the pixels of the image the model was sent
+
+function hasBox(block) {
+  return Boolean(block.bbox && block.bbox.pixels);
+}
+
+// A page is drawn block by block when something of it is to be shown on the image or marked in its text; any other
+// page (an older transcript, a correction: blocks, but no boxes) is rendered whole, as it always was.
+function byBlocks(page) {
+  const blocks = page.blocks || [];
+  return blocks.some((block) => hasBox(block) || (block.unsupported || []).length > 0);
+}
+
+function blockNodes(page) {
+  const text = page.text || "";
+  const nodes = [];
+  let at = 0;
+  const between = (gap) => {
+    if (gap.trim()) nodes.push(markdown(gap)); // what no block holds (a thematic break, a comment) stays as it was
+  };
+  for (const block of page.blocks) {
+    if (block.start < at) continue;
+    between(text.slice(at, block.start));
+    nodes.push(blockNode(block));
+    at = block.end;
+  }
+  between(text.slice(at));
+  return nodes;
+}
+
+function blockNode(block) {
+  const node = element("div", undefined, `block block-${block.type}`);
+  node.dataset.blockId = block.id;
+  if (block.level && block.type === "list_item") node.classList.add(`level-${Math.min(block.level, 6)}`);
+  node.append(markdown(block.text));
+  const comment = FURNITURE_COMMENT.exec(block.text.trim());
+  if (FURNITURE.has(block.type) && !node.textContent.trim() && comment) {
+    node.append(element("p", comment[1], "furniture"));
+  }
+  if (hasBox(block)) {
+    node.classList.add("boxed");
+    node.tabIndex = 0; // reachable from the keyboard: focus links it to its box as hovering does
+  }
+  markUnsupported(node, block.unsupported || []);
+  return node;
+}
+
+// Each unsupported span is found by its words in the block's rendered text (the span is markdown: its markup is
+// gone once rendered) and its stretch of text nodes wrapped in <mark> elements: text nodes are split and moved,
+// never parsed.
+function markUnsupported(node, spans) {
+  if (!spans.length) return;
+  const walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
+  const texts = [];
+  let whole = "";
+  while (walker.nextNode()) {
+    texts.push({ node: walker.currentNode, start: whole.length });
+    whole += walker.currentNode.data;
+  }
+  const words = [...whole.matchAll(WORD)].map((m) => ({ word: m[0], start: m.index, end: m.index + m[0].length }));
+  const stretches = [];
+  let from = 0;
+  for (const span of [...spans].sort((a, b) => a.start - b.start)) {
+    const found = locate(whole, words, span.text, from);
+    if (found) {
+      stretches.push(found);
+      from = found.next;
+    }
+  }
+  for (const stretch of stretches.reverse()) {
+    for (const text of [...texts].reverse()) wrap(text, stretch.start, stretch.end);
+  }
+}
+
+function locate(whole, words, spanText, from) {
+  const wanted = [...spanText.matchAll(WORD)];
+  if (!wanted.length) return null;
+  for (let at = from; at + wanted.length <= words.length; at++) {
+    if (!wanted.every((w, i) => words[at + i].word === w[0])) continue;
+    let start = words[at].start;
+    let end = words[at + wanted.length - 1].end;
+    const last = wanted[wanted.length - 1];
+    const lead = spanText.slice(0, wanted[0].index).replace(MARKUP, "");
+    const trail = spanText.slice(last.index + last[0].length).replace(MARKUP, "");
+    if (lead && whole.slice(start - lead.length, start) === lead) start -= lead.length;
+    if (trail && whole.startsWith(trail, end)) end += trail.length;
+    return { start, end, next: at + wanted.length };
+  }
+  return null;
+}
+
+function wrap(text, start, end) {
+  // offsets within the text node as it was first read: later stretches are wrapped first, and a split keeps the
+  // node itself as the part before it, so these offsets still hold
+  const from = Math.max(start, text.start) - text.start;
+  const to = Math.min(end, text.start + text.node.data.length) - text.start;
+  if (to <= from || !text.node.data.slice(from, to).trim()) return;
+  const target = from > 0 ? text.node.splitText(from) : text.node;
+  if (to - from < target.data.length) target.splitText(to - from);
+  const mark = element("mark", undefined, "unsupported");
+  mark.title = "not on the page";
+  target.replaceWith(mark);
+  mark.append(target);
+}
+
+function drawBoxes(page) {
+  const layer = $("page-boxes");
+  layer.replaceChildren();
+  const grounding = page.grounding && page.grounding.source ? page.grounding : null;
+  review.boxed = { image: (grounding && grounding.image) || null };
+  for (const block of page.blocks || []) {
+    if (!hasBox(block)) continue;
+    const box = element("div", undefined, `box box-${block.type}`);
+    box.dataset.blockId = block.id;
+    box.title = `${block.type.replaceAll("_", " ")} ${block.id}`;
+    placed.set(box, block.bbox.pixels);
+    layer.append(box);
+  }
+  for (const region of (grounding && grounding.missed) || []) {
+    if (!region.bbox || !region.bbox.pixels) continue;
+    const box = element("div", undefined, "box missed");
+    box.title = `missed: ${region.text}`;
+    placed.set(box, region.bbox.pixels);
+    layer.append(box);
+  }
+  placeBoxes();
+}
+
+// The boxes are in the pixels of the image the model was sent; the image is shown scaled to fit its column (and,
+// on a desktop, the screen's height: object-fit: contain centres it in its element), so they are placed anew when
+// it loads and whenever its size changes.
+function placeBoxes() {
+  const img = $("page-img");
+  const layer = $("page-boxes");
+  const ready = !img.hidden && img.complete && img.naturalWidth > 0 && layer.childElementCount > 0;
+  layer.hidden = !ready;
+  if (!ready) return;
+  const natural = { width: img.naturalWidth, height: img.naturalHeight };
+  const image = (review.boxed && review.boxed.image) || natural;
+  const fit = Math.min(img.clientWidth / natural.width, img.clientHeight / natural.height);
+  const shown = { width: natural.width * fit, height: natural.height * fit };
+  const left = img.offsetLeft + (img.clientWidth - shown.width) / 2;
+  const top = img.offsetTop + (img.clientHeight - shown.height) / 2;
+  const sx = shown.width / image.width;
+  const sy = shown.height / image.height;
+  for (const box of layer.children) {
+    const [x0, y0, x1, y1] = placed.get(box);
+    box.style.left = `${left + x0 * sx}px`;
+    box.style.top = `${top + y0 * sy}px`;
+    box.style.width = `${Math.max(1, (x1 - x0) * sx)}px`;
+    box.style.height = `${Math.max(1, (y1 - y0) * sy)}px`;
+  }
+}
+
+function share(value) {
+  if (value === null || value === undefined) return "?";
+  const percent = value * 100;
+  if (percent === 0 || percent === 100) return `${percent} %`;
+  if (percent < 1) return "<1 %";
+  if (percent > 99) return ">99 %";
+  return `${percent < 10 ? Number(percent.toFixed(1)) : Math.round(percent)} %`;
+}
+
+function drawGrounding(page) {
+  const grounding = page.grounding;
+  let said = "";
+  if (grounding && grounding.source) {
+    said =
+      `Grounded to ${SOURCES[grounding.source] || grounding.source}: ${share(grounding.grounded)} of the answer` +
+      ` found on the page; ${share(grounding.ungrounded)} unsupported; ${share(grounding.missed_text)} of the` +
+      ` page's text missed`;
+    const missed = (grounding.missed || []).length;
+    if (missed) said += ` (${missed} region${missed > 1 ? "s" : ""} outlined)`;
+  } else if (grounding && grounding.skipped) {
+    said = `Not grounded: ${grounding.skipped}`;
+  }
+  $("grounding-note").textContent = said;
+  show("grounding-note", Boolean(said));
+}
+
+// Pointing at a block (the mouse, or the keyboard's focus) links it to its box, and a box to its block: both take
+// the class "linked". Clicking a box brings its block into view.
+function linkTo(id) {
+  for (const node of document.querySelectorAll("#rendered .linked, #page-boxes .linked")) {
+    node.classList.remove("linked");
+  }
+  if (!id) return;
+  const selector = `[data-block-id="${CSS.escape(id)}"]`;
+  for (const node of document.querySelectorAll(`#rendered ${selector}, #page-boxes ${selector}`)) {
+    node.classList.add("linked");
+  }
+}
+
+function blockAt(node) {
+  const found = node instanceof Element ? node.closest("#rendered .boxed, #page-boxes [data-block-id]") : null;
+  return found ? found.dataset.blockId : null;
+}
+
+for (const id of ["rendered", "page-boxes"]) {
+  $(id).addEventListener("mouseover", (event) => linkTo(blockAt(event.target)));
+  $(id).addEventListener("mouseout", (event) => linkTo(blockAt(event.relatedTarget)));
+}
+$("rendered").addEventListener("focusin", (event) => linkTo(blockAt(event.target)));
+$("rendered").addEventListener("focusout", (event) => linkTo(blockAt(event.relatedTarget)));
+$("page-boxes").addEventListener("click", (event) => {
+  const id = blockAt(event.target);
+  const block = id && $("rendered").querySelector(`[data-block-id="${CSS.escape(id)}"]`);
+  if (!block || $("rendered").hidden) return;
+  block.scrollIntoView({ block: "nearest" });
+  block.focus({ preventScroll: true });
+});
+$("page-img").addEventListener("load", placeBoxes);
+new ResizeObserver(placeBoxes).observe($("page-img"));
 
 function toggleRaw() {
   review.raw = !review.raw;
