@@ -131,7 +131,11 @@ def fresh_database(label: str) -> Iterator[str]:
 QUIET = {"POWERTOOLS_LOG_LEVEL": "WARNING", "AWS_LAMBDA_FUNCTION_NAME": "pagescribe-bench"}
 # The fake provider answers with a text of its own, not the page's: the answers are grounded (the work is measured)
 # but the two grounding checks never fire on them, as they would on every such answer.
-SYNTHETIC_ANSWERS = {"FLAG_UNGROUNDED_THRESHOLD": "1", "FLAG_MISSED_TEXT_THRESHOLD": "1"}
+SYNTHETIC_ANSWERS = {
+    "FLAG_UNGROUNDED_THRESHOLD": "1",
+    "FLAG_UNGROUNDED_BLOCK_CHARS": "0",
+    "FLAG_MISSED_TEXT_THRESHOLD": "1",
+}
 
 
 @contextmanager

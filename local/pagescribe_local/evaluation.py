@@ -541,8 +541,9 @@ born-digital pages (each text block's `bbox.pixels` against its true box from th
 `pagescribe_local.true_boxes`; a block with a true box but no box counts 0): {iou["blocks"]} blocks on
 {iou["pages"]} pages, median IoU {_fmt(iou["median"])}, {share} of them 0.8 or more, {iou["zero"]} at 0{least}.
 
-The same answers at other thresholds of the two checks (information: how many would be flagged; a page is flagged
-above a threshold):
+The same answers at other thresholds of the two checks (information: how many would be flagged by their shares
+alone; a page is flagged above a threshold, and `ungrounded` also by a block or table row unsupported as a whole,
+which the flags above include):
 
 {thresholds_table(scores)}
 

@@ -18,7 +18,9 @@ blank_render         yes  the render's share of non-white pixels although the PD
                           (``FLAG_BLANK_RENDER_THRESHOLD``)
 truncated            yes  completion tokens when the model stopped at the output limit (``MAX_OUTPUT_TOKENS``)
 ungrounded           yes  share of the answer's characters in runs of words nothing on the page supports: invented
-                          text (``FLAG_UNGROUNDED_THRESHOLD``)
+                          text (``FLAG_UNGROUNDED_THRESHOLD``); also raised, whatever that share, by a block or a
+                          table's row of ``FLAG_UNGROUNDED_BLOCK_CHARS`` letters and digits or more that nothing on
+                          the page supports as a whole (its ``detail`` names it)
 missed_text          yes  share of the page's own text (text layer or second read) in runs of words the answer does not
                           contain: dropped regions (``FLAG_MISSED_TEXT_THRESHOLD``)
 low_confidence       no   the offline engine's mean recognition confidence (``FLAG_LOW_CONFIDENCE_THRESHOLD``)
@@ -73,21 +75,24 @@ class PageFlag:
     flag: Flag
     value: float
     threshold: float
+    detail: str = ""  # what raised it besides its value, where something else can (``ungrounded``: a whole block)
 
     @property
     def hard(self) -> bool:
         return self.flag in HARD_FLAGS
 
     def as_dict(self) -> dict[str, Any]:
-        return {"flag": self.flag.value, "value": self.value, "threshold": self.threshold}
+        found = {"flag": self.flag.value, "value": self.value, "threshold": self.threshold}
+        return found | {"detail": self.detail} if self.detail else found
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PageFlag:
-        return cls(Flag(data["flag"]), float(data["value"]), float(data["threshold"]))
+        return cls(Flag(data["flag"]), float(data["value"]), float(data["threshold"]), str(data.get("detail", "")))
 
     def describe(self) -> str:
-        """``repetition=57 (threshold 10)``."""
-        return f"{self.flag.value}={_number(self.value)} (threshold {_number(self.threshold)})"
+        """``repetition=57 (threshold 10)``; ``ungrounded=0.015 (threshold 0.02; a table row ...)``."""
+        detail = f"; {self.detail}" if self.detail else ""
+        return f"{self.flag.value}={_number(self.value)} (threshold {_number(self.threshold)}{detail})"
 
 
 def _number(value: float) -> str:
@@ -107,6 +112,7 @@ class Thresholds:
     ink: float = 0.002
     blank_render: float = 0.00001
     ungrounded: float = 0.02
+    ungrounded_block_chars: int = 12  # 0: a block unsupported as a whole raises ungrounded only by its share
     missed_text: float = 0.05
     low_confidence: float = 0.8
 
@@ -361,8 +367,9 @@ def check_answer(
     if not has_text(answer.text) and page.ink >= thresholds.ink:
         flags.append(PageFlag(Flag.EMPTY, round(page.ink, 6), thresholds.ink))
     if grounding is not None and has_text(answer.text):
-        if grounding.ungrounded > thresholds.ungrounded:
-            flags.append(PageFlag(Flag.UNGROUNDED, round(grounding.ungrounded, 4), thresholds.ungrounded))
+        whole = _invented(grounding, thresholds.ungrounded_block_chars)
+        if grounding.ungrounded > thresholds.ungrounded or whole:
+            flags.append(PageFlag(Flag.UNGROUNDED, round(grounding.ungrounded, 4), thresholds.ungrounded, whole))
         if grounding.missed_text > thresholds.missed_text:
             flags.append(PageFlag(Flag.MISSED_TEXT, round(grounding.missed_text, 4), thresholds.missed_text))
     if answer.confidence is not None and answer.confidence < thresholds.low_confidence:
@@ -370,6 +377,19 @@ def check_answer(
     if page.rotation:
         flags.append(rotated(page.rotation))
     return merge_flags([], flags)
+
+
+def _invented(grounding: PageGrounding, min_chars: int) -> str:
+    """The largest block or table row (of ``min_chars`` letters and digits or more; 0: none) that nothing on the page
+    supports as a whole, said in a few words; empty when there is none."""
+    found = [unit for unit in grounding.whole if min_chars and unit.chars >= min_chars]
+    if not found:
+        return ""
+    unit = max(found, key=lambda unit: unit.chars)
+    what = "a block" if unit.row is None else "a table row"
+    text = unit.text if len(unit.text) <= 40 else unit.text[:39].rstrip() + "\u2026"
+    more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+    return f"{what} of {unit.chars} letters and digits nothing on the page supports: {text!r}{more}"
 
 
 def ground(answer: str, page: PageText) -> PageGrounding:

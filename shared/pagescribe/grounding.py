@@ -52,7 +52,9 @@ Each evidence token supports one answer word at most, so a paragraph written twi
 
 The answer's unsupported spans are the runs of unaligned words; a run counts towards ``ungrounded`` when it has at
 least MIN_UNSUPPORTED_WORDS words or MIN_UNSUPPORTED_CHARS characters (a misread word is noise, an invented
-sentence or an invented "forty million" is not). The missed regions are the runs of evidence words no block took,
+sentence or an invented "forty million" is not). A block, or a row of a table, with at most WHOLE_SUPPORT of its
+characters aligned is unsupported as a whole (``whole``): an invented paragraph or row is a small share of a dense
+page's answer, but nothing of it is on the page. The missed regions are the runs of evidence words no block took,
 in the evidence's order over the same or adjacent lines; a run counts towards ``missed_text`` when it has at least
 MIN_MISSED_WORDS words (a stray mark or a garbage token of the engine is not a dropped passage). Text inside a
 figure (an axis label) is evidence no block takes: it shows as missed.
@@ -91,6 +93,9 @@ CLUSTERS = 4  # a block is looked for in at most this many places,
 DIAGONAL = 0.5  # ... those where its anchors agree on where it starts, when one holds this share of their weight
 AMBIGUOUS = 0.75  # ... and the page repeats it when another place has this share of the best one's weight
 KEEP_SHARE = 0.5  # a placement is kept whole when it aligns this share of its characters
+WHOLE_SUPPORT = 0.25  # a block, or a table's row, with at most this share of its characters aligned is unsupported
+# as a whole (invented, however small a share of the answer it is); a formula never is: its LaTeX is not the page's
+_NOT_WHOLE = frozenset({"formula"})  # glyphs
 DISTINCT_CHARS = 8  # words in a row with this many characters are looked for, and kept, on their own
 PASSES = 3  # a block's unaligned runs are looked for again at most this many times
 NEARER = 0.5  # an aligned word moves to an equal token this much nearer its neighbours' (of the NEARER_PLACES
@@ -221,6 +226,18 @@ class BlockGrounding:
     chars: int
     unsupported: tuple[Span, ...]  # every run of the block's words that nothing on the page supports
     cells: tuple[tuple[int, int, Box | None], ...] = ()  # tables: (row, col, bbox) per cell
+    whole: tuple[WholeUnsupported, ...] = ()  # the block, or those of its table's rows, unsupported as a whole
+
+
+@dataclass(frozen=True)
+class WholeUnsupported:
+    """A block, or a table's row, that nothing on the page supports as a whole (at most WHOLE_SUPPORT of its
+    characters aligned): an invented sentence or row, however small a share of a dense page's answer it is."""
+
+    block_id: str
+    row: int | None  # the table's row (0-based, in its grid); None: the whole block
+    text: str  # from its first word to its last, in the block's ``plain``
+    chars: int  # letters and digits
 
 
 @dataclass(frozen=True)
@@ -233,6 +250,11 @@ class PageGrounding:
     ungrounded: float  # share of the answer's characters in unsupported runs that count (MIN_UNSUPPORTED_*)
     missed_text: float  # share of the evidence's characters in missed regions that count (MIN_MISSED_WORDS)
     missed: tuple[MissedRegion, ...]  # every run of evidence words no block took
+
+    @property
+    def whole(self) -> tuple[WholeUnsupported, ...]:
+        """Every block and table row of the answer unsupported as a whole, in the answer's order."""
+        return tuple(unit for block in self.blocks for unit in block.whole)
 
 
 def words_from_boxes(boxes: Sequence[TextBox]) -> list[EvidenceWord]:
@@ -899,8 +921,30 @@ def _block_grounding(block: GroundedText, words: _Words, evidence: _Evidence) ->
         for index, cell in enumerate(block.cells)
     )
     bbox = _union(evidence.box(place) for support in words.support for place in support)
-    grounding = BlockGrounding(block.id, bbox, aligned / words.chars, aligned, words.chars, tuple(unsupported), cells)
+    grounding = BlockGrounding(
+        block.id, bbox, aligned / words.chars, aligned, words.chars, tuple(unsupported), cells, _whole(block, words)
+    )
     return grounding, counted
+
+
+def _whole(block: GroundedText, words: _Words) -> tuple[WholeUnsupported, ...]:
+    """The block, or each row of its table, when at most WHOLE_SUPPORT of its characters are aligned."""
+    if block.type in _NOT_WHOLE:
+        return ()
+    units: dict[int | None, list[int]] = {}
+    for index, cell in enumerate(words.cells):
+        if not block.cells:
+            units.setdefault(None, []).append(index)
+        elif cell >= 0:  # a table's words outside its cells (none in a well-formed table) are no row's
+            units.setdefault(block.cells[cell].row, []).append(index)
+    found = []
+    for row, members in units.items():
+        chars = sum(len(words.keys[index]) for index in members)
+        aligned = sum(len(words.keys[index]) for index in members if words.support[index])
+        if chars and aligned <= WHOLE_SUPPORT * chars:
+            start, end = words.spans[members[0]][0], words.spans[members[-1]][1]
+            found.append(WholeUnsupported(block.id, row, block.plain[start:end], chars))
+    return tuple(found)
 
 
 def _missed(evidence: _Evidence) -> tuple[list[MissedRegion], int]:

@@ -103,6 +103,13 @@ class Settings(BaseSettings):
         description="ungrounded: more than this share of the answer's characters in runs of words that nothing on the "
         "page (its text layer, or the second read) supports.",
     )
+    flag_ungrounded_block_chars: int = Field(
+        default=12,
+        ge=0,
+        description="ungrounded: also raised, whatever the share, by a block or a table's row of at least this many "
+        "letters and digits that nothing on the page supports as a whole (an invented paragraph or row on a dense "
+        "page); 0 turns this off.",
+    )
     flag_missed_text_threshold: float = Field(
         default=0.05,
         ge=0,

@@ -99,6 +99,7 @@ def thresholds(settings: Settings) -> Thresholds:
         ink=settings.flag_ink_threshold,
         blank_render=settings.flag_blank_render_threshold,
         ungrounded=settings.flag_ungrounded_threshold,
+        ungrounded_block_chars=settings.flag_ungrounded_block_chars,
         missed_text=settings.flag_missed_text_threshold,
         low_confidence=settings.flag_low_confidence_threshold,
     )

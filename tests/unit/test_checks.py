@@ -6,6 +6,7 @@ are real pages' own text: a check that fired on them would fail good pages."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -307,6 +308,40 @@ def test_an_invented_sentence_is_ungrounded_and_hard() -> None:
     # Then the invented sentence's share of the answer is measured, over the threshold, and the flag is hard
     share = len("".join(ch for ch in invented if ch.isalnum())) / len("".join(ch for ch in answer if ch.isalnum()))
     assert flag.flag is Flag.UNGROUNDED and flag.value == pytest.approx(share, abs=0.01) and flag.hard
+
+
+def test_an_invented_sentence_on_a_dense_page_is_ungrounded_as_a_whole_block_under_the_share() -> None:
+    # Given the densest real form page answered faithfully, with an invented sentence as a paragraph of its own: a
+    # share of its answer under the threshold (measured: 0.0157 of 4,855 letters and digits)
+    form = DOCUMENTS / "form_dd0293.pdf"
+    laid_out = read_text_layer(form, 3).laid_out
+    invented = "All samples were stored at minus twenty degrees and analysed within one week of collection."
+    paragraphs = laid_out.split("\n\n")
+    middle = len(paragraphs) // 2
+    answer = "\n\n".join([*paragraphs[:middle], invented, *paragraphs[middle:]])
+    # When it is checked
+    [flag] = _grounded_flags(answer, form, 3)
+    # Then ungrounded is raised, hard, by the block nothing on the page supports, and says so with its share
+    assert flag.flag is Flag.UNGROUNDED and flag.hard and flag.value < DEFAULTS.ungrounded
+    assert flag.detail.startswith("a block of 76 letters and digits nothing on the page supports: 'All samples were")
+    assert flag.describe().startswith(f"ungrounded={flag.value} (threshold 0.02; a block of 76 letters")
+    assert PageFlag.from_dict(flag.as_dict()) == flag
+    # And with whole blocks not counted (FLAG_UNGROUNDED_BLOCK_CHARS=0), or counted only from 80 letters, it is not
+    words = text_layer_words(form, 3)
+    evidence = PageEvidence(ink=0.1, words=words)
+    for thresholds in (replace(DEFAULTS, ungrounded_block_chars=0), replace(DEFAULTS, ungrounded_block_chars=80)):
+        assert (
+            check_answer(
+                Answer(answer, "stop"), evidence, thresholds, max_output_tokens=8192, grounding=ground(answer, words)
+            )
+            == []
+        )
+
+
+def test_a_flag_without_a_detail_is_stored_as_before() -> None:
+    flag = PageFlag(Flag.UNGROUNDED, 0.4, 0.02)
+    assert flag.as_dict() == {"flag": "ungrounded", "value": 0.4, "threshold": 0.02}
+    assert PageFlag.from_dict(flag.as_dict()) == flag and flag.describe() == "ungrounded=0.4 (threshold 0.02)"
 
 
 def test_word_recall_ignores_order_case_and_markdown() -> None:

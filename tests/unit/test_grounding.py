@@ -341,6 +341,38 @@ def test_an_invented_sentence_is_unsupported() -> None:
     assert min(margins) >= 0.9
 
 
+def test_a_block_or_table_row_nothing_on_the_page_supports_is_unsupported_as_a_whole() -> None:
+    # Given every real page's own text as its answer: no block or row of it is unsupported as a whole, beyond a few
+    # letters (measured: 7 at most, a formula's pieces of a paper's table)
+    assert max((unit.chars for real in all_pages() for unit in real.clean.whole), default=0) < 12
+    tables = 0
+    for real in all_pages():
+        # When an invented sentence is added as a block of its own, and a formula no text layer has in LaTeX
+        formula = Block("tex", "formula", r"\sum_{i=1}^{n} \frac{\partial \mathcal{L}}{\partial w_i}")
+        result = align([*real.blocks, Block("invented", "paragraph", INVENTED), formula], real.evidence)
+        # Then the sentence is unsupported as a whole, with all its letters and digits, and the formula is not
+        [unit] = [unit for unit in result.whole if unit.block_id != "tex" and unit not in real.clean.whole]
+        assert (unit.block_id, unit.row, unit.text, unit.chars) == ("invented", None, INVENTED, key_chars(INVENTED))
+        # When each table gets an invented row after its first: a label and a number of the page's own shape
+        for table in (block for block in real.blocks if block.type == "table" and block.cells):
+            tables += 1
+            rows = sorted({cell.row for cell in table.cells})
+            shifted = [replace(cell, row=cell.row + 1) if cell.row > rows[0] else cell for cell in table.cells]
+            invented = (Cell(rows[0] + 1, 0, "Harbour district"), Cell(rows[0] + 1, 1, "48213"))
+            cells = sorted([*shifted, *invented], key=lambda cell: (cell.row, cell.col))
+            text = "\n".join(
+                " ".join(cell.text for cell in cells if cell.row == row) for row in sorted({c.row for c in cells})
+            )
+            found = align(
+                [replace(table, plain=text, cells=tuple(cells)) if block is table else block for block in real.blocks],
+                real.evidence,
+            )
+            # Then that row is unsupported as a whole, and no other row of the table is
+            new = [unit for unit in found.whole if unit.block_id == table.id and unit.chars >= 12]
+            assert [(unit.row, unit.text) for unit in new] == [(rows[0] + 1, "Harbour district 48213")], real.name
+    assert tables >= 10
+
+
 def test_a_dropped_paragraph_is_missed_where_it_stands() -> None:
     # Given every real page with a paragraph of 25 words or more, its own text as its answer without that paragraph
     checked = 0
