@@ -500,7 +500,7 @@ def test_a_database_restart_in_the_middle_of_a_run_loses_and_doubles_nothing(
         outage_upload = pipeline.put("uploads/during-the-outage.pdf", corpus / "pdflatex-outline.pdf")
         socket_dir = server.socket_dir
         fake_provider.default_delay = 5  # the answers come once the server is down (a fast stop takes < 1 s)
-        worker = start_environment("transcribe", sqs_event(in_flight, pipeline.queue_arn), timeout=17)
+        worker = start_environment("transcribe", sqs_event(in_flight, pipeline.queue_arn), timeout=40)
         wait_until(
             lambda: fake_provider.calls == 20 and _statuses(db, in_flight_jobs) == {"PROCESSING": 10},
             timeout=20,
