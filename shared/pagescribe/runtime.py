@@ -113,7 +113,10 @@ class Runtime:
             from pagescribe.providers.offline import RapidOcrProvider  # an optional extra
 
             return RapidOcrProvider(
-                language=settings.ocr_language, page_numbers=settings.page_numbers, orient=settings.detect_orientation
+                language=settings.ocr_language,
+                page_numbers=settings.page_numbers,
+                orient=settings.detect_orientation,
+                threads=settings.ocr_threads,
             )
         from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 

@@ -267,6 +267,13 @@ class Settings(BaseSettings):
         description="The offline engine's recognition model, by language: ch (PP-OCRv6 small, the only one that "
         "ships in the rapidocr wheel: Chinese, English and other Latin-script languages).",
     )
+    ocr_threads: int = Field(
+        default=0,
+        ge=0,
+        description="Threads each read of the offline engine computes on: 0, the machine's cores (shared by the "
+        "engine's workers). 1 where many reads run at once on few cores (a test suite's parallel workers): "
+        "onnxruntime's threads busy-wait for each other, which costs CPU time when they share cores with others.",
+    )
     page_numbers: Literal["mark", "drop"] = Field(
         default="mark",
         description="A page number the offline engine reads at a page's top or bottom: mark (as an HTML comment, "

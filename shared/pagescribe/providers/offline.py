@@ -68,12 +68,18 @@ class RapidOcrProvider:
     and later pages wait for a free worker within their own budgets.
     """
 
-    def __init__(self, *, language: str, page_numbers: PageNumbers, orient: bool, max_workers: int = 1) -> None:
+    def __init__(
+        self, *, language: str, page_numbers: PageNumbers, orient: bool, max_workers: int = 1, threads: int = 0
+    ) -> None:
+        """``threads``: each engine's compute threads (OCR_THREADS); 0, the cores divided among the workers."""
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, not {max_workers}")
+        if threads < 0:
+            raise ValueError(f"threads must be 0 (the cores) or more, not {threads}")
         self._engine_class = _import_rapidocr()
         self._model = f"rapidocr-{metadata.version('rapidocr')}"
-        self._engine_params = _engine_params(language, threads=max(1, (os.cpu_count() or 1) // max_workers))
+        threads = threads or max(1, (os.cpu_count() or 1) // max_workers)
+        self._engine_params = _engine_params(language, threads=threads)
         self._max_workers = max_workers
         self._page_numbers: PageNumbers = page_numbers
         self._orient = orient  # read a page again turned when it reads sideways or unsure (DETECT_ORIENTATION)
