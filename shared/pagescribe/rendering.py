@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-from pagescribe.layout import TextBox
 from pagescribe.sources import (
     DocumentInfo,
     DocumentKind,
@@ -44,8 +43,9 @@ from pagescribe.sources import (
     render_page,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second read, not with the upload function
     from pagescribe.grounding import PageText
+    from pagescribe.layout import TextBox
 
 # The pool's sizes and limits come from the settings (RENDER_WORKERS, RENDER_MEMORY_LIMIT_MB, RENDER_TIMEOUT_SECONDS),
 # their only source of defaults.
@@ -429,6 +429,8 @@ class RenderPool:
         """The offline engine's read of a page image in a worker (the engine loads on a worker's first read),
         within ``timeout_seconds`` (the worker's deadline: a process cannot be cancelled, it is killed);
         InvalidDocumentError when it runs out of time or memory."""
+        from pagescribe.layout import TextBox
+
         request = {"op": "read", "language": language}
         result, _ = await self._request(request, "the second read failed", blob=image, limit_seconds=timeout_seconds)
         lines = tuple(

@@ -68,6 +68,21 @@ NOT_AT_COLD_START = {
         "pagescribe.rendering",
         "pagescribe.transcription",
     },
+    "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's
+        "pagescribe.checks",
+        "pagescribe.layout",
+        "pagescribe.grounding",
+        "pagescribe.blocks",
+        "pagescribe.transcription",
+    },
+    "transcribe": {  # grounding, its parsers and the offline engine load with the first answer or read
+        "pagescribe.grounding",
+        "pagescribe.blocks",
+        "rapidfuzz",
+        "markdown_it",
+        "rapidocr",
+        "onnxruntime",
+    },
 }
 
 
