@@ -1,11 +1,34 @@
-"""Real pages rewritten the way other producers write them: the same page to the eye, drawn in another order."""
+"""Real pages: every readable PDF page of the corpus and tests/data/documents with its text layer, and pages rewritten
+the way other producers write them (the same page to the eye, drawn in another order)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
+from pagescribe.sources import extract_text_layer
+
+from tests.support import CORPUS
+
+DOCUMENTS = CORPUS.parent / "documents"
+
+
+def pdf_text_layers() -> Iterator[tuple[Path, int, str]]:
+    """(path, page number, text layer) of every page of every PDF of the corpus and tests/data/documents that can be
+    read without a password, in file order."""
+    for path in sorted([*CORPUS.glob("*.pdf"), *DOCUMENTS.glob("*.pdf")]):
+        if "password" in path.name:
+            continue
+        number = 1
+        while True:
+            try:
+                text = extract_text_layer(path, number)
+            except ValueError:
+                break
+            yield path, number, text
+            number += 1
 
 
 def drawn_row_by_row(source: Path, page_number: int, target: Path) -> Path:

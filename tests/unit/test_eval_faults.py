@@ -14,12 +14,13 @@ from pagescribe.checks import Thresholds, usable_text_layer
 from pagescribe.grounding import GroundingSource, PageText
 from pagescribe.scoring import words
 from pagescribe.settings import Settings
-from pagescribe.sources import extract_text_layer, read_text_layer, text_layer_words
+from pagescribe.sources import read_text_layer, text_layer_words
 from pagescribe_local import faults
 from pagescribe_local.evaluation import EvalDocument, plan
 from pagescribe_local.true_boxes import squashed
 
 from tests.support import CORPUS
+from tests.support.pages import pdf_text_layers
 
 DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
 
@@ -124,17 +125,7 @@ def test_a_fault_that_a_page_cannot_have_says_why() -> None:
 def every_page_text() -> list[str]:
     """The text of every page of the corpus and tests/data/documents: text layers and truth files."""
     texts = [path.read_text(encoding="utf-8") for path in DOCUMENTS.glob("*.txt")]
-    for path in sorted([*CORPUS.glob("*.pdf"), *DOCUMENTS.glob("*.pdf")]):
-        if "password" in path.name:
-            continue
-        number = 1
-        while True:
-            try:
-                texts.append(extract_text_layer(path, number))
-            except ValueError:
-                break
-            number += 1
-    return texts
+    return texts + [text for _, _, text in pdf_text_layers()]
 
 
 def test_the_invented_text_is_on_no_page() -> None:

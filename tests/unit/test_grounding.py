@@ -41,6 +41,7 @@ from pagescribe_local.true_boxes import true_boxes as blocks_true_boxes
 from PIL import Image, ImageChops, ImageDraw
 
 from tests.support import CORPUS
+from tests.support.pages import pdf_text_layers
 
 DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
 INVENTED = "The committee approved an additional budget of forty million dollars for the new facility."
@@ -104,20 +105,7 @@ class Page:
 
 
 def _real_pages() -> list[tuple[Path, int]]:
-    pages = []
-    for path in sorted([*CORPUS.glob("*.pdf"), *DOCUMENTS.glob("*.pdf")]):
-        if "password" in path.name:
-            continue
-        number = 1
-        while True:
-            try:
-                text = extract_text_layer(path, number)
-            except ValueError:
-                break
-            if usable_text_layer(text):
-                pages.append((path, number))
-            number += 1
-    return pages
+    return [(path, number) for path, number, text in pdf_text_layers() if usable_text_layer(text)]
 
 
 REAL_PAGES = _real_pages()
