@@ -33,7 +33,7 @@ def _page_storage_alone(db: Database, batches: int = 8) -> float:
     durations: list[float] = []
     for start in range(0, len(created.job_ids), BATCH):
         started = time.perf_counter()
-        claims = db.claim_jobs(created.job_ids[start : start + BATCH], lease_seconds=300, max_attempts=3)
+        claims = db.claim_jobs(created.job_ids[start : start + BATCH], lease_seconds=300, max_attempts=3).claimed
         db.get_documents([job.document_id for job in claims.values()])
         for job in claims.values():
             db.complete_job(job, outcome)

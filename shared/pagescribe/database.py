@@ -26,6 +26,7 @@ from pagescribe.domain import (
     AttemptOutcome,
     AttemptRecord,
     ClaimedJob,
+    Claims,
     CorrectionSave,
     CreatedDocument,
     DocumentListing,
@@ -131,6 +132,25 @@ CLAIM_JOBS_BY_ID = (
           AND (status = 'QUEUED' OR (status = 'PROCESSING' AND lease_expires_at < now()))
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
+    )"""
+    + _TAKE_LEASE
+)
+
+# A job the claim skipped is a duplicate only if it is still not claimable once the transaction holding its row has
+# ended: the upload (or a retry, a re-run) holds the row for a moment while it stamps it as sent, just after its
+# message went out, and the sweeper while it takes it to resend; a delivery arriving then must not be dropped. So a
+# skipped job is claimed once more, alone, waiting for its row at most CLAIM_LOCK_WAIT_MS; once the row is free its
+# condition is checked again on the state just committed, so a job a concurrent delivery claimed is not taken twice.
+CLAIM_LOCK_WAIT_MS = 2000
+SET_CLAIM_LOCK_WAIT = "SELECT set_config('lock_timeout', %(lock_wait)s, true)"
+CLAIM_JOB_WAITING = (
+    """
+    WITH candidate AS (
+        SELECT id FROM jobs
+        WHERE id = %(job_id)s
+          AND attempts < %(max_attempts)s
+          AND (status = 'QUEUED' OR (status = 'PROCESSING' AND lease_expires_at < now()))
+        FOR UPDATE
     )"""
     + _TAKE_LEASE
 )
@@ -1213,27 +1233,44 @@ class Database:
 
     def claim_job(self, job_id: str, *, lease_seconds: float, max_attempts: int) -> ClaimedJob | None:
         """Move this job QUEUED → PROCESSING (or take over an expired lease) and commit; None when it is
-        already claimed, finished, out of attempts or unknown."""
-        claimed = self.claim_jobs([job_id], lease_seconds=lease_seconds, max_attempts=max_attempts)
-        return claimed.get(job_id)
+        already claimed, finished, out of attempts or unknown (or its row stayed held: see ``claim_jobs``)."""
+        claims = self.claim_jobs([job_id], lease_seconds=lease_seconds, max_attempts=max_attempts)
+        return claims.claimed.get(job_id)
 
-    def claim_jobs(self, job_ids: Sequence[str], *, lease_seconds: float, max_attempts: int) -> dict[str, ClaimedJob]:
-        """Claim the claimable ones of these jobs (an SQS batch's) in one statement: {job id: claim}. A job
-        already claimed, finished, out of attempts or unknown is absent; a job named twice is claimed once."""
+    def claim_jobs(self, job_ids: Sequence[str], *, lease_seconds: float, max_attempts: int) -> Claims:
+        """Claim the claimable ones of these jobs (an SQS batch's) in one statement. A job already claimed, finished,
+        out of attempts or unknown is not claimed; a job named twice is claimed once. A job whose row another
+        transaction held is claimed once more, waiting for its row (CLAIM_JOB_WAITING); one still held after that
+        wait is ``busy``: neither claimed nor a duplicate."""
         unique = list(dict.fromkeys(job_ids))
         if not unique:
-            return {}
-        rows = self._rows(
-            CLAIM_JOBS_BY_ID,
-            {
-                "job_ids": unique,
-                "lease_token": str(uuid.uuid4()),
-                "limit": len(unique),
-                "lease_seconds": lease_seconds,
-                "max_attempts": max_attempts,
-            },
-        )
-        return {job.job_id: job for job in _claimed(rows)}
+            return Claims({}, frozenset())
+        lease_token = str(uuid.uuid4())
+        params = {"lease_token": lease_token, "lease_seconds": lease_seconds, "max_attempts": max_attempts}
+        rows = self._rows(CLAIM_JOBS_BY_ID, {**params, "job_ids": unique, "limit": len(unique)})
+        claimed = {job.job_id: job for job in _claimed(rows)}
+        busy: set[str] = set()
+        for job_id in unique:
+            if job_id not in claimed:
+                waited = self._claim_waiting({**params, "job_id": job_id})
+                if waited is None:
+                    busy.add(job_id)
+                claimed.update((job.job_id, job) for job in _claimed(waited or []))
+        return Claims(claimed, frozenset(busy))
+
+    def _claim_waiting(self, params: dict[str, Any]) -> list[Any] | None:
+        """CLAIM_JOB_WAITING in a transaction of its own: the claimed row, none, or None when the row stayed held."""
+
+        def claim(connection: psycopg.Connection[Any]) -> list[Any] | None:
+            try:
+                with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
+                    cursor.execute(SET_CLAIM_LOCK_WAIT, {"lock_wait": f"{CLAIM_LOCK_WAIT_MS}ms"})
+                    cursor.execute(CLAIM_JOB_WAITING, params)
+                    return cursor.fetchall()
+            except psycopg.errors.LockNotAvailable:
+                return None
+
+        return self._with_connection(claim)
 
     def claim_next_queued_jobs(self, *, limit: int, lease_seconds: float, max_attempts: int) -> list[ClaimedJob]:
         """Claim up to ``limit`` of the oldest due QUEUED jobs (they share one lease token)."""

@@ -70,6 +70,14 @@ class ApiKeyRecord(NamedTuple):
     revoked_at: datetime | None
 
 
+class Claims(NamedTuple):
+    """A batch's claim: the jobs claimed, by id, and those whose row another transaction held past the claim's wait
+    (``busy``: their messages must come back, not be taken for duplicates)."""
+
+    claimed: dict[str, ClaimedJob]
+    busy: frozenset[str]
+
+
 class CreatedDocument(NamedTuple):
     document_id: str
     job_ids: tuple[str, ...]

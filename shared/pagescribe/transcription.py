@@ -36,6 +36,7 @@ from pagescribe.database import Database
 from pagescribe.domain import (
     NO_OUTCOME,
     ClaimedJob,
+    Claims,
     DocumentProgress,
     DocumentRecord,
     FailedCall,
@@ -70,6 +71,11 @@ MAX_RETRY_DELAY_SECONDS = 900  # SQS's longest message delay
 
 class MalformedMessageError(ValueError):
     """An SQS message that does not name a job; it can never succeed."""
+
+
+class JobBusyError(RuntimeError):
+    """The job's row stayed held by another transaction through the claim's wait: its message is left for
+    redelivery."""
 
 
 class NotEnoughTimeError(RuntimeError):
@@ -337,9 +343,7 @@ class Transcriber:
         per message."""
         return TranscriptionBatch(self, bodies, remaining_seconds)
 
-    def claim_batch(
-        self, job_ids: Sequence[str], remaining_seconds: float
-    ) -> tuple[dict[str, ClaimedJob], dict[str, DocumentRecord]]:
+    def claim_batch(self, job_ids: Sequence[str], remaining_seconds: float) -> tuple[Claims, dict[str, DocumentRecord]]:
         """Claim a batch's jobs in one statement and read their documents in one: (claims, documents by id).
 
         Raises NotEnoughTimeError, claiming nothing, when too little of the invocation is left for a useful
@@ -353,7 +357,7 @@ class Transcriber:
             lease_seconds=self._time.lease(remaining_seconds),
             max_attempts=self._settings.max_attempts,
         )
-        documents = self._db.get_documents([job.document_id for job in claims.values()])
+        documents = self._db.get_documents([job.document_id for job in claims.claimed.values()])
         return claims, documents
 
     async def transcribe_claimed(
@@ -702,7 +706,8 @@ class TranscriptionBatch:
     """One SQS batch of page jobs. When its first message is processed, every job of the batch is claimed in
     one statement and their documents read in one (two round trips for the batch, not two per page); each
     message then transcribes its own page. A job named twice, already claimed or finished is a duplicate
-    delivery, acknowledged without a model call."""
+    delivery, acknowledged without a model call; a job whose row stayed held by another transaction fails its
+    message, which comes back."""
 
     def __init__(self, transcriber: Transcriber, bodies: Sequence[str], remaining_seconds: Callable[[], float]) -> None:
         self._transcriber = transcriber
@@ -711,14 +716,20 @@ class TranscriptionBatch:
         for body in bodies:
             with contextlib.suppress(MalformedMessageError):  # rejected when its own message is processed
                 self._job_ids.append(parse_job_id(body))
-        self._claims: dict[str, ClaimedJob] | None = None
+        self._claims: Claims | None = None
         self._documents: dict[str, DocumentRecord] = {}
 
     def _claim(self, job_id: str) -> tuple[ClaimedJob, DocumentRecord] | None:
         if self._claims is None:
             self._claims, self._documents = self._transcriber.claim_batch(self._job_ids, self._remaining_seconds())
-        job = self._claims.pop(job_id, None)
+        job = self._claims.claimed.pop(job_id, None)
         if job is None:
+            if job_id in self._claims.busy:
+                log.warning("the job's row is held by another transaction", extra={"job_id": job_id})
+                raise JobBusyError(
+                    f"job {job_id}: its row stayed held by another transaction through the claim's wait; "
+                    "the message is left for redelivery"
+                )
             return None
         document = self._documents.get(job.document_id)
         if document is None:  # the foreign key makes this impossible short of manual deletion

@@ -238,7 +238,7 @@ def test_claim_and_poll_are_each_one_limited_statement_without_joins(db: Databas
     job_ids = db.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3]).job_ids
     # When a batch's jobs are claimed by id, and then the oldest is claimed by polling
     with _on_the_wire(db) as (traced, by_id):
-        claimed = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3)
+        claimed = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3).claimed
     with _on_the_wire(db) as (traced, poll):
         [polled] = traced.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
     # Then both jobs were claimed together, and the poll took the third

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from psycopg import OperationalError
-from sqlalchemy import make_url
+from sqlalchemy import make_url, text
 
 from tests.fakes.chat_server import Behaviour, FakeChatServer, Hang, Ok
 from tests.reliability.support import (
@@ -174,6 +176,73 @@ def test_every_message_delivered_three_times_at_once_and_again_late_is_transcrib
     assert {d["id"]: d["finished_at"] for d in documents(db)} == finished
     assert all(_versions(pipeline, str(doc_id)) == ONE_TRANSCRIPT for doc_id in finished)
     _assert_nothing_left_to_sweep(pipeline)
+
+
+@contextmanager
+def _row_held(db: Database, job_id: str) -> Iterator[int]:
+    """The job's row locked by another transaction, as the upload holds it while it stamps the job as sent just
+    after sending its message (MARK_ENQUEUED), until the block ends and that transaction commits; its backend pid."""
+    with db.engine.connect().execution_options(isolation_level="READ COMMITTED") as conn, conn.begin():
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.execute(text("UPDATE jobs SET enqueued_at = now(), updated_at = now() WHERE id = :id"), {"id": job_id})
+        yield int(pid)
+
+
+def _waiting_on(db: Database, pid: int) -> bool:
+    """Is any session waiting for a lock the backend ``pid`` holds?"""
+    with db.engine.connect() as conn:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+        return bool(conn.execute(text(query), {"pid": pid}).scalar_one())
+
+
+def test_a_message_delivered_while_its_job_is_being_stamped_as_sent_is_transcribed_not_dropped(
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
+) -> None:
+    # Given a page's message, delivered while the transaction that stamps its job as sent still holds the job's row
+    # (a worker can receive a message within milliseconds of its send, before the sender's stamp has committed)
+    [doc] = pipeline.upload("uploads/stamped.png", corpus / "smile.png")["documents"]
+    [message] = pipeline.receive_all()
+    answered: list[dict[str, Any]] = []
+    with _row_held(db, job_id_of(message)) as holder:
+        invocation = threading.Thread(
+            target=lambda: answered.append(pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn)))
+        )
+        invocation.start()
+        # When the invocation meets the held row
+        wait_until(
+            lambda: _waiting_on(db, holder) or not invocation.is_alive(), timeout=60, what="the claim to meet the row"
+        )
+        # Then it waits for the row instead of taking the message for a duplicate
+        assert invocation.is_alive() and _waiting_on(db, holder), answered
+    # And once the stamp commits, it claims the job and transcribes the page, and the message is acknowledged
+    invocation.join(timeout=60)
+    assert [response["batchItemFailures"] for response in answered] == [[]]
+    [page] = jobs(db)
+    assert (page["status"], page["attempts"], str(page["document_id"])) == ("COMPLETED", 1, doc["document_id"])
+    assert fake_provider.calls == 1
+
+
+def test_a_message_whose_job_stays_held_past_the_claims_wait_comes_back_and_then_completes(
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
+) -> None:
+    # Given a page's message, delivered while another transaction holds the job's row and keeps holding it
+    pipeline.upload("uploads/held.png", corpus / "smile.png")
+    [message] = pipeline.receive_all()
+    with _row_held(db, job_id_of(message)):
+        # When it is delivered
+        response = pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn))
+        # Then, once the claim's wait is over, the message is reported failed, to come back, and the page is untouched
+        assert response["batchItemFailures"] == [{"itemIdentifier": message["MessageId"]}]
+        [page] = jobs(db)
+        assert (page["status"], page["attempts"], page["lease_token"]) == ("QUEUED", 0, None)
+        assert fake_provider.calls == 0
+    # When it comes back after the row is free
+    response = pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn))
+    # Then the page is transcribed once
+    assert response["batchItemFailures"] == []
+    [page] = jobs(db)
+    assert (page["status"], page["attempts"]) == ("COMPLETED", 1)
+    assert fake_provider.calls == 1
 
 
 # --- 2. worker death -----------------------------------------------------------------------------------------
