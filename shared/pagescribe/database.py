@@ -42,6 +42,7 @@ from pagescribe.domain import (
     PageIssue,
     PageOutcome,
     PageRecord,
+    PageRerunState,
     PageSummary,
     PendingDocument,
     RateBucket,
@@ -563,20 +564,25 @@ RETRY_FAILED_PAGES = (
 
 # One finished page (COMPLETED, FAILED or SKIPPED) queued again, on the model asked for (NULL: the document's): its
 # answer and flags are cleared, its attempts (and their costs) kept, and its document reopened, so that the
-# transcript files are written again when the page is done.
+# transcript files are written again when the page is done. Bounded as retries are: the document's row is locked
+# first and its retries counted (a re-run is one), and the page's own re-runs; a page past either limit is not queued.
 RERUN_PAGE = (
     """
-    WITH page AS (
+    WITH allowed AS (
+        SELECT id FROM documents WHERE id = %(document_id)s AND retries < %(max_retries)s FOR UPDATE
+    ),
+    page AS (
         SELECT id, status FROM jobs
         WHERE document_id = %(document_id)s AND page_number = %(page_number)s
-          AND status IN ('COMPLETED', 'FAILED', 'SKIPPED')
+          AND status IN ('COMPLETED', 'FAILED', 'SKIPPED') AND reruns < %(max_page_reruns)s
+          AND EXISTS (SELECT 1 FROM allowed)
         FOR UPDATE
     ),
     rerun AS (
         UPDATE jobs
         SET"""
     + _QUEUED_AFRESH
-    + """, escalation = NULL, requested_model = %(model)s
+    + """, escalation = NULL, requested_model = %(model)s, reruns = reruns + 1
         FROM page WHERE jobs.id = page.id
         RETURNING jobs.id, page.status AS was
     ),
@@ -584,13 +590,19 @@ RERUN_PAGE = (
         UPDATE documents
         SET pages_completed = pages_completed - (SELECT count(*) FROM rerun WHERE was = 'COMPLETED'),
             pages_failed = pages_failed - (SELECT count(*) FROM rerun WHERE was <> 'COMPLETED'),
-            status = 'PROCESSING', error = NULL, finished_at = NULL, callback_status = NULL, updated_at = now()
+            status = 'PROCESSING', error = NULL, finished_at = NULL, callback_status = NULL, retries = retries + 1,
+            updated_at = now()
         WHERE id = %(document_id)s AND EXISTS (SELECT 1 FROM rerun)
         RETURNING id
     )
     SELECT id FROM rerun
     """
 )
+
+# What decides whether a page may be re-run: its status, its re-runs so far, and why it failed.
+PAGE_RERUN_STATE = """
+    SELECT status, reruns, error FROM jobs WHERE document_id = %(document_id)s AND page_number = %(page_number)s
+    """
 
 # The image a page was sent to the model as, once it is in the bucket. Not fenced by the lease: every holder of the
 # page stores the same render under the same key, and the page's result is written apart from it.
@@ -1357,11 +1369,26 @@ class Database:
             for row in rows
         ]
 
-    def rerun_page(self, document_id: str, page_number: int, *, model: str | None) -> str | None:
-        """Queue a finished page again (on ``model``, or the document's), reopening its document; its job id, to be
-        sent after this commit, or None when the page is not finished (or does not exist)."""
-        row = self._row(RERUN_PAGE, {"document_id": document_id, "page_number": page_number, "model": model})
+    def rerun_page(
+        self, document_id: str, page_number: int, *, model: str | None, max_retries: int, max_page_reruns: int
+    ) -> str | None:
+        """Queue a finished page again (on ``model``, or the document's), reopening its document and counting one of
+        its retries and one of the page's re-runs; its job id, to be sent after this commit, or None when the page
+        is not finished (or does not exist), or the document or the page has used its limit."""
+        params = {
+            "document_id": document_id,
+            "page_number": page_number,
+            "model": model,
+            "max_retries": max_retries,
+            "max_page_reruns": max_page_reruns,
+        }
+        row = self._row(RERUN_PAGE, params)
         return str(row.id) if row is not None else None
+
+    def page_rerun_state(self, document_id: str, page_number: int) -> PageRerunState | None:
+        """The page's status, re-runs so far and error; None for no such page."""
+        row = self._row(PAGE_RERUN_STATE, {"document_id": document_id, "page_number": page_number})
+        return PageRerunState(JobStatus(row.status), row.reruns, row.error) if row is not None else None
 
     def keep_page_image(self, job: ClaimedJob, image_key: str) -> None:
         self._rows(KEEP_PAGE_IMAGE, {"job_id": job.job_id, "image_key": image_key})

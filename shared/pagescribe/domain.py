@@ -196,6 +196,14 @@ class DocumentListing(NamedTuple):
     finished_at: datetime | None
 
 
+class PageRerunState(NamedTuple):
+    """What decides whether a page may be re-run."""
+
+    status: JobStatus
+    reruns: int  # the times it was re-run so far
+    error: str | None  # why it failed, if it did
+
+
 class PageImageRecord(NamedTuple):
     """Where the image a page was sent to the model as is kept (None: none was, e.g. it was read from its text
     layer), and the page's status."""

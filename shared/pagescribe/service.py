@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 UPLOAD_CONTENT_TYPES = ("application/pdf", "image/png", "image/jpeg", "image/tiff", "image/webp")
 FINISHED = {DocumentStatus.COMPLETED, DocumentStatus.PARTIAL, DocumentStatus.FAILED}
+FINISHED_PAGES = {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.SKIPPED}
 
 
 class RequestError(ValueError):
@@ -47,7 +49,7 @@ MAX_IDEMPOTENCY_KEY = 255
 
 
 class RetryLimitError(Exception):
-    """The document has used its retries (MAX_DOCUMENT_RETRIES)."""
+    """The document has used its retries (MAX_DOCUMENT_RETRIES), or the page its re-runs (MAX_PAGE_RERUNS)."""
 
 
 @dataclass(frozen=True)
@@ -375,14 +377,51 @@ class DocumentService:
                 field="model",
             )
         chosen = model or document.model
-        job_id = self._db.rerun_page(document.document_id, page_number, model=model)
-        if job_id is None:
-            page = self._db.page_image(document.document_id, page_number)
-            if page is None:
-                return RerunAnswer(chosen, f"the document has no page {page_number}", missing=True)
-            return RerunAnswer(chosen, f"page {page_number} is {page.status.value}: only a finished page is re-run")
+        refused = self._rerun_refusal(document, page_number, chosen)
+        if refused is not None:
+            return refused
+        job_id = self._db.rerun_page(
+            document.document_id,
+            page_number,
+            model=model,
+            max_retries=self._settings.max_document_retries,
+            max_page_reruns=self._settings.max_page_reruns,
+        )
+        if job_id is None:  # a concurrent re-run or retry got there first: say what it left
+            fresh = self._document(document_id, tenant) or document
+            return self._rerun_refusal(fresh, page_number, chosen) or RerunAnswer(
+                chosen, f"page {page_number} changed while it was being queued again; try again"
+            )
         send_committed(self._queue, self._db, [JobMessage(job_id, document.document_id, page_number)])
         return RerunAnswer(chosen)
+
+    def _rerun_refusal(self, document: DocumentRecord, page_number: int, model: str) -> RerunAnswer | None:
+        """Why the page may not be re-run now (None: it may). Raises RetryLimitError when the document or the page
+        has used its limit."""
+        page = self._db.page_rerun_state(document.document_id, page_number)
+        if page is None:
+            return RerunAnswer(model, f"the document has no page {page_number}", missing=True)
+        if page.status not in FINISHED_PAGES:
+            return RerunAnswer(model, f"page {page_number} is {page.status.value}: only a finished page is re-run")
+        limit = self._settings.max_document_retries
+        if document.retries >= limit:
+            raise RetryLimitError(
+                f"the document's pages were queued again {document.retries} times (retries and re-runs); the limit "
+                f"is MAX_DOCUMENT_RETRIES={limit}"
+            )
+        if page.reruns >= self._settings.max_page_reruns:
+            raise RetryLimitError(
+                f"page {page_number} was re-run {page.reruns} times; the limit is "
+                f"MAX_PAGE_RERUNS={self._settings.max_page_reruns}"
+            )
+        blown = _render_limit(page.error, self._settings) if page.status is JobStatus.FAILED else None
+        if blown is not None:
+            return RerunAnswer(
+                model,
+                f"page {page_number} failed on {blown} ({page.error}); re-rendered under the same limit it would fail "
+                "the same way: it is re-run once the operator has raised that limit",
+            )
+        return None
 
     def correct_page(self, document_id: str, page_number: int, markdown: str, tenant: str) -> CorrectionAnswer | None:
         """Save a person's text for one page of a finished document as the page's next revision, then write the
@@ -444,3 +483,13 @@ class DocumentService:
             self._queue, self._db, [JobMessage(job_id, document.document_id, page) for job_id, page in retried]
         )
         return [page for _, page in retried]
+
+
+def _render_limit(error: str | None, settings: Settings) -> str | None:
+    """The stack's render limit that a page's failure names, as it is set now (None: none, or one since changed)."""
+    limits = (
+        f"RENDER_MEMORY_LIMIT_MB={settings.render_memory_limit_mb}",
+        f"RENDER_TIMEOUT_SECONDS={settings.render_timeout_seconds:g}",
+        f"MAX_IMAGE_PIXELS={settings.max_image_pixels}",
+    )
+    return next((limit for limit in limits if error and re.search(re.escape(limit) + r"(?![\d.])", error)), None)

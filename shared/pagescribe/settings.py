@@ -137,7 +137,14 @@ class Settings(BaseSettings):
 
     max_attempts: int = Field(default=3, ge=1)
     max_document_retries: int = Field(
-        default=3, ge=0, le=100, description="How many times POST /retry may requeue one document's failed pages."
+        default=3,
+        ge=0,
+        le=100,
+        description="How many times one document's pages may be queued again: each POST /retry of its failed pages "
+        "and each re-run of one of its pages counts.",
+    )
+    max_page_reruns: int = Field(
+        default=2, ge=0, le=100, description="How many times one page may be re-run (POST .../pages/N/rerun)."
     )
     allowed_models: str | None = Field(
         default=None,

@@ -5,13 +5,17 @@ provider."""
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pagescribe.database import Database
+from pagescribe.domain import DEFAULT_TENANT
 from pagescribe.handlers import api as api_app
-from pagescribe.runtime import shutdown_runtime
+from pagescribe.runtime import get_runtime, shutdown_runtime
+from pagescribe.service import RetryLimitError
 from pagescribe.settings import get_settings
 from sqlalchemy import text
 
@@ -114,3 +118,99 @@ def test_a_rerun_is_refused_clearly_when_it_cannot_be_done(
     calls = fake_provider.calls
     pipeline.run_until_idle()
     assert fake_provider.calls == calls + 1 and fake_provider.requests[-1]["model"] == "test/vision-model"
+
+
+def _reconfigure(monkeypatch: pytest.MonkeyPatch, **settings: str) -> None:
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    shutdown_runtime()
+    get_settings.cache_clear()
+
+
+def _queued(db: Database, document_id: str) -> int:
+    with db.engine.connect() as conn:
+        query = "SELECT count(*) FROM jobs WHERE document_id = :id AND status = 'QUEUED'"
+        return int(conn.execute(text(query), {"id": document_id}).scalar_one())
+
+
+def test_reruns_count_against_the_documents_retries_and_each_page_has_its_own_limit(
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, transcribed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a finished document, a stack allowing 3 retries per document and 2 re-runs per page
+    document_id = transcribed
+    _reconfigure(monkeypatch, MAX_DOCUMENT_RETRIES="3", MAX_PAGE_RERUNS="2")
+    calls = fake_provider.calls
+    # When page 1 is re-run twice, each run finishing
+    for _ in range(2):
+        assert call("POST", f"/documents/{document_id}/pages/1/rerun", {})[0] == 202
+        pipeline.run_until_idle()
+    # Then a third re-run of page 1 is refused naming the page's limit, and nothing is queued
+    code, body = call("POST", f"/documents/{document_id}/pages/1/rerun", {})
+    assert code == 429 and body["message"] == "page 1 was re-run 2 times; the limit is MAX_PAGE_RERUNS=2"
+    assert _queued(db, document_id) == 0
+    # When page 2 is re-run once: the document's third time queued again
+    assert call("POST", f"/documents/{document_id}/pages/2/rerun", {})[0] == 202
+    pipeline.run_until_idle()
+    # Then no page of it is re-run any more, nor are its failed pages retried: re-runs and retries share the limit
+    code, body = call("POST", f"/documents/{document_id}/pages/3/rerun", {})
+    assert code == 429 and "MAX_DOCUMENT_RETRIES=3" in body["message"] and "3 times" in body["message"]
+    code, body = call("POST", f"/documents/{document_id}/retry")
+    assert code == 429 and "MAX_DOCUMENT_RETRIES=3" in body["message"]
+    # And the three re-runs cost three model calls, no more
+    assert fake_provider.calls == calls + 3 and _queued(db, document_id) == 0
+
+
+def test_a_page_that_failed_on_a_render_limit_is_re_run_only_once_that_limit_is_raised(
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a transcribed image whose page, re-run under a pixel limit it is over, failed on that limit
+    _reconfigure(monkeypatch, API_KEY=API_KEY)
+    [document] = pipeline.upload("uploads/smile.png", corpus / "smile.png")["documents"]
+    document_id = str(document["document_id"])
+    pipeline.run_until_idle()
+    _reconfigure(monkeypatch, MAX_IMAGE_PIXELS="100")
+    assert call("POST", f"/documents/{document_id}/pages/1/rerun", {})[0] == 202
+    pipeline.run_until_idle()
+    _, status = call("GET", f"/documents/{document_id}")
+    assert status["status"] == "FAILED"
+    calls = fake_provider.calls
+    # When it is re-run with the limit unchanged
+    code, body = call("POST", f"/documents/{document_id}/pages/1/rerun", {})
+    # Then it is refused, naming the limit and why, and nothing is queued
+    assert code == 409 and body["message"].startswith("page 1 failed on MAX_IMAGE_PIXELS=100 (")
+    assert "once the operator has raised that limit" in body["message"] and _queued(db, document_id) == 0
+    # When the operator raises the limit, it is re-run, rendered and transcribed
+    _reconfigure(monkeypatch, MAX_IMAGE_PIXELS="60000000")
+    assert call("POST", f"/documents/{document_id}/pages/1/rerun", {})[0] == 202
+    pipeline.run_until_idle()
+    _, status = call("GET", f"/documents/{document_id}")
+    assert status["status"] == "COMPLETED" and fake_provider.calls == calls + 1
+
+
+def test_reruns_of_every_page_at_once_are_counted_under_the_documents_lock(
+    pipeline: Pipeline, db: Database, transcribed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a finished 4-page document on a stack allowing 2 retries per document
+    document_id = transcribed
+    _reconfigure(monkeypatch, MAX_DOCUMENT_RETRIES="2")
+    documents = get_runtime().documents
+    start = threading.Barrier(4)
+
+    def rerun(page: int) -> str:
+        start.wait()
+        try:
+            answer = documents.rerun_page(document_id, page, DEFAULT_TENANT, model=None)
+        except RetryLimitError:
+            return "limit"
+        assert answer is not None
+        return "refused" if answer.refused else "queued"
+
+    # When each of its pages is re-run at the same moment
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(rerun, [1, 2, 3, 4]))
+    # Then exactly two were queued, the others refused on the document's limit, and its count says two
+    assert sorted(outcomes) == ["limit", "limit", "queued", "queued"]
+    assert _queued(db, document_id) == 2
+    with db.engine.connect() as conn:
+        retries = conn.execute(text("SELECT retries FROM documents WHERE id = :id"), {"id": document_id}).scalar_one()
+    assert retries == 2

@@ -52,7 +52,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Data
     """``pagescribe serve`` with the fake provider, and the database it uses: one of its own, so that another test's
     documents (of tenants with the same names) are not in its lists."""
     with fresh_database() as database_url, FakeChatServer() as provider:
-        server, endpoints = start_serve(database_url, provider, tmp_path_factory.mktemp("serve"))
+        # re-runs limited far above what the run makes: each tenant re-runs its document's pages a few dozen times
+        limits = {"MAX_DOCUMENT_RETRIES": "100", "MAX_PAGE_RERUNS": "100"}
+        server, endpoints = start_serve(database_url, provider, tmp_path_factory.mktemp("serve"), settings=limits)
         engine = create_database_engine(database_url)
         try:
             yield endpoints["api"], Database(engine)

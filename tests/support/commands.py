@@ -47,11 +47,17 @@ def pagescribe(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Complet
 
 
 def start_serve(
-    database_url: str, fake_provider: FakeChatServer, cwd: Path, *options: str, sigint_ignored: bool = False
+    database_url: str,
+    fake_provider: FakeChatServer,
+    cwd: Path,
+    *options: str,
+    sigint_ignored: bool = False,
+    settings: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """``pagescribe serve`` with the API key ``local-key``, and the endpoints it printed once it was up.
-    ``sigint_ignored``: started with SIGINT ignored, as a shell script's ``pagescribe serve &`` is."""
-    env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key"}
+    """``pagescribe serve`` with the API key ``local-key`` (and ``settings`` in its environment), and the endpoints
+    it printed once it was up. ``sigint_ignored``: started with SIGINT ignored, as a shell script's
+    ``pagescribe serve &`` is."""
+    env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key", **(settings or {})}
     server = subprocess.Popen(
         [sys.executable, "-m", "pagescribe_local.cli", "serve", "--port", "0", *options],
         env=env,

@@ -493,13 +493,26 @@ def get_page_image(document_id: str, page: str) -> PageImageResponse:
         202: {"description": "Queued", "content": {"application/json": {"model": RerunResponse}}},
         400: {"description": "The page is not a page number", "content": _ERROR_CONTENT},
         404: {"description": "No document has this id, or it has no such page", "content": _ERROR_CONTENT},
-        409: {"description": "The page is not finished (queued or being transcribed)", "content": _ERROR_CONTENT},
+        409: {
+            "description": "The page is not finished (queued or being transcribed), or it failed on a render limit "
+            "that is still set as it was",
+            "content": _ERROR_CONTENT,
+        },
         422: {"description": "A model that is not allowed", "content": _ERROR_CONTENT},
+        429: {
+            "description": "The document has used its retries (MAX_DOCUMENT_RETRIES: re-runs count), or the page its "
+            "re-runs (MAX_PAGE_RERUNS)",
+            "content": _ERROR_CONTENT,
+        },
     },
 )
 def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Body()]) -> RerunResponse:
     number = _page_number(page)
-    answer = _granted(get_runtime().documents.rerun_page(document_id, number, _tenant(), model=request.model))
+    try:
+        rerun = get_runtime().documents.rerun_page(document_id, number, _tenant(), model=request.model)
+    except RetryLimitError as exc:
+        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
+    answer = _granted(rerun)
     logger.info("page queued again", extra={"document_id": document_id, "page": number, "model": answer.model})
     return RerunResponse(document_id=document_id, page_number=number, model=answer.model)
 
@@ -535,7 +548,10 @@ def correct_page(document_id: str, page: str, request: Annotated[CorrectionReque
     responses={
         202: {"description": "Requeued", "content": {"application/json": {"model": RetryResponse}}},
         409: {"description": "No failed pages", "content": _ERROR_CONTENT},
-        429: {"description": "The document has used its retries (MAX_DOCUMENT_RETRIES)", "content": _ERROR_CONTENT},
+        429: {
+            "description": "The document has used its retries (MAX_DOCUMENT_RETRIES: re-runs of its pages count)",
+            "content": _ERROR_CONTENT,
+        },
         **_NOT_FOUND,
     },
 )
