@@ -235,6 +235,11 @@ class DocumentService:
                 f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters, not {len(idempotency_key)}",
                 field="Idempotency-Key",
             )
+        if not all(" " <= character <= "~" for character in idempotency_key):
+            raise RequestError(
+                "Idempotency-Key must be printable ASCII (a UUID, say); it holds a control or non-ASCII character",
+                field="Idempotency-Key",
+            )
         digest = hashlib.sha256(json.dumps(asdict(upload), sort_keys=True).encode()).digest()
         first = self._db.idempotent_answer(tenant, idempotency_key)
         if first is None:

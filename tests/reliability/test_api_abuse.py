@@ -419,3 +419,41 @@ def test_after_all_the_abuse_the_api_still_works(api: Pipeline, db: Database) ->
     assert call("GET", f"/documents/{created['document_id']}/transcript")[0] == 409
     assert call("POST", f"/documents/{created['document_id']}/retry")[0] == 409
     assert _counts(db) == {"tables": 2, "documents": 1, "jobs": 0}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "code", "says"),
+    [
+        pytest.param("POST", "/pages/" + "9" * 5000 + "/rerun", "{}", {}, 422, "page", id="page-of-5000-digits"),
+        pytest.param("GET", "/pages/" + "1" * 4301 + "/image", None, {}, 422, "page", id="page-of-4301-digits"),
+        pytest.param(
+            "POST",
+            "",
+            '{"filename": "a.pdf", "content_type": "application/pdf", "max_cost_usd": 1' + "0" * 5000 + "}",
+            {},
+            422,
+            "invalid request",
+            id="json-integer-of-5000-digits",
+        ),
+        pytest.param(
+            "POST",
+            "",
+            json.dumps(VALID),
+            {"Idempotency-Key": "key\x00one"},
+            422,
+            "Idempotency-Key",
+            id="nul-in-idempotency-key",
+        ),
+    ],
+)
+def test_inputs_past_what_python_and_postgresql_hold_get_a_4xx_naming_them(
+    api: Pipeline, db: Database, method: str, path: str, body: str | None, headers: dict[str, str], code: int, says: str
+) -> None:
+    # Given a request carrying a number too long for Python to parse, or a NUL that PostgreSQL text cannot hold
+    before = _counts(db)
+    document = f"/documents/{uuid.uuid4()}" if path else "/documents"
+    # When it is sent
+    status, answer = send(api_event(method, document + path, body=body, headers={"x-api-key": API_KEY, **headers}))
+    # Then it is refused with a 4xx that says what was wrong (never a 500 with a traceback), and nothing was created
+    assert status == code and says in json.loads(answer)["message"], answer[:300]
+    assert _counts(db) == before

@@ -21,7 +21,14 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from pagescribe.runtime import get_runtime
-from pagescribe.service import MAX_LIST_LIMIT, NewUpload, RequestError, RetryLimitError, TranscriptFormat
+from pagescribe.service import (
+    MAX_LIST_LIMIT,
+    MAX_PAGE_NUMBER,
+    NewUpload,
+    RequestError,
+    RetryLimitError,
+    TranscriptFormat,
+)
 from pagescribe.settings import get_settings
 from pagescribe.tenancy import KeyRefused
 from pagescribe.webpage import Asset, asset, page, security_headers
@@ -285,6 +292,8 @@ def authenticate(raw_event: dict[str, Any]) -> tuple[dict[str, Any] | None, str 
             refusal = (HTTPStatus.UNAUTHORIZED if exc.missing else HTTPStatus.FORBIDDEN), str(exc)
     if refusal is None and len((event.body or "").encode()) > MAX_BODY_BYTES:
         refusal = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body exceeds {MAX_BODY_BYTES} bytes"
+    if refusal is None and event.body and _holds_an_unparseable_number(event.body):
+        refusal = HTTPStatus.UNPROCESSABLE_ENTITY, "invalid request: body: a number in it has too many digits"
     if refusal is None:
         return None, tenant
     return {
@@ -293,6 +302,18 @@ def authenticate(raw_event: dict[str, Any]) -> tuple[dict[str, Any] | None, str 
         "body": json.dumps({"message": refusal[1]}),
         "isBase64Encoded": False,
     }, None
+
+
+def _holds_an_unparseable_number(body: str) -> bool:
+    """Does the body parse as JSON but for an integer longer than Python converts (4,300 digits)? The validation
+    that follows would fail on it with a ValueError that is not a JSON error, as a 500."""
+    try:
+        json.loads(body)
+    except (json.JSONDecodeError, RecursionError):
+        return False  # malformed, or nested too deep: the validation refuses it, saying so
+    except ValueError:
+        return True
+    return False
 
 
 def _unauthenticated(path: str) -> bool:
@@ -324,9 +345,14 @@ _NOT_FOUND: dict[int, Any] = {404: {"description": "No document has this id", "c
 
 
 def _page_number(page: str) -> int:
-    if not page.isascii() or not page.isdigit() or int(page) < 1:
+    digits = page.lstrip("0")
+    if not page.isascii() or not page.isdigit() or not digits:
         raise ApiError(HTTPStatus.BAD_REQUEST, f"the page must be a page number (1, 2, ...), not {page[:40]!r}")
-    return int(page)
+    if len(digits) > len(str(MAX_PAGE_NUMBER)) or int(digits) > MAX_PAGE_NUMBER:  # never int() of 4,301 digits
+        shown = digits if len(digits) <= 20 else f"{digits[:20]}... ({len(digits)} digits)"
+        message = f"the page number {shown} is over the largest, {MAX_PAGE_NUMBER}"
+        raise ApiError(HTTPStatus.UNPROCESSABLE_ENTITY, message)
+    return int(digits)
 
 
 def _not_found() -> ApiError:
