@@ -28,6 +28,19 @@ HOSTILE = (
     '<a href="javascript:window.pwned=1">a link</a> and **Total: 42 EUR**\n'
 )
 
+# A transcript that names the page's own elements, links out, loads remote and inline images, and opens a dialog and
+# a popover over the page (a forged "sign in again"): what a hostile document can make a model write
+CLOBBERING = (
+    "# Statement\n\n"
+    "Pay to IBAN DE00 1111 2222 3333 4444 00\n\n"
+    '<div id="editor-text">IBAN DE99 ATTACKER</div>\n\n'
+    '<p id="raw" name="rendered">the raw view, blanked</p>\n\n'
+    "[pay here](https://evil.example/phish) ![logo](https://evil.example/logo.png) "
+    "![pixel](data:image/png;base64,iVBORw0KGgo=)\n\n"
+    "<dialog open>Your session expired: sign in at evil.example</dialog>\n\n"
+    '<div popover="manual">a popover</div>\n'
+)
+REVIEWED = "Pay to IBAN DE00 1111 2222 3333 4444 00, checked against the page."
 
 CORRECTED = "Page two, as a reviewer reads it."
 INVENTED = "The committee approved an additional budget of forty million dollars for the new facility."
@@ -315,14 +328,72 @@ def test_a_hostile_transcript_is_shown_as_inert_text(page: Page, stack: Stack, c
     assert page.script("return window.pwned") is None
     assert page.driver.title == "pagescribe review"
     assert page.script("return document.querySelectorAll('#rendered script, #rendered [onerror]').length") == 0
-    assert page.script("return [...document.querySelectorAll('#rendered a')].map(a => a.getAttribute('href'))") == [
-        None
-    ]
+    assert page.script("return document.querySelectorAll('#rendered a').length") == 0
+    assert "a link" in page.find("#rendered").text
     # And the raw view (r) shows the text as it is, tags and all, as text
     press(page, "r")
     page.until(lambda d: page.find("#raw").is_displayed(), "the raw view is shown")
     assert "<script>window.pwned = 'script';" in page.find("#raw").text
     assert page.script("return document.querySelectorAll('#raw *').length") == 0
+
+
+def test_a_transcript_cannot_take_over_the_pages_elements_and_its_links_and_images_are_inert(
+    page: Page, stack: Stack, corpus: Path
+) -> None:
+    # Given an image whose transcript names the page's editor and raw view, links out, embeds images, opens a dialog
+    image = corpus / "smile.jpg"
+    stack.answers.set(render_page(image, DocumentKind.JPEG, 1).data, MODEL, Ok(text=CLOBBERING))
+    page.sign_in(stack.api)
+    row = page.drop(image)
+    assert page.finished(row) in FINISHED
+    document_id = str(row.get_attribute("data-document-id"))
+
+    # When it is opened on the review page
+    row.find_element("css selector", "a").click()
+    page.until(lambda d: "Pay to IBAN" in page.find("#rendered").text, "the transcript is rendered")
+
+    # Then none of its elements carries an id or a name, no dialog or popover is there, no link or image is live
+    live = "#rendered [id], #rendered [name], #rendered dialog, #rendered [popover], #rendered a, #rendered img"
+    assert page.script(f"return document.querySelectorAll('{live}').length") == 0
+    # And each link's and image's target is shown as text
+    shown = page.find("#rendered").text
+    assert "pay here <https://evil.example/phish>" in shown and "[image: logo] <https://evil.example/logo.png>" in shown
+    assert "[image: pixel] <data:image/png;base64,iVBORw0KGgo=>" in shown
+
+    # When the reviewer corrects the page in the editor and saves it
+    press(page, "e")
+    page.until(lambda d: page.find("#editor-text").is_displayed(), "the editor opens")
+    page.find("#editor-text").clear()
+    page.find("#editor-text").send_keys(REVIEWED)
+    page.find("#save").click()
+    page.until(lambda d: "saved" in page.find("#notice").text, "the save is answered")
+
+    # Then what was saved is what the reviewer typed, not the transcript's planted text
+    transcript = httpx.get(
+        f"{stack.api}/documents/{document_id}/transcript", params={"format": "json"}, headers={"x-api-key": API_KEY}
+    ).json()
+    assert transcript["pages"][0]["text"] == REVIEWED
+    # And the raw view shows the transcript as it is
+    press(page, "r")
+    page.until(lambda d: page.find("#raw").is_displayed(), "the raw view is shown")
+    assert page.find("#raw").text == REVIEWED
+
+
+def test_a_transcript_the_renderer_gives_up_on_is_shown_as_text(page: Page, stack: Stack, corpus: Path) -> None:
+    # Given an image whose transcript is 2,000 nested quotes (marked's parser overflows its stack on it)
+    image = corpus / "smile.tiff"
+    stack.answers.set(render_page(image, DocumentKind.TIFF, 1).data, MODEL, Ok(text="> " * 2000 + "the quoted words"))
+    page.sign_in(stack.api)
+    row = page.drop(image)
+    assert page.finished(row) in FINISHED
+
+    # When it is opened on the review page
+    row.find_element("css selector", "a").click()
+    page.until(lambda d: page.all("#rendered .unrendered"), "the page is shown")
+
+    # Then the text is shown as it is, saying the markdown could not be rendered
+    assert page.find("#rendered .unrendered p").text.startswith("The markdown could not be rendered")
+    assert page.find("#rendered .unrendered pre").text.endswith("the quoted words")
 
 
 def test_the_page_fits_a_phone_and_puts_image_and_text_side_by_side_on_a_desktop(

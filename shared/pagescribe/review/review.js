@@ -20,10 +20,13 @@ const CONTENT_TYPES = {
   tiff: "image/tiff",
   webp: "image/webp",
 };
+// A transcript's ids and names would clobber the page's own elements (getElementById finds the first in the document,
+// and the transcript comes first: a <div id="editor-text"> made a correction save the transcript's text); dialogs and
+// popovers would open over the page. None of them survives; links and images are then made inert (see inert).
 const SANITIZE = {
   RETURN_DOM_FRAGMENT: true,
-  FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "option"],
-  FORBID_ATTR: ["style"],
+  FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "option", "dialog", "iframe", "object"],
+  FORBID_ATTR: ["style", "id", "name", "form", "popover", "popovertarget", "popovertargetaction", "autofocus"],
 };
 
 const $ = (id) => document.getElementById(id);
@@ -431,7 +434,41 @@ function drawFacts(page) {
 }
 
 function markdown(text) {
-  return DOMPurify.sanitize(marked.parse(text), SANITIZE);
+  let fragment;
+  try {
+    fragment = DOMPurify.sanitize(marked.parse(text), SANITIZE);
+  } catch (failure) {
+    return unrendered(text, failure); // marked gives up on some inputs (2,000 nested quotes): the text still shows
+  }
+  return inert(fragment);
+}
+
+// Links and images in a transcript are the model's (or the document's) words, not the reviewer's to follow or load: each
+// is shown as text with its target, so that a phishing link or a tracking pixel is seen for what it is.
+function inert(fragment) {
+  for (const link of fragment.querySelectorAll("a")) {
+    const shown = element("span", link.textContent, "inert-link");
+    const target = link.getAttribute("href");
+    if (target) shown.append(element("span", ` <${target}>`, "target"));
+    link.replaceWith(shown);
+  }
+  for (const image of fragment.querySelectorAll("img")) {
+    const target = image.getAttribute("src") || "";
+    const described = image.getAttribute("alt") ? `image: ${image.getAttribute("alt")}` : "image";
+    const shown = element("span", `[${described}]`, "inert-image");
+    if (target) shown.append(element("span", ` <${target.length > 80 ? `${target.slice(0, 80)}…` : target}>`, "target"));
+    image.replaceWith(shown);
+  }
+  return fragment;
+}
+
+function unrendered(text, failure) {
+  const box = element("div", undefined, "unrendered");
+  box.append(
+    element("p", `The markdown could not be rendered (${failure.message}); the text as it is:`, "muted"),
+    element("pre", text),
+  );
+  return box;
 }
 
 function drawText(page) {
