@@ -881,6 +881,9 @@ REVOKE_API_KEY = """
 # The unique index on key_hash serves it.
 FIND_API_KEY = "SELECT tenant_id, revoked_at FROM api_keys WHERE key_hash = %(key_hash)s"
 
+# Does any tenant hold a key that is not revoked? (TENANT_KEYS_ONLY=auto: then only such keys are accepted.)
+ANY_TENANT_KEY = "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL) AS found"
+
 SET_TENANT_CALLBACK_KEY = "UPDATE tenants SET callback_secret = %(secret)s WHERE id = %(tenant_id)s RETURNING id"
 
 GET_TENANT_CALLBACK_KEY = "SELECT callback_secret FROM tenants WHERE id = %(tenant_id)s"
@@ -1562,6 +1565,11 @@ class Database:
         """The tenant of the key with this hash and whether it was revoked; None for an unknown key."""
         row = self._row(FIND_API_KEY, {"key_hash": key_hash})
         return None if row is None else (row.tenant_id, row.revoked_at is not None)
+
+    def any_tenant_key(self) -> bool:
+        """Whether any tenant holds a key that is not revoked."""
+        row = self._row(ANY_TENANT_KEY, {})
+        return bool(row is not None and row.found)
 
     def set_callback_secret(self, tenant_id: str, secret: str) -> bool:
         return self._row(SET_TENANT_CALLBACK_KEY, {"tenant_id": tenant_id, "secret": secret}) is not None

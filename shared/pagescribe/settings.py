@@ -195,10 +195,11 @@ class Settings(BaseSettings):
         description="The tenant of API_KEY's callers, and of files put straight into the bucket (unless their key "
         "starts with uploads/<tenant>/ for an existing tenant).",
     )
-    tenant_keys_only: bool = Field(
-        default=False,
-        description="Refuse any API key that is neither API_KEY nor a tenant's key in the database (by default an "
-        "unknown key is the default tenant's when API_KEY is unset: API Gateway checked it).",
+    tenant_keys_only: Literal["auto", "true", "false"] = Field(
+        default="auto",
+        description="true: refuse any API key that is neither API_KEY nor a tenant's key in the database. auto: the "
+        "same once any tenant holds a key (the stack serves several clients); until then, and always with false, a "
+        "key that is no tenant's (API Gateway checked it) is the default tenant's when API_KEY is unset.",
     )
     api_key_cache_seconds: float = Field(
         default=30.0,

@@ -4,9 +4,10 @@ A key is ``psk_`` and 43 URL-safe characters (256 random bits), shown once when 
 SHA-256 (a hash of that much randomness needs no slow hashing to resist guessing). API_KEY, when set, is the
 operator's own key: its caller is DEFAULT_TENANT. Any other key is looked up by its hash in PostgreSQL, and the answer
 kept in this environment for API_KEY_CACHE_SECONDS, so a warm API function looks a key up about once in that time
-and a revoked key is refused within it. A key that is unknown is refused when API_KEY is set or TENANT_KEYS_ONLY;
-otherwise (a local stack with no key configured, or a key API Gateway already checked that is no tenant's) the
-caller is DEFAULT_TENANT.
+and a revoked key is refused within it. A key that is unknown is refused when API_KEY is set, with
+TENANT_KEYS_ONLY=true, and with TENANT_KEYS_ONLY=auto (the default) once any tenant holds a key: per-client keys that
+are no tenant's would all be the default tenant's, and read each other's documents. Otherwise (a local stack with no
+key configured, or a single-client stack whose key API Gateway already checked) the caller is DEFAULT_TENANT.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class KeyRing:
         self._clock = clock
         self._lock = threading.Lock()
         self._cache: dict[bytes, tuple[float, tuple[str, bool] | None]] = {}
+        self._tenant_keys: tuple[float, bool] | None = None  # (until when, whether any tenant holds a key)
 
     def tenant_for(self, key: str | None) -> str:
         """The caller's tenant; KeyRefused when the key is missing, unknown or revoked where keys are required."""
@@ -91,11 +93,27 @@ class KeyRing:
                 if revoked:
                     raise KeyRefused("revoked API key")
                 return tenant
-        if operator is not None or settings.tenant_keys_only:
+        if operator is not None or self._tenant_keys_only():
             if not key:
                 raise KeyRefused("missing API key: send it in the x-api-key header", missing=True)
             raise KeyRefused("invalid API key")
         return settings.default_tenant
+
+    def _tenant_keys_only(self) -> bool:
+        """Are keys that are no tenant's refused? With TENANT_KEYS_ONLY=auto, once any tenant holds a key (looked up
+        once per API_KEY_CACHE_SECONDS)."""
+        mode = self._settings.tenant_keys_only
+        if mode != "auto":
+            return mode == "true"
+        now = self._clock()
+        with self._lock:
+            known = self._tenant_keys
+        if known is not None and known[0] > now:
+            return known[1]
+        found = self._db.any_tenant_key()
+        with self._lock:
+            self._tenant_keys = (now + self._settings.api_key_cache_seconds, found)
+        return found
 
     def _lookup(self, key: str) -> tuple[str, bool] | None:
         digest = key_hash(key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +28,7 @@ from sqlalchemy import text
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.aws_events import LambdaContext, api_event
 from tests.support.commands import command_environment, pagescribe
-from tests.support.pipeline import Pipeline
+from tests.support.pipeline import REPO, Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -157,6 +158,57 @@ def test_keys_create_shows_the_key_once_and_adds_it_to_the_usage_plan(
     assert bad.returncode == 2 and "invalid tenant 'Not A Tenant'" in bad.stderr
 
 
+def test_the_deploy_guides_recipe_gives_each_client_its_own_documents_and_refuses_keys_that_are_no_tenants(
+    pipeline: Pipeline,
+    db: Database,
+    database_url: str,
+    tmp_path: Path,
+    fake_provider: FakeChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a stack deployed with the template's defaults (no API_KEY; TenantKeysOnly as the template sets it), whose
+    # one client so far uses the key SAM made for the stack (API Gateway checked it; it is no tenant's)
+    template = (REPO / "template.yaml").read_text()
+    default = re.search(r"^  TenantKeysOnly:\n(?:    .*\n)*?    Default: \"(\w+)\"", template, re.MULTILINE)
+    assert default is not None
+    monkeypatch.delenv("API_KEY", raising=False)
+    monkeypatch.setenv("TENANT_KEYS_ONLY", default.group(1))
+    monkeypatch.setenv("API_KEY_CACHE_SECONDS", "0")
+    shutdown_runtime()
+    get_settings.cache_clear()
+    stack_key = "the-key-sam-made-for-the-stack-0123456789"
+    body = {"filename": "a.png", "content_type": "image/png"}
+    assert call("POST", "/documents", stack_key, body)[0] == 201
+
+    # When the operator gives two clients a key each, as docs/deploy.md says: made with the command, in the usage plan
+    recipe = "pagescribe keys create --tenant"
+    assert recipe in (REPO / "docs" / "deploy.md").read_text()
+    plan = boto3.client("apigateway").create_usage_plan(name="pagescribe")["id"]
+    env = {**command_environment(database_url, fake_provider), **_aws_env()}
+    keys = {}
+    for client in ("client1", "client2"):
+        made = pagescribe("keys", "create", "--tenant", client, "--usage-plan", plan, env=env, cwd=tmp_path)
+        assert made.returncode == 0, made.stderr
+        keys[client] = json.loads(made.stdout)["api_key"]
+
+    # Then client 1's document is client 1's alone: client 2 is told it does not exist
+    code, created = call("POST", "/documents", keys["client1"], body)
+    assert code == 201
+    assert call("GET", f"/documents/{created['document_id']}", keys["client1"])[0] == 200
+    assert call("GET", f"/documents/{created['document_id']}", keys["client2"])[0] == 404
+    # And the stack's own key, no tenant's, is refused now that clients have theirs (it would read as anyone's)
+    code, refused = call("GET", "/documents", stack_key)
+    assert code == 403 and refused["message"] == "invalid API key"
+
+
+def test_with_tenant_keys_only_false_a_key_that_is_no_tenants_stays_the_default_tenants(db: Database) -> None:
+    # Given a single-client stack that set TENANT_KEYS_ONLY=false, where a tenant holds a key all the same
+    create_key(db, "acme")
+    ring = KeyRing(Settings(api_key=None, api_key_cache_seconds=0, tenant_keys_only="false"), db)
+    # Then a key API Gateway let in that is no tenant's is the default tenant's, as the operator chose
+    assert ring.tenant_for("the-key-sam-made-for-the-stack-0123456789") == "default"
+
+
 @pytest.mark.parametrize(
     ("key", "tenant"),
     [
@@ -234,7 +286,7 @@ def test_callbacks_are_signed_with_the_tenants_own_rotatable_secret(
 def test_a_revoked_key_is_refused_once_its_cached_answer_runs_out(db: Database) -> None:
     # Given a warm environment that looked a key up a moment ago and keeps answers 30 s
     now = [1000.0]
-    ring = KeyRing(Settings(api_key_cache_seconds=30, tenant_keys_only=True), db, clock=lambda: now[0])
+    ring = KeyRing(Settings(api_key_cache_seconds=30, tenant_keys_only="true"), db, clock=lambda: now[0])
     key_id, key = create_key(db, "acme")
     assert ring.tenant_for(key) == "acme"
 

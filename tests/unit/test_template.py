@@ -1369,5 +1369,7 @@ def test_the_api_is_told_whether_only_tenant_keys_count_and_which_models_callers
     environment = _environment(template, "ApiFunction")
     assert environment["TENANT_KEYS_ONLY"] == {"Ref": "TenantKeysOnly"}
     assert environment["ALLOWED_MODELS"] == {"Ref": "AllowedModels"}
-    assert template["Parameters"]["TenantKeysOnly"]["Default"] == "false"
+    # once a tenant holds a key, keys that are no tenant's are refused, unless the operator says otherwise
+    assert template["Parameters"]["TenantKeysOnly"]["Default"] == "auto"
+    assert template["Parameters"]["TenantKeysOnly"]["AllowedValues"] == ["auto", "true", "false"]
     assert template["Outputs"]["UsagePlanId"]["Value"] == {"Ref": "ApiUsagePlan"}
