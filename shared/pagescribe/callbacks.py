@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import httpx
 
 from pagescribe.database import Database
-from pagescribe.domain import DueCallback
+from pagescribe.domain import CALLBACK_PORTS, DueCallback, callback_port_allowed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
 
@@ -45,11 +45,21 @@ DELIVERY_HEADER = "X-Pagescribe-Delivery"
 RETRY_BASE_SECONDS = 30.0
 MAX_ANSWER_BYTES = 64 * 1024  # of a receiver's answer, read before the connection is dropped
 # IPv6 forms that carry an IPv4 address or reach one through a gateway: NAT64 (well-known and local-use prefixes),
-# IPv4-compatible (deprecated), IPv4-mapped, 6to4 and Teredo. A callback to any of them could reach an internal
-# IPv4 address however public the IPv6 address looks.
-_TRANSITION_NETWORKS = tuple(
+# IPv4-compatible (deprecated), IPv4-mapped, IPv4-translated (SIIT), 6to4 and Teredo. A callback to any of them could
+# reach an internal IPv4 address however public the IPv6 address looks. And site-local addresses (fec0::/10,
+# deprecated but still routed inside some networks), which Python's is_global counts as global.
+_NOT_PUBLIC_IPV6 = tuple(
     ipaddress.IPv6Network(network)
-    for network in ("64:ff9b::/96", "64:ff9b:1::/48", "::/96", "::ffff:0:0/96", "2002::/16", "2001::/32")
+    for network in (
+        "64:ff9b::/96",
+        "64:ff9b:1::/48",
+        "::/96",
+        "::ffff:0:0/96",
+        "::ffff:0:0:0/96",
+        "2002::/16",
+        "2001::/32",
+        "fec0::/10",
+    )
 )
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -62,9 +72,10 @@ def sign(secret: bytes, timestamp: str, delivery: str, body: bytes) -> str:
 
 
 def public_address(address: str) -> bool:
-    """The address is on the public internet: global, and no IPv6 transition form that embeds an IPv4 one."""
+    """The address is on the public internet: global, no IPv6 transition form that embeds an IPv4 one, not
+    site-local."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and any(ip in network for network in _TRANSITION_NETWORKS):
+    if isinstance(ip, ipaddress.IPv6Address) and any(ip in network for network in _NOT_PUBLIC_IPV6):
         return False
     return ip.is_global
 
@@ -160,6 +171,8 @@ class CallbackNotifier:
         url = httpx.URL(delivery.callback.url)
         host = url.host
         port = url.port or (443 if url.scheme == "https" else 80)
+        if not callback_port_allowed(port):
+            return _Outcome(f"callback port {port} is not allowed: {CALLBACK_PORTS}", final=True)
         try:
             addresses = await self._resolve(host, port)
         except OSError as exc:

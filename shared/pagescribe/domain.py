@@ -399,3 +399,11 @@ class RateGrant(NamedTuple):
     paused: bool
     mean_tokens: float  # the tokens taken for the call: the bucket's observed mean per call
     slot_at: datetime  # when the wait ends, by the database's clock
+
+
+CALLBACK_PORTS = "80, 443, or 1024 and above"  # a callback never reaches a host's SSH, SMTP, RPC... services
+
+
+def callback_port_allowed(port: int) -> bool:
+    """May a callback be sent to this port (CALLBACK_PORTS)?"""
+    return port in (80, 443) or 1024 <= port <= 65535

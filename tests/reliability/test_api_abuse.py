@@ -457,3 +457,25 @@ def test_inputs_past_what_python_and_postgresql_hold_get_a_4xx_naming_them(
     # Then it is refused with a 4xx that says what was wrong (never a 500 with a traceback), and nothing was created
     assert status == code and says in json.loads(answer)["message"], answer[:300]
     assert _counts(db) == before
+
+
+def test_a_callback_url_on_a_privileged_port_but_http_and_https_is_refused_naming_it(
+    api: Pipeline, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a stack that signs callbacks
+    monkeypatch.setenv("CALLBACK_SECRET", "a-secret-to-sign-callbacks-with-0123456789")
+    shutdown_runtime()
+    get_settings.cache_clear()
+    before = _counts(db)
+    # When documents are asked for with callbacks to a host's SSH and SMTP ports
+    refused = [
+        call("POST", "/documents", body={**VALID, "callback_url": url})
+        for url in ("http://hooks.example:22/", "https://hooks.example:25/")
+    ]
+    # Then each is a 422 naming callback_url and the port, and nothing was created
+    for (code, answer), port in zip(refused, (22, 25), strict=True):
+        assert code == 422 and answer["field"] == "callback_url", answer
+        assert f"port {port} is not allowed: 80, 443, or 1024 and above" in answer["message"], answer
+    assert _counts(db) == before
+    # And a callback on port 8443 is taken
+    assert call("POST", "/documents", body={**VALID, "callback_url": "https://hooks.example:8443/"})[0] == 201

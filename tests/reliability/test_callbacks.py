@@ -202,6 +202,9 @@ def test_the_connection_goes_to_the_address_that_was_checked(db: Database, recei
         "::ffff:7f00:1",  # IPv4-mapped ::ffff:127.0.0.1
         "2002:7f00:1::1",  # 6to4 of 127.0.0.1
         "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "::ffff:0:7f00:1",  # IPv4-translated (SIIT) ::ffff:0:127.0.0.1
+        "::ffff:0:a9fe:a9fe",  # IPv4-translated ::ffff:0:169.254.169.254
+        "fec0::1",  # site-local (deprecated; Python counts it global)
         "fd00::1",
         "169.254.169.254",
     ],
@@ -225,6 +228,27 @@ def test_a_callback_to_a_nat64_literal_is_refused_without_a_connection(db: Datab
     # Then it is refused for good, naming the address
     status, error = callback_state(db, document_id)
     assert status == "FAILED" and "64:ff9b::a9fe:a9fe, which is not a public address" in (error or ""), error
+
+
+@pytest.mark.parametrize("port", [22, 25, 111, 1023])
+def test_a_callback_to_a_privileged_port_other_than_http_and_https_is_refused_without_a_connection(
+    db: Database, port: int
+) -> None:
+    # Given a callback URL (stored before the rule, or written by hand) naming a host's SSH, SMTP or RPC port
+    document_id = document_awaiting_callback(db, f"http://callbacks.example:{port}/hooks")
+    resolved: list[str] = []
+
+    async def resolver(host: str, port: int) -> list[str]:
+        resolved.append(host)
+        return ["8.8.8.8"]
+
+    # When it is due
+    CallbackNotifier(Settings(), db, SECRET, resolver=resolver).deliver_due()
+
+    # Then it is refused for good, naming the port and what is allowed, without even a lookup
+    status, error = callback_state(db, document_id)
+    assert status == "FAILED" and f"callback port {port} is not allowed: 80, 443, or 1024 and above" in (error or "")
+    assert resolved == []
 
 
 def test_the_signature_covers_a_timestamp_and_a_delivery_id_so_a_receiver_can_refuse_replays(

@@ -20,6 +20,7 @@ from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
+from pagescribe.domain import CALLBACK_PORTS, callback_port_allowed
 from pagescribe.runtime import get_runtime
 from pagescribe.service import (
     MAX_LIST_LIMIT,
@@ -88,6 +89,13 @@ class CreateDocumentRequest(BaseModel):
     def _no_nul(cls, value: str | None) -> str | None:
         if value is not None and "\x00" in value:  # PostgreSQL text cannot hold NUL
             raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("callback_url")
+    @classmethod
+    def _callback_port(cls, value: HttpUrl | None) -> HttpUrl | None:
+        if value is not None and value.port is not None and not callback_port_allowed(value.port):
+            raise ValueError(f"port {value.port} is not allowed: {CALLBACK_PORTS}")
         return value
 
 
