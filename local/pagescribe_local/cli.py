@@ -512,6 +512,12 @@ def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type
         do_GET = do_POST = do_PUT = _bridge
         do_HEAD = do_DELETE = do_PATCH = do_OPTIONS = _no_route
 
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            # the path without its query: a key or a token a client put in the query string is never written down
+            where = urlsplit(self.path)
+            shown = f"{where.path}?..." if where.query else where.path
+            self.log_message('"%s %s %s" %s %s', self.command, shown, self.request_version, int(code), size)
+
         def log_message(self, format: str, *args: Any) -> None:
             sys.stderr.write("api: " + (format % args) + "\n")
 

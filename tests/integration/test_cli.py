@@ -65,6 +65,28 @@ def test_transcribe_names_a_missing_file(database_url: str, fake_provider: FakeC
     assert result.returncode == 2 and "no such file: nope.pdf" in result.stderr
 
 
+def test_serve_never_writes_down_a_query_string_where_a_client_may_have_put_its_key(
+    database_url: str, fake_provider: FakeChatServer, tmp_path: Path
+) -> None:
+    # Given pagescribe serve writing its access log to a file
+    with (tmp_path / "serve.log").open("w") as log:
+        server, endpoints = start_serve(database_url, fake_provider, tmp_path, log=log)
+        try:
+            # When a client sends its key in the query string too (the key counts only in the header)
+            listed = httpx.get(
+                f"{endpoints['api']}/documents",
+                params={"x-api-key": "local-key-in-a-query-string", "limit": "1"},
+                headers={"x-api-key": "local-key"},
+            )
+        finally:
+            server.send_signal(signal.SIGINT)
+            assert server.wait(timeout=60) == 0
+    # Then the request was answered and logged, without its query string
+    assert listed.status_code == 200
+    written = (tmp_path / "serve.log").read_text()
+    assert 'api: "GET /documents?... HTTP/1.1" 200' in written and "local-key-in-a-query-string" not in written
+
+
 def test_serve_is_used_like_the_deployed_stack(
     database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
 ) -> None:

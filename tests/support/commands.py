@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tests.fakes.chat_server import FakeChatServer
 
@@ -53,17 +53,18 @@ def start_serve(
     *options: str,
     sigint_ignored: bool = False,
     settings: dict[str, str] | None = None,
+    log: IO[str] | None = None,
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """``pagescribe serve`` with the API key ``local-key`` (and ``settings`` in its environment), and the endpoints
-    it printed once it was up. ``sigint_ignored``: started with SIGINT ignored, as a shell script's
-    ``pagescribe serve &`` is."""
+    it printed once it was up; its stderr (its access log) goes to ``log``, or nowhere. ``sigint_ignored``: started
+    with SIGINT ignored, as a shell script's ``pagescribe serve &`` is."""
     env = {**command_environment(database_url, fake_provider), "API_KEY": "local-key", **(settings or {})}
     server = subprocess.Popen(
         [sys.executable, "-m", "pagescribe_local.cli", "serve", "--port", "0", *options],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=log if log is not None else subprocess.DEVNULL,
         text=True,
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )
