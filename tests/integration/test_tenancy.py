@@ -81,16 +81,20 @@ def test_a_tenant_cannot_read_retry_or_see_another_tenants_documents(
     pipeline.run_until_idle()
     document_id = created["document_id"]
 
-    # When globex asks for it, its transcript, or a retry; and asks for an id that does not exist
+    # When globex asks for it, its transcript, a retry, a page's image, a page re-run or a page correction; and asks
+    # for an id that does not exist
     theirs = [
         call("GET", f"/documents/{document_id}", tenants["globex"]),
         call("GET", f"/documents/{document_id}/transcript", tenants["globex"]),
         call("POST", f"/documents/{document_id}/retry", tenants["globex"]),
+        call("GET", f"/documents/{document_id}/pages/1/image", tenants["globex"]),
+        call("POST", f"/documents/{document_id}/pages/1/rerun", tenants["globex"], {}),
+        call("PUT", f"/documents/{document_id}/pages/1/correction", tenants["globex"], {"markdown": "globex was here"}),
     ]
     unknown = call("GET", "/documents/00000000-0000-0000-0000-000000000000", tenants["globex"])
 
-    # Then each answers exactly as for an unknown id: 404, nothing said of the document
-    assert [code for code, _ in theirs] == [404, 404, 404]
+    # Then each answers exactly as for an unknown id: 404, nothing said of the document, and nothing changed
+    assert [code for code, _ in theirs] == [404] * 6
     assert all(body == unknown[1] for _, body in theirs) and unknown[0] == 404
     # And acme (and nobody else, not even the operator's key) reads it
     assert call("GET", f"/documents/{document_id}", tenants["acme"])[0] == 200
@@ -98,6 +102,30 @@ def test_a_tenant_cannot_read_retry_or_see_another_tenants_documents(
     assert call("GET", f"/documents/{document_id}", OPERATOR_KEY)[0] == 404
     document = db.get_document(document_id)
     assert document is not None and document.tenant_id == "acme"
+    assert document.status.value == "COMPLETED" and document.retries == 0
+    _, transcript = call("GET", f"/documents/{document_id}/transcript?format=json", tenants["acme"])
+    assert "globex was here" not in json.dumps(transcript)
+
+
+def test_an_idempotency_key_is_the_tenants_own(pipeline: Pipeline, tenants: dict[str, str]) -> None:
+    # Given acme's document created with an Idempotency-Key
+    body = json.dumps({"filename": "a.png", "content_type": "image/png"})
+
+    def create(tenant: str) -> tuple[int, Any]:
+        event = api_event(
+            "POST", "/documents", body=body, headers={"x-api-key": tenants[tenant], "Idempotency-Key": "order-1"}
+        )
+        response = api_app.handler(event, LambdaContext(29))
+        return response["statusCode"], json.loads(response["body"])
+
+    code, acmes = create("acme")
+    assert code == 201
+    # When globex sends the same request with the same key
+    code, globexs = create("globex")
+    # Then globex gets a document of its own, not acme's id or upload URL; and acme's retry still gets acme's
+    assert code == 201 and globexs["document_id"] != acmes["document_id"]
+    assert "/uploads/globex/" in globexs["upload_url"] and "/uploads/acme/" not in globexs["upload_url"]
+    assert create("acme")[1]["document_id"] == acmes["document_id"]
 
 
 def test_a_revoked_key_is_refused_and_keys_are_stored_only_hashed(

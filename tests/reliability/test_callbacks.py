@@ -207,6 +207,7 @@ def test_the_connection_goes_to_the_address_that_was_checked(db: Database, recei
         "fec0::1",  # site-local (deprecated; Python counts it global)
         "fd00::1",
         "169.254.169.254",
+        "100.64.0.1",  # shared address space (carrier-grade NAT): not private, not global either
     ],
 )
 def test_transition_and_private_addresses_are_not_public(address: str) -> None:

@@ -465,6 +465,15 @@ def test_a_transient_fault_that_clears_completes_the_page(
     _, js = faults.transcript(doc["document_id"])
     assert js["status"] == "COMPLETED"
     assert fake_provider.calls == len(script)
+    # And every request the provider answered is in the ledger, the retried ones within a call included: each failed
+    # one as an error or a rate limit, and the answer kept
+    with db.engine.connect() as conn:
+        ledger = conn.execute(
+            text("SELECT outcome FROM attempts WHERE document_id = :id ORDER BY id"), {"id": doc["document_id"]}
+        ).scalars()
+        outcomes = list(ledger)
+    assert len(outcomes) == len(script) and outcomes[-1] == "KEPT", outcomes
+    assert set(outcomes[:-1]) <= {"ERROR", "RATE_LIMITED"}, outcomes
     assert_within_deadlines(run)
     assert run.batch_item_failures == []
     assert_queue_empty(faults)

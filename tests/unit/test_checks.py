@@ -28,7 +28,9 @@ from pagescribe.checks import (
     repetition,
 )
 from pagescribe.scoring import recall_precision
+from pagescribe.settings import Settings
 from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
+from pagescribe.transcription import thresholds as configured_thresholds
 
 from tests.support import CORPUS
 from tests.support.answers import captured, captured_file, index
@@ -404,3 +406,17 @@ def test_a_single_small_mark_is_counted_on_a_page_whose_ink_is_sampled(tmp_path:
     rendered = render_page(path, DocumentKind.PNG, 1, image_format="png")
     # Then the mark is counted (the page is counted whole when the sample finds nothing): it is not blank
     assert rendered.marked == pytest.approx(1 / 1_000_000)
+
+
+@pytest.mark.parametrize("threshold", [3, 5, 8])
+def test_the_configured_repetition_threshold_is_the_number_of_copies_that_flags_a_loop(threshold: int) -> None:
+    # Given the checks as a stack configured with FLAG_REPETITION_THRESHOLD sets them
+    configured = configured_thresholds(Settings(flag_repetition_threshold=threshold))
+    sentence = "The committee approved the annual budget for the new research facility."
+
+    def flagged(copies: int) -> bool:
+        answer = Answer("# Minutes\n\n" + " ".join([sentence] * copies), "stop")
+        return Flag.REPETITION in [f.flag for f in check_answer(answer, INKED, configured, max_output_tokens=8192)]
+
+    # Then an answer with that many copies of a sentence back to back is a loop, and one copy fewer is not
+    assert flagged(threshold) and not flagged(threshold - 1)
