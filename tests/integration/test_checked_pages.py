@@ -269,6 +269,35 @@ def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_
     assert _status(doc["document_id"])["cost"] == pytest.approx(2 * COST)
 
 
+def test_a_page_redelivered_to_its_escalation_model_that_answers_badly_too_fails_with_the_flag_and_is_not_paid_again(
+    pipeline: Pipeline,
+    db: Database,
+    fake_provider: FakeChatServer,
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a page escalated by a first delivery that had no time left for the escalation call (as above), and an
+    # escalation model that loops as well
+    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
+    source = corpus / "minimal-document.pdf"
+    pages = _page_images(source, 1)
+    fake_provider.route(lambda body, image: Ok(text=LOOP, delay=6.0) if body["model"] == PRIMARY else Ok(text=LOOP))
+    [doc] = pipeline.upload("uploads/one.pdf", source)["documents"]
+    [message] = pipeline.receive_all()
+    _configure(monkeypatch, MIN_CALL_BUDGET_SECONDS="5")
+    assert pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=15)["batchItemFailures"] == []
+    [job] = page_rows(db, doc["document_id"])
+    assert (job["status"], job["escalation"]) == ("QUEUED", "PENDING")
+    # When it is delivered again and the escalation model's answer is a loop too
+    pipeline.run_until_idle()
+    # Then the page FAILED with the flag, saying the escalation model was asked, after one call to each model: it was
+    # not escalated again (a second paid call on every claim, until its attempts ran out)
+    assert _calls(fake_provider, pages) == Counter({(PRIMARY, 1): 1, (STRONG, 1): 1})
+    [job] = page_rows(db, doc["document_id"])
+    assert job["status"] == "FAILED" and [f["flag"] for f in job["flags"]] == ["repetition"]
+    assert f"also from the escalation model {STRONG}" in job["error"]
+
+
 @pytest.mark.parametrize(("text_layer", "status"), [("fallback", "COMPLETED"), ("off", "FAILED")])
 def test_a_page_that_renders_blank_is_not_sent_to_the_model(
     pipeline: Pipeline,
