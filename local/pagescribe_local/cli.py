@@ -321,7 +321,7 @@ def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
                     pages = sum(1 for page in chosen if page <= pages)
             except (InvalidDocumentError, ValueError) as exc:
                 raise CommandError(f"{path}: {exc}") from exc
-            estimate = estimate_cost(db, model, pages)
+            estimate = estimate_cost(db, model, pages, settings.default_tenant)
             cost = f"${estimate.cost_usd:.6f}" if estimate.cost_usd is not None else "unknown"
             print(f"{path.name}: {pages} pages x {model}: {cost}")
             total = total + estimate.cost_usd if total is not None and estimate.cost_usd is not None else None

@@ -461,9 +461,12 @@ SETTLE_RATE_USAGE = """
     """
 
 # The estimate of a document before it starts: the mean cost per page of the model's latest calls.
+# A tenant's own price history only: an estimate must not tell one tenant how much, or how dearly, others call.
 MODEL_PRICE = """
     SELECT avg(cost) AS usd, count(*) AS calls FROM (
-        SELECT cost FROM attempts WHERE model = %(model)s AND cost IS NOT NULL ORDER BY id DESC LIMIT 100
+        SELECT a.cost FROM attempts a JOIN documents d ON d.id = a.document_id
+        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND d.tenant_id = %(tenant_id)s
+        ORDER BY a.id DESC LIMIT 100
     ) latest
     """
 
@@ -1464,9 +1467,10 @@ class Database:
     def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None:
         self._rows(SETTLE_RATE_USAGE, {**bucket.params(model), "estimate": estimate, "actual": actual})
 
-    def model_price(self, model: str) -> tuple[float | None, int]:
-        """The mean cost per call of the model's latest (up to 100) calls that reported one, and how many."""
-        row = self._row(MODEL_PRICE, {"model": model})
+    def model_price(self, model: str, tenant_id: str) -> tuple[float | None, int]:
+        """The mean cost per call of the model's latest (up to 100) calls for the tenant's documents that reported
+        one, and how many."""
+        row = self._row(MODEL_PRICE, {"model": model, "tenant_id": tenant_id})
         return (_float(row.usd), int(row.calls)) if row is not None else (None, 0)
 
     def set_daily_budget(self, tenant_id: str, usd: float | None) -> bool:

@@ -81,11 +81,12 @@ class Estimate:
         return asdict(self)
 
 
-def estimate_cost(db: Database, model: str, pages: int | None) -> Estimate:
-    price, calls = db.model_price(model)
+def estimate_cost(db: Database, model: str, pages: int | None, tenant: str) -> Estimate:
+    """What ``pages`` pages would cost on ``model``, from the tenant's own calls of it (never another tenant's)."""
+    price, calls = db.model_price(model, tenant)
     if price is None:
-        return Estimate(model, pages, None, None, f"unknown: no call of {model} has reported a cost yet")
-    basis = f"the mean cost per page of the latest {calls} calls of {model}, escalations not counted"
+        return Estimate(model, pages, None, None, f"unknown: no call of {model} for your documents has reported a cost")
+    basis = f"the mean cost per page of your latest {calls} calls of {model}, escalations not counted"
     return Estimate(model, pages, round(price, 8), round(price * pages, 8) if pages is not None else None, basis)
 
 
@@ -306,7 +307,8 @@ class DocumentService:
         )
         expires_in = self._settings.upload_url_expiry_seconds
         url = self._objects.presign_put(bucket, key, content_type=upload.content_type, expires_in=expires_in)
-        estimate = estimate_cost(self._db, upload.model or self._settings.model, len(requested) if requested else None)
+        model = upload.model or self._settings.model
+        estimate = estimate_cost(self._db, model, len(requested) if requested else None, tenant)
         return CreatedUpload(
             document_id,
             key,
@@ -338,7 +340,7 @@ class DocumentService:
         if document is None:
             return None
         pages = document.page_count if document.status is not DocumentStatus.AWAITING_UPLOAD else None
-        estimate = estimate_cost(self._db, document.model, pages)
+        estimate = estimate_cost(self._db, document.model, pages, tenant)
         return {**describe_document(self._db, document), "estimate": estimate.as_dict()}
 
     def transcript(self, document_id: str, fmt: TranscriptFormat, tenant: str) -> TranscriptAnswer | None:

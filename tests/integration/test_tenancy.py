@@ -25,7 +25,7 @@ from pagescribe.settings import Settings, get_settings
 from pagescribe.tenancy import KeyRefused, KeyRing, create_key, key_hash
 from sqlalchemy import text
 
-from tests.fakes.chat_server import FakeChatServer
+from tests.fakes.chat_server import FakeChatServer, Ok
 from tests.support.aws_events import LambdaContext, api_event
 from tests.support.commands import command_environment, pagescribe
 from tests.support.pipeline import REPO, Pipeline
@@ -336,3 +336,22 @@ def _aws_env() -> dict[str, str]:
     import os
 
     return {name: value for name, value in os.environ.items() if name.startswith("AWS_")}
+
+
+def test_an_estimate_comes_from_the_tenants_own_calls_and_tells_nothing_of_anothers(
+    pipeline: Pipeline, tenants: dict[str, str], corpus: Path, fake_provider: FakeChatServer
+) -> None:
+    # Given acme's one-page document, transcribed by a call the provider priced
+    fake_provider.set_default(Ok(cost=0.0004))
+    body = {"filename": "a.png", "content_type": "image/png"}
+    _, created = call("POST", "/documents", tenants["acme"], body)
+    upload(pipeline, created, (corpus / "smile.png").read_bytes())
+    pipeline.run_until_idle()
+    # When acme and globex each ask for a document on the same model
+    _, acmes = call("POST", "/documents", tenants["acme"], body)
+    _, globexs = call("POST", "/documents", tenants["globex"], body)
+    # Then acme's estimate is its own call's price, and globex's says it has no history: nothing of acme's volume or
+    # price reaches it
+    assert acmes["estimate"]["cost_per_page_usd"] == pytest.approx(0.0004)
+    assert "your latest 1 calls" in acmes["estimate"]["basis"]
+    assert globexs["estimate"]["cost_per_page_usd"] is None and "unknown" in globexs["estimate"]["basis"]
