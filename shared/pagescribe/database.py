@@ -650,6 +650,13 @@ LOCK_DOCUMENT_FOR_CORRECTION = """
     SELECT status, finished_at IS NOT NULL AS finished FROM documents WHERE id = %(document_id)s FOR NO KEY UPDATE
     """
 
+# The page's revisions so far, under the document's lock: a page past MAX_PAGE_REVISIONS takes no more (each save
+# writes the whole transcript again).
+PAGE_REVISIONS = """
+    SELECT coalesce(max(revision), 0) AS revisions FROM page_corrections
+    WHERE document_id = %(document_id)s AND page_number = %(page_number)s
+    """
+
 INSERT_CORRECTION = """
     INSERT INTO page_corrections (document_id, page_number, revision, answer_round, markdown)
     SELECT j.document_id, j.page_number,
@@ -1610,9 +1617,11 @@ class Database:
         """Every call of the document, answered or failed, by page and in the order they were made."""
         return _attempts(self._rows(LOAD_ATTEMPTS, {"document_id": document_id}))
 
-    def save_correction(self, document_id: str, page_number: int, markdown: str) -> CorrectionSave:
-        """Save a person's text for a page of a finished document as the page's next revision; the model's answer
-        and the page's attempts are left as they are."""
+    def save_correction(
+        self, document_id: str, page_number: int, markdown: str, *, max_revisions: int
+    ) -> CorrectionSave:
+        """Save a person's text for a page of a finished document as the page's next revision, unless it has
+        ``max_revisions`` already; the model's answer and the page's attempts are left as they are."""
 
         def save(connection: psycopg.Connection[Any]) -> CorrectionSave:
             with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
@@ -1623,6 +1632,9 @@ class Database:
                 if not document.finished:
                     return CorrectionSave(status, None)
                 params = {"document_id": document_id, "page_number": page_number, "markdown": markdown}
+                so_far: Any = cursor.execute(PAGE_REVISIONS, params).fetchone()
+                if so_far.revisions >= max_revisions:
+                    return CorrectionSave(status, None, int(so_far.revisions))
                 row: Any = cursor.execute(INSERT_CORRECTION, params).fetchone()
             saved = PageCorrection(row.revision, row.markdown, row.created_at) if row is not None else None
             return CorrectionSave(status, saved)

@@ -232,6 +232,7 @@ class CorrectionSave(NamedTuple):
 
     status: DocumentStatus | None
     saved: PageCorrection | None
+    revisions: int | None = None  # set when the page has used its revisions (MAX_PAGE_REVISIONS): how many it has
 
 
 class TranscriptVersion(NamedTuple):

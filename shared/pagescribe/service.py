@@ -49,7 +49,8 @@ MAX_IDEMPOTENCY_KEY = 255
 
 
 class RetryLimitError(Exception):
-    """The document has used its retries (MAX_DOCUMENT_RETRIES), or the page its re-runs (MAX_PAGE_RERUNS)."""
+    """The document has used its retries (MAX_DOCUMENT_RETRIES), or the page its re-runs (MAX_PAGE_RERUNS) or its
+    revisions (MAX_PAGE_REVISIONS)."""
 
 
 @dataclass(frozen=True)
@@ -438,9 +439,14 @@ class DocumentService:
         document = self._document(document_id, tenant)
         if document is None:
             return None
-        save = self._db.save_correction(document.document_id, page_number, markdown)
+        limit = self._settings.max_page_revisions
+        save = self._db.save_correction(document.document_id, page_number, markdown, max_revisions=limit)
         if save.status is None:
             return None
+        if save.revisions is not None:
+            raise RetryLimitError(
+                f"page {page_number} has {save.revisions} corrections; the limit is MAX_PAGE_REVISIONS={limit}"
+            )
         if save.saved is None and save.status not in FINISHED:
             return CorrectionAnswer(
                 None, f"the document is {save.status.value}: only a finished document's pages are corrected"

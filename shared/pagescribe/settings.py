@@ -146,6 +146,13 @@ class Settings(BaseSettings):
     max_page_reruns: int = Field(
         default=2, ge=0, le=100, description="How many times one page may be re-run (POST .../pages/N/rerun)."
     )
+    max_page_revisions: int = Field(
+        default=50,
+        ge=1,
+        le=10_000,
+        description="How many corrections one page may be saved with (PUT .../pages/N/correction); each writes the "
+        "document's transcript files again.",
+    )
     allowed_models: str | None = Field(
         default=None,
         description="Models an API caller may name (model, escalation_model), comma-separated; by default MODEL "

@@ -17,7 +17,7 @@ from pagescribe.aws import ObjectStore, s3_client
 from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import get_runtime, shutdown_runtime
-from pagescribe.service import CorrectionAnswer, DocumentService
+from pagescribe.service import CorrectionAnswer, DocumentService, RetryLimitError
 from pagescribe.settings import get_settings
 from pagescribe.tenancy import create_key
 from sqlalchemy import text
@@ -314,3 +314,40 @@ def test_concurrent_saves_get_distinct_revisions_and_the_files_show_the_highest(
     assert (page["correction"]["revision"], page["text"]) == (savers, f"text of saver {by_revision[savers]}")
     assert f"corrected (revision {savers}, " in page_section(markdown, 4)
     assert markdown.rstrip().endswith(f"text of saver {by_revision[savers]}")
+
+
+def test_a_page_takes_at_most_max_page_revisions_corrections_even_when_saved_at_once(
+    pipeline: Pipeline, db: Database, transcribed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a stack allowing 3 corrections per page, and page 2 corrected twice
+    document_id = transcribed
+    monkeypatch.setenv("MAX_PAGE_REVISIONS", "3")
+    shutdown_runtime()
+    get_settings.cache_clear()
+    for n in range(2):
+        assert call("PUT", f"/documents/{document_id}/pages/2/correction", {"markdown": f"pass {n}"})[0] == 200
+    service = documents_service(db, get_runtime().objects)
+    barrier = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def save(n: int) -> None:
+        barrier.wait()
+        try:
+            service.correct_page(document_id, 2, f"at once {n}", "default")
+            outcomes.append("saved")
+        except RetryLimitError:
+            outcomes.append("limit")
+
+    # When four reviewers save a correction of it at the same moment
+    threads = [threading.Thread(target=save, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Then one more is saved and the other three are refused: the page has 3 revisions, no more
+    assert sorted(outcomes) == ["limit", "limit", "limit", "saved"]
+    assert [revision for revision, _ in revisions(db, document_id, 2)] == [1, 2, 3]
+    # And over the API a fourth is a 429 naming the limit, while another page still takes its own
+    code, body = call("PUT", f"/documents/{document_id}/pages/2/correction", {"markdown": "one more"})
+    assert code == 429 and body["message"] == "page 2 has 3 corrections; the limit is MAX_PAGE_REVISIONS=3"
+    assert call("PUT", f"/documents/{document_id}/pages/3/correction", {"markdown": "page three"})[0] == 200

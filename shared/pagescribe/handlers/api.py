@@ -563,11 +563,16 @@ def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Bod
         404: {"description": "No document has this id, or it has no such page", "content": _ERROR_CONTENT},
         409: {"description": "The document is not finished (e.g. a page is being re-run)", "content": _ERROR_CONTENT},
         422: {"description": 'A body that is not {"markdown": text}', "content": _ERROR_CONTENT},
+        429: {"description": "The page has used its corrections (MAX_PAGE_REVISIONS)", "content": _ERROR_CONTENT},
     },
 )
 def correct_page(document_id: str, page: str, request: Annotated[CorrectionRequest, Body()]) -> CorrectionResponse:
     number = _page_number(page)
-    answer = _granted(get_runtime().documents.correct_page(document_id, number, request.markdown, _tenant()))
+    try:
+        corrected = get_runtime().documents.correct_page(document_id, number, request.markdown, _tenant())
+    except RetryLimitError as exc:
+        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
+    answer = _granted(corrected)
     saved = answer.saved
     assert saved is not None, "a correction that was not refused was saved"
     return CorrectionResponse(
