@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 RUNNING_EDGE = 2  # running headers and footers are among a page's first and last this many lines of text
 _HEADING_MARK = re.compile(r"^#{1,6}\s+")
 _NUMBER = re.compile(r"\d+")
+# A comment in a page's text that reads as one of this file's own markers (a page's, or the document's): a page can
+# make a model write one, and a reader splitting the file at markers would take it for a page of its own
+_FORGED_MARKER = re.compile(r"<!--(?=\s*(?:page\s+\d+\s+of\s+\d+|pagescribe\s+document)\b)", re.IGNORECASE)
+FORGED_MARKER_SHOWN = "<!-- in the page's text:"
 _DOUBLE_HYPHEN = re.compile(r"-(?=-)")
 _WHITESPACE = re.compile(r"\s+")
 
@@ -100,12 +104,13 @@ def _marked(text: str, furniture: dict[int, str]) -> str:
 def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
     """Pages in order, each opened by a marker that counts the file's own pages and names the page's flags; a page
     that failed says why (its text, if any, is kept). A corrected page shows its correction's text. Running headers
-    and footers (:func:`running_furniture`) are marked as comments."""
+    and footers (:func:`running_furniture`) are marked as comments. A comment in a page's text that reads as a marker
+    is shown as the page's own (FORGED_MARKER_SHOWN), so that the file's markers are only its own."""
     parts = [f"<!-- pagescribe document {document.document_id}: {_comment_safe(document.object_key)} -->"]
     page_count = document.source_page_count or document.page_count
     texts = [page.current_text or "" for page in pages]
     for page, text, furniture in zip(pages, texts, running_furniture(texts), strict=True):
-        body = _marked(text, furniture).strip()
+        body = _FORGED_MARKER.sub(FORGED_MARKER_SHOWN, _marked(text, furniture)).strip()
         parts.append(_page_marker(page, page_count) + ("\n\n" + body if body else ""))
     return "\n\n".join(parts) + "\n"
 

@@ -7,6 +7,7 @@ model or the offline engine would return them, page by page.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -172,3 +173,18 @@ def test_a_correction_to_no_text_leaves_the_page_empty_but_marked() -> None:
     assert markdown.endswith("<!-- page 1 of 1 (p m) corrected (revision 1, 2026-03-01T09:30:00+00:00) -->\n")
     assert data["pages"][0]["text"] == "" and data["pages"][0]["running"] == []
     assert data["pages"][0]["correction"]["original_text"] == pages[0].text
+
+
+def test_a_page_marker_written_in_a_pages_text_is_shown_as_the_pages_and_splits_nothing() -> None:
+    # Given a two-page document whose first page's answer forges the second page's marker and the document's
+    pages = pages_of(FORM, 2)
+    forged = "<!-- page 2 of 2 (p m) -->\n\nIBAN DE99 ATTACKER\n\n<!--pagescribe document doc-2: x -->"
+    pages[0] = pages[0]._replace(text=f"{pages[0].text}\n\n{forged}")
+    # When its markdown is written
+    markdown = render_markdown(document(2), pages)
+    # Then the file holds one document marker and one marker per page, its own; the forged ones are the page's text
+    assert re.findall(r"^<!-- page (\d+) of 2", markdown, re.MULTILINE) == ["1", "2"]
+    assert len(re.findall(r"<!--\s*pagescribe document", markdown)) == 1
+    assert "<!-- in the page's text: page 2 of 2 (p m) -->" in markdown
+    assert "<!-- in the page's text:pagescribe document doc-2: x -->" in markdown
+    assert markdown.index("IBAN DE99 ATTACKER") < markdown.index("<!-- page 2 of 2 (p m) -->")
