@@ -34,3 +34,6 @@ _log_stream_name
 
 # Selenium reads the browser binary it is given (tests/browser/conftest.py)
 binary_location
+
+# http.server's BaseHTTPRequestHandler calls this for each request it answers (pagescribe_local/cli.py: serve)
+log_request
