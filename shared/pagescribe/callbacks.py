@@ -95,6 +95,7 @@ class _Delivery:
     callback: DueCallback
     body: bytes
     headers: dict[str, str]
+    refused: str | None = None  # why it may not be sent at all
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,17 @@ class CallbackNotifier:
             TIMESTAMP_HEADER: timestamp,
             DELIVERY_HEADER: delivery,
         }
+        # A tenant's callbacks are signed with its own secret; the stack's signs only the default tenant's, so that no
+        # tenant can make a callback another tenant's receiver would take for its own
         tenant_secret = self._db.callback_secret(document.tenant_id)
-        secret = tenant_secret.encode() if tenant_secret else self._secret
+        own = document.tenant_id == self._settings.default_tenant
+        secret = tenant_secret.encode() if tenant_secret else (self._secret if own else None)
+        if secret is None and self._secret is not None:
+            why = (
+                f"tenant {document.tenant_id!r} has no callback secret of its own, and the stack's signs only the "
+                f"default tenant's callbacks: pagescribe tenants callback-secret --tenant {document.tenant_id}"
+            )
+            return _Delivery(callback, body, headers, refused=why)
         if secret is not None:
             headers[SIGNATURE_HEADER] = sign(secret, timestamp, delivery, body)
         return _Delivery(callback, body, headers)
@@ -155,6 +165,8 @@ class CallbackNotifier:
         async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
 
             async def one(delivery: _Delivery) -> _Outcome:
+                if delivery.refused is not None:
+                    return _Outcome(delivery.refused, final=True)
                 async with slots:
                     try:
                         async with asyncio.timeout(settings.callback_deadline_seconds):

@@ -271,10 +271,12 @@ class DocumentService:
                 requested = parse_page_selection(upload.pages, max_pages=self._settings.max_pages)
             except ValueError as exc:
                 raise RequestError(str(exc), field="pages") from exc
-        if upload.callback_url and not (self._callbacks_signed or self._db.callback_secret(tenant)):
+        stack_signs = self._callbacks_signed and tenant == self._settings.default_tenant
+        if upload.callback_url and not (stack_signs or self._db.callback_secret(tenant)):
             raise RequestError(
-                "callback_url needs a callback secret: the tenant's (pagescribe tenants callback-secret) or the "
-                "stack's CALLBACK_SECRET (or CALLBACK_SECRET_PARAMETER), so that callbacks can be signed",
+                f"callback_url needs a callback secret: the tenant's own (pagescribe tenants callback-secret --tenant "
+                f"{tenant}), or for the default tenant the stack's CALLBACK_SECRET (or CALLBACK_SECRET_PARAMETER), so "
+                "that callbacks can be signed",
                 field="callback_url",
             )
         allowed = self._settings.model_allow_list

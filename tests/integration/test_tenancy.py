@@ -20,7 +20,7 @@ import boto3
 import pytest
 from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
-from pagescribe.runtime import shutdown_runtime
+from pagescribe.runtime import get_runtime, shutdown_runtime
 from pagescribe.settings import Settings, get_settings
 from pagescribe.tenancy import KeyRefused, KeyRing, create_key, key_hash
 from sqlalchemy import text
@@ -355,3 +355,37 @@ def test_an_estimate_comes_from_the_tenants_own_calls_and_tells_nothing_of_anoth
     assert acmes["estimate"]["cost_per_page_usd"] == pytest.approx(0.0004)
     assert "your latest 1 calls" in acmes["estimate"]["basis"]
     assert globexs["estimate"]["cost_per_page_usd"] is None and "unknown" in globexs["estimate"]["basis"]
+
+
+def test_the_stacks_callback_secret_signs_only_the_default_tenants_callbacks(
+    pipeline: Pipeline, db: Database, tenants: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a stack with its own callback secret, and tenants without secrets of their own
+    monkeypatch.setenv("CALLBACK_SECRET", "the-stacks-callback-secret-0123456789")
+    shutdown_runtime()
+    get_settings.cache_clear()
+    body = {"filename": "a.png", "content_type": "image/png", "callback_url": "https://hooks.example/pagescribe"}
+    # When the operator (the default tenant) and globex each ask for a callback
+    operator = call("POST", "/documents", OPERATOR_KEY, body)
+    code, refused = call("POST", "/documents", tenants["globex"], body)
+    # Then the operator's is taken, signed by the stack; globex's is refused, naming the command that gives it its own
+    assert operator[0] == 201
+    assert code == 422 and refused["field"] == "callback_url"
+    assert "pagescribe tenants callback-secret --tenant globex" in refused["message"]
+    # And a callback of globex's stored before this rule is never signed with the stack's secret: it fails, saying why
+    document_id = call("POST", "/documents", tenants["globex"], {k: v for k, v in body.items() if k != "callback_url"})
+    with db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE documents SET callback_url = :url, callback_status = 'PENDING', callback_attempts = 0, "
+                "callback_next_at = now(), status = 'COMPLETED', finished_at = now() WHERE id = :id"
+            ),
+            {"url": body["callback_url"], "id": document_id[1]["document_id"]},
+        )
+    get_runtime().notifier.deliver_due()
+    with db.engine.connect() as conn:
+        status, error = conn.execute(
+            text("SELECT callback_status, callback_error FROM documents WHERE id = :id"),
+            {"id": document_id[1]["document_id"]},
+        ).one()
+    assert status == "FAILED" and "tenant 'globex' has no callback secret of its own" in error
