@@ -2,7 +2,8 @@
 
 Each delivery carries ``X-Pagescribe-Timestamp`` (Unix seconds) and ``X-Pagescribe-Delivery`` (an id unique to the
 attempt), and ``X-Pagescribe-Signature: sha256=<hex>``, the HMAC-SHA256 of ``<timestamp>.<delivery id>.<body>``
-under the document's tenant's callback secret (``pagescribe tenants callback-secret``), else the stack's: a receiver
+under the document's tenant's callback secret (``pagescribe tenants callback-secret``), or for the default tenant
+the stack's: a receiver
 checks the signature, refuses a timestamp more than a few minutes old and a delivery id it has seen
 (docs/security.md has the check). A callback that keeps failing is recorded as FAILED on the document; it never
 changes the document's own status.
@@ -11,8 +12,9 @@ What a receiver can do to the sender is bounded: the host is resolved once, chec
 link-local or transition addresses that embed them, unless CALLBACK_ALLOW_PRIVATE_NETWORKS), and the connection goes
 to the address that was checked; the answer is read up to MAX_ANSWER_BYTES and the connection dropped; the whole
 delivery, from resolving to the last byte read, has CALLBACK_DEADLINE_SECONDS; the deliveries of a round run
-concurrently, CALLBACK_CONCURRENCY at a time, so a slow receiver delays nobody else's; and a callback is tried at most
-CALLBACK_MAX_ATTEMPTS times, even when the process delivering it dies.
+concurrently, CALLBACK_CONCURRENCY at a time, so a slow receiver delays nobody else's, and each is recorded as it ends;
+a round takes at most a tenant's share of each tenant's callbacks, and starts none it could not finish in its time;
+and a callback is tried at most CALLBACK_MAX_ATTEMPTS times, even when the process delivering it dies.
 """
 
 from __future__ import annotations
@@ -111,23 +113,26 @@ class CallbackNotifier:
         self._secret = secret
         self._resolve = resolver
 
-    def deliver_due(self, *, document_id: str | None = None, limit: int = 50) -> int:
-        """Deliver the callbacks that are due (or just this document's), concurrently; return how many were
-        delivered. In a round over all of them, callbacks taken CALLBACK_MAX_ATTEMPTS times and never recorded
-        (their deliverer died) end FAILED first."""
+    def deliver_due(self, *, document_id: str | None = None, limit: int = 50, seconds: float | None = None) -> int:
+        """Deliver the callbacks that are due (or just this document's), concurrently, each outcome recorded as it
+        comes; return how many were delivered. In a round over all of them, callbacks taken CALLBACK_MAX_ATTEMPTS
+        times and never recorded (their deliverer died) end FAILED first, and each tenant has at most its share of
+        the round (tenant_share). With ``seconds``, the time the round may take: a delivery that could not be over
+        by then is not started, and its callback is given back for the next round."""
         settings = self._settings
         if document_id is None:  # a sweeper's round: give up the callbacks whose deliverers died
             self._db.abandon_callbacks(max_attempts=settings.callback_max_attempts)
         due = self._db.take_due_callbacks(
-            limit=limit, document_id=document_id, max_attempts=settings.callback_max_attempts
+            limit=limit,
+            document_id=document_id,
+            max_attempts=settings.callback_max_attempts,
+            per_tenant=tenant_share(settings),
         )
         deliveries = [delivery for delivery in map(self._prepare, due) if delivery is not None]
         if not deliveries:
             return 0
-        outcomes = _run(self._deliver_all(deliveries))
-        for delivery, outcome in zip(deliveries, outcomes, strict=True):
-            self._record(delivery.callback, outcome)
-        return sum(outcome.error is None for outcome in outcomes)
+        outcomes = _run(self._deliver_all(deliveries, seconds))
+        return sum(outcome is not None and outcome.error is None for outcome in outcomes)
 
     def _prepare(self, callback: DueCallback) -> _Delivery | None:
         document = self._db.get_document(callback.document_id)
@@ -158,26 +163,37 @@ class CallbackNotifier:
             headers[SIGNATURE_HEADER] = sign(secret, timestamp, delivery, body)
         return _Delivery(callback, body, headers)
 
-    async def _deliver_all(self, deliveries: Sequence[_Delivery]) -> list[_Outcome]:
+    async def _deliver_all(self, deliveries: Sequence[_Delivery], seconds: float | None) -> list[_Outcome | None]:
+        """Each delivery, CALLBACK_CONCURRENCY at a time, recorded as soon as it is over (a round that runs out of
+        time loses no outcome it had); None for one not started in the round's time, given back instead."""
         settings = self._settings
+        loop = asyncio.get_running_loop()
+        ends = None if seconds is None else loop.time() + seconds
         slots = asyncio.Semaphore(settings.callback_concurrency)
         timeout = httpx.Timeout(settings.callback_timeout_seconds)
         async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False) as client:
 
-            async def one(delivery: _Delivery) -> _Outcome:
-                if delivery.refused is not None:
-                    return _Outcome(delivery.refused, final=True)
+            async def one(delivery: _Delivery) -> _Outcome | None:
                 async with slots:
-                    try:
-                        async with asyncio.timeout(settings.callback_deadline_seconds):
-                            return await self._deliver(client, delivery)
-                    except TimeoutError:
-                        return _Outcome(
-                            "no complete answer within "
-                            f"CALLBACK_DEADLINE_SECONDS={settings.callback_deadline_seconds:g}"
-                        )
+                    if ends is not None and loop.time() + settings.callback_deadline_seconds > ends:
+                        await asyncio.to_thread(self._db.release_callback, delivery.callback.document_id)
+                        return None
+                    outcome = await self._attempt(client, delivery)
+                await asyncio.to_thread(self._record, delivery.callback, outcome)
+                return outcome
 
             return list(await asyncio.gather(*(one(delivery) for delivery in deliveries)))
+
+    async def _attempt(self, client: httpx.AsyncClient, delivery: _Delivery) -> _Outcome:
+        """One delivery within CALLBACK_DEADLINE_SECONDS, or why there was none."""
+        if delivery.refused is not None:
+            return _Outcome(delivery.refused, final=True)
+        deadline = self._settings.callback_deadline_seconds
+        try:
+            async with asyncio.timeout(deadline):
+                return await self._deliver(client, delivery)
+        except TimeoutError:
+            return _Outcome(f"no complete answer within CALLBACK_DEADLINE_SECONDS={deadline:g}")
 
     async def _deliver(self, client: httpx.AsyncClient, delivery: _Delivery) -> _Outcome:
         url = httpx.URL(delivery.callback.url)
@@ -232,10 +248,16 @@ class CallbackNotifier:
             log.warning("callback failed, retrying in %.0f s: %s", retry_in, outcome.error, extra=extra)
 
 
-def _run(work: Awaitable[list[_Outcome]]) -> list[_Outcome]:
+def tenant_share(settings: Settings) -> int:
+    """How many of one tenant's callbacks a round takes: half the round's concurrency (at least one), so that a
+    tenant whose receivers all stall leaves the other half to every other tenant."""
+    return max(1, settings.callback_concurrency // 2)
+
+
+def _run(work: Awaitable[list[_Outcome | None]]) -> list[_Outcome | None]:
     """Run the round on an event loop of its own: in a thread of its own when this one already runs a loop."""
 
-    async def wrapped() -> list[_Outcome]:
+    async def wrapped() -> list[_Outcome | None]:
         return await work
 
     try:

@@ -689,11 +689,19 @@ FINISH_DOCUMENT = """
     """
 
 # A due callback, taken for a while (callback_next_at moves on) so that no one else delivers it meanwhile.
+# At most %(per_tenant)s of each tenant's callbacks in one round, the longest due first: a tenant whose receivers stall
+# fills no more than its share of the round, and every other tenant's due callbacks go in the same round.
 TAKE_DUE_CALLBACKS = """
-    WITH due AS (
-        SELECT id FROM documents
+    WITH ranked AS (
+        SELECT id, row_number() OVER (PARTITION BY tenant_id ORDER BY callback_next_at, id) AS place
+        FROM documents
         WHERE callback_status = 'PENDING' AND callback_next_at <= now() AND callback_attempts < %(max_attempts)s
           AND (CAST(%(document_id)s AS uuid) IS NULL OR id = CAST(%(document_id)s AS uuid))
+    ),
+    due AS (
+        SELECT id FROM documents
+        WHERE id IN (SELECT id FROM ranked WHERE place <= %(per_tenant)s)
+          AND callback_status = 'PENDING' AND callback_next_at <= now() AND callback_attempts < %(max_attempts)s
         ORDER BY callback_next_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -702,6 +710,12 @@ TAKE_DUE_CALLBACKS = """
     SET callback_attempts = callback_attempts + 1, callback_next_at = now() + interval '5 minutes'
     WHERE id IN (SELECT id FROM due)
     RETURNING id, callback_url, callback_attempts
+    """
+
+# A callback taken for a round that had no time left to start it: its attempt given back, due again at once.
+RELEASE_CALLBACK = """
+    UPDATE documents SET callback_attempts = callback_attempts - 1, callback_next_at = now()
+    WHERE id = %(document_id)s AND callback_status = 'PENDING' AND callback_attempts > 0
     """
 
 # A callback taken as often as it may be and never recorded since (its deliverer died mid-delivery): given up.
@@ -1227,12 +1241,18 @@ class Database:
         rows = self._rows(RETRY_FAILED_PAGES, {"document_id": document_id, "max_retries": max_retries})
         return [(str(r.id), r.page_number) for r in rows]
 
-    def take_due_callbacks(self, *, limit: int, max_attempts: int, document_id: str | None = None) -> list[DueCallback]:
-        """Take the callbacks due and tried fewer than ``max_attempts`` times (or just this document's)."""
-        rows = self._rows(
-            TAKE_DUE_CALLBACKS, {"limit": limit, "document_id": document_id, "max_attempts": max_attempts}
-        )
+    def take_due_callbacks(
+        self, *, limit: int, max_attempts: int, per_tenant: int, document_id: str | None = None
+    ) -> list[DueCallback]:
+        """Take the callbacks due and tried fewer than ``max_attempts`` times (or just this document's), at most
+        ``per_tenant`` of each tenant's."""
+        params = {"limit": limit, "document_id": document_id, "max_attempts": max_attempts, "per_tenant": per_tenant}
+        rows = self._rows(TAKE_DUE_CALLBACKS, params)
         return [DueCallback(str(r.id), r.callback_url, r.callback_attempts) for r in rows]
+
+    def release_callback(self, document_id: str) -> None:
+        """Give back a callback taken for a round that could not start it: due again, its attempt not counted."""
+        self._rows(RELEASE_CALLBACK, {"document_id": document_id})
 
     def abandon_callbacks(self, *, max_attempts: int) -> None:
         """End as FAILED the callbacks taken ``max_attempts`` times whose last delivery ran out unrecorded."""

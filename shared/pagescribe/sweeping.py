@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the ingestion (and the file formats it reads) loads only wh
 Finish = Callable[[str], DocumentStatus | None]  # writes a document's transcript files; None if already finished
 
 log = logging.getLogger(__name__)
+SWEEP_MARGIN_SECONDS = 5.0  # the callbacks' round ends this long before the invocation's time is up
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ class Sweeper:
         self._ingestor = ingestor
         self._failed_uploads = failed_uploads
 
-    def sweep(self) -> SweepReport:
-        """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap."""
+    def sweep(self, remaining_seconds: Callable[[], float] | None = None) -> SweepReport:
+        """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap. With
+        ``remaining_seconds`` (the invocation's time left), the callbacks' round ends SWEEP_MARGIN_SECONDS before."""
         settings, limit = self._settings, self._settings.sweep_batch_size
         requeued = self._db.requeue_expired_leases(max_attempts=settings.max_attempts, limit=limit)
         failed, documents = self._db.fail_expired_leases(max_attempts=settings.max_attempts, limit=limit)
@@ -79,7 +81,8 @@ class Sweeper:
             limit=limit,
         )
 
-        delivered = self._notifier.deliver_due(limit=limit)
+        seconds = remaining_seconds() - SWEEP_MARGIN_SECONDS if remaining_seconds is not None else None
+        delivered = self._notifier.deliver_due(limit=limit, seconds=seconds)
         report = SweepReport(
             requeued, failed, len(sent), len(unsent), finished, delivered, uploads_failed, len(expired)
         )

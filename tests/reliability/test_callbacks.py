@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -297,3 +297,83 @@ def test_a_callback_whose_deliverer_keeps_dying_is_given_up_after_its_attempts(d
     assert delivered == 0
     status, error = callback_state(db, document_id)
     assert status == "FAILED" and (error or "").startswith("no delivery recorded after 5 attempts"), error
+
+
+def _in_thread(work: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_each_outcome_is_recorded_as_it_comes_not_when_the_round_ends(
+    db: Database, receivers: list[RawReceiver]
+) -> None:
+    # Given a round of two callbacks: one receiver that trickles (until it is stopped), one that answers at once
+    slow, slow_url = start(receivers, "trickle")
+    _, fast_url = start(receivers, "ok")
+    slow_document = document_awaiting_callback(db, slow_url)
+    fast_document = document_awaiting_callback(db, fast_url)
+    # When the round runs, with a deadline far beyond this test
+    round_ = _in_thread(lambda: notifier(db, callback_deadline_seconds=120.0).deliver_due())
+    try:
+        # Then the fast one is recorded delivered while the trickle is still being read: a round cut short (its
+        # invocation timed out) would not lose it and send it again
+        deadline = time.monotonic() + 60
+        while callback_state(db, fast_document)[0] != "DELIVERED" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert callback_state(db, fast_document) == ("DELIVERED", None)
+        assert round_.is_alive() and callback_state(db, slow_document)[0] == "PENDING"
+    finally:
+        slow.stop.set()  # the trickle ends; its delivery fails and is recorded to be tried again
+        round_.join(timeout=60)
+    assert not round_.is_alive() and callback_state(db, slow_document)[0] == "PENDING"
+
+
+def _tenant_of(db: Database, document_id: str, tenant: str) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(text("INSERT INTO tenants (id) VALUES (:t) ON CONFLICT DO NOTHING"), {"t": tenant})
+        conn.execute(text("UPDATE documents SET tenant_id = :t WHERE id = :id"), {"t": tenant, "id": document_id})
+
+
+def _attempts(db: Database, document_ids: list[str]) -> list[int]:
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT callback_attempts FROM documents WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id"),
+            {"ids": document_ids},
+        )
+        return sorted(int(row.callback_attempts) for row in rows)
+
+
+def test_a_tenant_whose_receivers_all_stall_takes_only_its_share_of_a_round(
+    db: Database, receivers: list[RawReceiver]
+) -> None:
+    # Given a round of 4 at once (a tenant's share: 2), five callbacks of a tenant whose receivers trickle, and one of
+    # another tenant's
+    stalling = [document_awaiting_callback(db, start(receivers, "trickle")[1]) for _ in range(5)]
+    for document_id in stalling:
+        _tenant_of(db, document_id, "stalls")
+    other, other_url = start(receivers, "ok")
+    others = document_awaiting_callback(db, other_url)
+    _tenant_of(db, others, "prompt")
+    settings = Settings(callback_allow_private_networks=True, callback_concurrency=4, callback_deadline_seconds=2.0)
+    # When one round runs (no stack secret: unsigned, as on a local stack)
+    delivered = CallbackNotifier(settings, db, None).deliver_due()
+    # Then the other tenant's callback was delivered, and only two of the stalling tenant's were tried
+    assert delivered == 1 and callback_state(db, others) == ("DELIVERED", None)
+    assert len(other.requests) == 1
+    assert _attempts(db, stalling) == [0, 0, 0, 1, 1]
+
+
+def test_a_round_starts_no_delivery_it_could_not_finish_in_its_time_and_gives_it_back(
+    db: Database, receivers: list[RawReceiver]
+) -> None:
+    # Given a due callback, and a round with less time than one delivery's deadline (15 s)
+    receiver, url = start(receivers, "ok")
+    document_id = document_awaiting_callback(db, url)
+    # When the round runs in 5 s
+    delivered = notifier(db, callback_deadline_seconds=15.0).deliver_due(seconds=5.0)
+    # Then nothing was sent, and the callback is due again with its attempt given back
+    assert delivered == 0 and receiver.requests == []
+    assert callback_state(db, document_id) == ("PENDING", None) and _attempts(db, [document_id]) == [0]
+    # And the next round with time enough delivers it
+    assert notifier(db, callback_deadline_seconds=15.0).deliver_due(seconds=60.0) == 1
