@@ -18,7 +18,7 @@ from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
 
-from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Ok
+from tests.fakes.chat_server import PROMPT_TOKENS, Behaviour, FakeChatServer, Ok
 from tests.support.answers import captured
 from tests.support.aws_events import LambdaContext, api_event, sqs_event, sqs_record_for_body
 from tests.support.commands import NOT_GROUNDED
@@ -234,6 +234,24 @@ def test_under_triple_duplicate_delivery_each_page_is_escalated_at_most_once(
     assert _status(doc["document_id"])["model_calls"] == 6
 
 
+def _first_delivery_out_of_time(
+    pipeline: Pipeline,
+    fake_provider: FakeChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+    source: Path,
+    escalation_answer: Behaviour,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A one-page document whose primary model loops slowly (6 s) and whose escalation model answers as given, first
+    delivered to an invocation with 15 s left: too little, after the loop, for the escalation's call. The document and
+    that invocation's response."""
+    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
+    fake_provider.route(lambda body, image: Ok(text=LOOP, delay=6.0) if body["model"] == PRIMARY else escalation_answer)
+    [doc] = pipeline.upload("uploads/one.pdf", source)["documents"]
+    [message] = pipeline.receive_all()
+    _configure(monkeypatch, MIN_CALL_BUDGET_SECONDS="5")
+    return doc, pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=15)
+
+
 def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_to_the_escalation_model(
     pipeline: Pipeline,
     db: Database,
@@ -242,18 +260,12 @@ def test_an_escalation_that_cannot_get_its_budget_is_requeued_and_goes_straight_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given an escalation model and a primary model that loops slowly on a one-page document
-    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
     source = corpus / "minimal-document.pdf"
     pages = _page_images(source, 1)
-    fake_provider.route(
-        lambda body, image: Ok(text=LOOP, delay=6.0) if body["model"] == PRIMARY else Ok(extract_text_layer(source, 1))
-    )
-    [doc] = pipeline.upload("uploads/one.pdf", source)["documents"]
-    [message] = pipeline.receive_all()
     # When an invocation with 15 s left (10 s for a call, after the 5 s reserve) spends 6 s on the looping answer,
     # leaving less than the 5 s minimum a call must get
-    _configure(monkeypatch, MIN_CALL_BUDGET_SECONDS="5")
-    first = pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=15)
+    faithful = Ok(extract_text_layer(source, 1))
+    doc, first = _first_delivery_out_of_time(pipeline, fake_provider, monkeypatch, source, faithful)
     # Then the page was not half-called: it is back in the queue, escalated, with the loop's answer kept meanwhile
     assert first["batchItemFailures"] == []
     [job] = page_rows(db, doc["document_id"])
@@ -278,14 +290,10 @@ def test_a_page_redelivered_to_its_escalation_model_that_answers_badly_too_fails
 ) -> None:
     # Given a page escalated by a first delivery that had no time left for the escalation call (as above), and an
     # escalation model that loops as well
-    _configure(monkeypatch, ESCALATION_MODEL=STRONG)
     source = corpus / "minimal-document.pdf"
     pages = _page_images(source, 1)
-    fake_provider.route(lambda body, image: Ok(text=LOOP, delay=6.0) if body["model"] == PRIMARY else Ok(text=LOOP))
-    [doc] = pipeline.upload("uploads/one.pdf", source)["documents"]
-    [message] = pipeline.receive_all()
-    _configure(monkeypatch, MIN_CALL_BUDGET_SECONDS="5")
-    assert pipeline.invoke_transcribe(sqs_event([message], pipeline.queue_arn), timeout=15)["batchItemFailures"] == []
+    doc, first = _first_delivery_out_of_time(pipeline, fake_provider, monkeypatch, source, Ok(text=LOOP))
+    assert first["batchItemFailures"] == []
     [job] = page_rows(db, doc["document_id"])
     assert (job["status"], job["escalation"]) == ("QUEUED", "PENDING")
     # When it is delivered again and the escalation model's answer is a loop too

@@ -208,9 +208,7 @@ PERSISTENT_RETRYABLE: list[Any] = [
     pytest.param(lambda: Status(500, "Internal Server Error"), "HTTP 500: Internal Server Error", id="500"),
     pytest.param(lambda: Status(502, "Bad Gateway"), "HTTP 502: Bad Gateway", id="502"),
     pytest.param(
-        lambda: Status(503, "Service Unavailable", retry_after="1"),
-        "HTTP 503: Service Unavailable",
-        id="503",
+        lambda: Status(503, "Service Unavailable", retry_after="1"), "HTTP 503: Service Unavailable", id="503"
     ),
     pytest.param(Reset, "could not reach the provider", id="connection-reset"),
     pytest.param(
@@ -305,12 +303,7 @@ RETRYABLE_SHAPES: list[Any] = [
 
 @pytest.mark.parametrize(("fault", "reason"), RETRYABLE_SHAPES)
 def test_every_shape_of_a_retryable_answer_requeues_the_page_with_its_reason(
-    faults: Pipeline,
-    db: Database,
-    fake_provider: FakeChatServer,
-    corpus: Path,
-    fault: Behaviour,
-    reason: str,
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, fault: Behaviour, reason: str
 ) -> None:
     # Given a one-page document and a provider answering with this fault every time
     [doc] = faults.upload("uploads/shape.png", corpus / "smile.png")["documents"]
@@ -356,12 +349,7 @@ CLIENT_ERRORS: list[Any] = [
 
 @pytest.mark.parametrize(("fault", "reason"), CLIENT_ERRORS)
 def test_a_client_error_fails_the_page_at_once_with_the_providers_message(
-    faults: Pipeline,
-    db: Database,
-    fake_provider: FakeChatServer,
-    corpus: Path,
-    fault: Behaviour,
-    reason: str,
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, fault: Behaviour, reason: str
 ) -> None:
     # Given a provider that refuses the page at once
     [doc] = faults.upload("uploads/refused.png", corpus / "smile.png")["documents"]

@@ -34,27 +34,15 @@ from pagescribe.transcription import thresholds as configured_thresholds
 
 from tests.support import CORPUS
 from tests.support.answers import captured, captured_file, index
+from tests.support.pages import DOCUMENTS, pdf_text_layers
 
-DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
 DEFAULTS = Thresholds()
 INKED = PageEvidence(ink=0.05)
 
 
 def _real_pages() -> list[tuple[str, str]]:
     """(name, text) of every page with a text layer in the corpus and the gathered documents, and the scans' truth."""
-    pages = []
-    for path in sorted([*CORPUS.glob("*.pdf"), *DOCUMENTS.glob("*.pdf")]):
-        if "password" in path.name:
-            continue
-        page = 1
-        while True:
-            try:
-                text = extract_text_layer(path, page)
-            except ValueError:
-                break
-            if text:
-                pages.append((f"{path.name}:{page}", text))
-            page += 1
+    pages = [(f"{path.name}:{number}", text) for path, number, text in pdf_text_layers() if text]
     pages += [(path.name, path.read_text(encoding="utf-8")) for path in sorted(DOCUMENTS.glob("*.txt"))]
     return pages
 
