@@ -32,10 +32,9 @@ def test_transcribe_writes_the_pages_in_order(
 ) -> None:
     # Given a 4-page PDF and a provider that names the image it was sent
     source = corpus / "pdflatex-4-pages.pdf"
-    # When the user runs pagescribe transcribe on it
-    result = pagescribe(
-        "transcribe", str(source), "--out", "out", env=command_environment(database_url, fake_provider), cwd=tmp_path
-    )
+    # When the user runs pagescribe transcribe on it (afresh: another test may have left a transcript of it to reuse)
+    env = command_environment(database_url, fake_provider)
+    result = pagescribe("transcribe", str(source), "--out", "out", "--no-reuse", env=env, cwd=tmp_path)
     # Then it exits 0, says where it wrote, and the markdown has every page in order with its own text
     assert result.returncode == 0, result.stderr
     assert "wrote out/pdflatex-4-pages.md" in result.stderr
@@ -210,11 +209,19 @@ def test_transcribe_escalates_a_looping_page_and_prints_one_line_per_flagged_pag
 
     fake_provider.route(rule)
     env = command_environment(database_url, fake_provider)
-    # When the user transcribes it afresh (an earlier test's transcript of the same file is in this database) without
-    # an escalation model, then with one
+    # When the user transcribes it afresh (an earlier test's transcript of the same file, on the same models, may be in
+    # this database: it would be reused) without an escalation model, then with one
     without = pagescribe("transcribe", str(source), "--out", "a", "--no-reuse", env=env, cwd=tmp_path)
     escalated = pagescribe(
-        "transcribe", str(source), "--out", "b", "--escalation-model", "test/strong-model", env=env, cwd=tmp_path
+        "transcribe",
+        str(source),
+        "--out",
+        "b",
+        "--escalation-model",
+        "test/strong-model",
+        "--no-reuse",
+        env=env,
+        cwd=tmp_path,
     )
     # Then without, page 2 fails on its flag, the document is partial, and the last line names the page and its flags
     assert without.returncode == 1
