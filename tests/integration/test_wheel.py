@@ -97,9 +97,10 @@ def test_the_installed_command_transcribes_a_document_outside_the_checkout(
         env=env,
     )
     assert Path(where.strip()).is_relative_to(installed), where
-    # When its pagescribe command transcribes the corpus's 4-page PDF there
+    # When its pagescribe command transcribes the corpus's 4-page PDF there (afresh: another test may have left a
+    # transcript of it in this database to reuse)
     source = corpus / "pdflatex-4-pages.pdf"
-    run(installed / "bin" / "pagescribe", "transcribe", source, "--out", "out", cwd=tmp_path, env=env)
+    run(installed / "bin" / "pagescribe", "transcribe", source, "--out", "out", "--no-reuse", cwd=tmp_path, env=env)
     # Then the markdown has the four pages in order, each from one model call
     markdown = (tmp_path / "out" / "pdflatex-4-pages.md").read_text()
     assert re.findall(r"<!-- page (\d) of 4", markdown) == ["1", "2", "3", "4"]
