@@ -288,6 +288,7 @@ class DocumentService:
                     field=name,
                 )
         escalation_model = self._escalation_model(upload)
+        model = upload.model or self._settings.model
         bucket = self._settings.require("bucket_name")
         document_id = str(uuid.uuid4())
         key = f"{self._settings.upload_prefix}{tenant}/{document_id}/{safe_filename(upload.filename)}"
@@ -297,7 +298,7 @@ class DocumentService:
                 bucket=bucket,
                 object_key=key,
                 filename=safe_filename(upload.filename),
-                model=upload.model or self._settings.model,
+                model=model,
                 escalation_model=escalation_model,
                 prompt=upload.prompt,
                 requested_pages=requested,
@@ -310,7 +311,6 @@ class DocumentService:
         )
         expires_in = self._settings.upload_url_expiry_seconds
         url = self._objects.presign_put(bucket, key, content_type=upload.content_type, expires_in=expires_in)
-        model = upload.model or self._settings.model
         estimate = estimate_cost(self._db, model, len(requested) if requested else None, tenant)
         return CreatedUpload(
             document_id,
