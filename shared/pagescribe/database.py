@@ -335,28 +335,44 @@ RECORD_FAILED_CALL = """
 # its own, reads what the gates before it committed (in one statement, the reads of the other tables would keep the
 # snapshot taken before the lock was granted, and miss the price a concurrent gate had just held).
 #
-# The price of a call is the mean cost of the model's latest calls (unknown before its first). A page ends SKIPPED
-# when what its tenant spent today plus that price would pass the daily budget, or what its document spent plus that
-# price would pass the document's cap (max_cost_usd). While a call runs its price is held on its page (reserved_usd),
-# so that calls in flight together cannot overshoot: a page that would fit once those settle waits (DEFER), and while
-# the price is unknown a capped document, or a tenant with a budget, makes one call at a time.
+# A call is held at its worst case (reserve), priced on the tenant's own latest calls of the model, never on other
+# tenants': each call's cost is at least its prompt tokens times the price of a prompt token, and at least its
+# completion tokens times the price of a completion token, so the least cost per prompt token and the least cost per
+# completion token seen are upper bounds of those prices. The worst case is the largest prompt seen (plus the
+# document's own prompt text, never more tokens than bytes) at the one, and the output limit (MAX_OUTPUT_TOKENS) at
+# the other; where the calls reported no tokens, the dearest call seen. While a call runs its reserve is held on its
+# page (reserved_usd) and it is settled by the real cost when the call is recorded with the page's end.
+#
+# A page ends SKIPPED when what its tenant spent today plus the reserve would pass the daily budget, or what its
+# document spent plus the reserve would pass the document's cap (max_cost_usd): spend only grows, so no wait helps.
+# A page that would fit once the calls in flight settle waits (DEFER). Before the tenant's first call of the model
+# that reported a cost the reserve is unknown: a capped document, or a tenant with a budget, makes one call at a time.
 LOCK_SPENDERS = """
     SELECT 1 FROM documents d JOIN tenants t ON t.id = d.tenant_id WHERE d.id = %(document_id)s FOR UPDATE OF d, t
     """
 
 ADMIT_SPEND = """
     WITH doc AS (
-        SELECT d.id, d.tenant_id, d.max_cost_usd,
+        SELECT d.id, d.tenant_id, d.max_cost_usd, octet_length(coalesce(d.prompt, '')) AS prompt_bytes,
                coalesce(t.daily_budget_usd, CAST(%(daily_budget)s AS numeric)) AS budget,
                coalesce((SELECT spent_usd FROM tenant_days
                          WHERE tenant_id = d.tenant_id AND day = CAST(now() AT TIME ZONE 'UTC' AS date)), 0) AS today
         FROM documents d JOIN tenants t ON t.id = d.tenant_id
         WHERE d.id = %(document_id)s
     ),
+    history AS (
+        SELECT a.cost, a.prompt_tokens, a.completion_tokens
+        FROM attempts a JOIN documents d ON d.id = a.document_id
+        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND d.tenant_id = (SELECT tenant_id FROM doc)
+        ORDER BY a.id DESC LIMIT 100
+    ),
     price AS (
-        SELECT avg(cost) AS usd FROM (
-            SELECT cost FROM attempts WHERE model = %(model)s AND cost IS NOT NULL ORDER BY id DESC LIMIT 100
-        ) latest
+        SELECT avg(cost) AS usd,
+               coalesce(min(cost / nullif(prompt_tokens, 0)) FILTER (WHERE cost > 0)
+                          * (max(prompt_tokens) + (SELECT prompt_bytes FROM doc))
+                        + min(cost / nullif(completion_tokens, 0)) FILTER (WHERE cost > 0) * %(max_output_tokens)s,
+                        max(cost)) AS reserve
+        FROM history
     ),
     spent AS (SELECT coalesce(sum(cost), 0) AS usd FROM attempts WHERE document_id = %(document_id)s),
     in_flight AS (
@@ -373,31 +389,31 @@ ADMIT_SPEND = """
     verdict AS (
         SELECT CASE
                  WHEN doc.budget IS NOT NULL
-                      AND (doc.today >= doc.budget OR doc.today + coalesce(price.usd, 0) > doc.budget)
+                      AND (doc.today >= doc.budget OR doc.today + coalesce(price.reserve, 0) > doc.budget)
                    THEN 'DAILY_BUDGET'
                  WHEN doc.max_cost_usd IS NOT NULL
-                      AND (spent.usd >= doc.max_cost_usd OR spent.usd + coalesce(price.usd, 0) > doc.max_cost_usd)
+                      AND (spent.usd >= doc.max_cost_usd OR spent.usd + coalesce(price.reserve, 0) > doc.max_cost_usd)
                    THEN 'CAP'
                  WHEN doc.budget IS NULL AND doc.max_cost_usd IS NULL THEN 'GO'
-                 WHEN price.usd IS NULL
+                 WHEN price.reserve IS NULL
                       AND ((doc.budget IS NOT NULL AND held.tenant_calls > 0)
                            OR (doc.max_cost_usd IS NOT NULL AND held.doc_calls > 0))
                    THEN 'DEFER'
-                 WHEN doc.today + held.tenant_usd + coalesce(price.usd, 0) > doc.budget THEN 'DEFER'
-                 WHEN spent.usd + held.doc_usd + coalesce(price.usd, 0) > doc.max_cost_usd THEN 'DEFER'
+                 WHEN doc.today + held.tenant_usd + coalesce(price.reserve, 0) > doc.budget THEN 'DEFER'
+                 WHEN spent.usd + held.doc_usd + coalesce(price.reserve, 0) > doc.max_cost_usd THEN 'DEFER'
                  ELSE 'GO'
                END AS verdict,
                doc.budget IS NOT NULL OR doc.max_cost_usd IS NOT NULL AS capped,
-               price.usd AS price, spent.usd AS spent, doc.max_cost_usd, doc.budget, doc.today
+               price.usd AS price, price.reserve, spent.usd AS spent, doc.max_cost_usd, doc.budget, doc.today
         FROM doc, price, spent, held
     ),
     held_now AS (
-        UPDATE jobs SET reserved_usd = coalesce((SELECT price FROM verdict), 0)
+        UPDATE jobs SET reserved_usd = coalesce((SELECT reserve FROM verdict), 0)
         WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
           AND (SELECT verdict = 'GO' AND capped FROM verdict)
         RETURNING id
     )
-    SELECT verdict, price, spent, max_cost_usd, budget, today FROM verdict
+    SELECT verdict, price, reserve, spent, max_cost_usd, budget, today FROM verdict
     """
 
 # The rate governor's take, one statement: the bucket is refilled for the time since it was last touched, then a
@@ -1448,7 +1464,9 @@ class Database:
             },
         )
 
-    def admit_spend(self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None) -> SpendVerdict:
+    def admit_spend(
+        self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None, max_output_tokens: int
+    ) -> SpendVerdict:
         """The cost gate before a model call (see ADMIT_SPEND): GO, DEFER, CAP or DAILY_BUDGET, with the figures.
         One short transaction of two statements; no lock outlives it."""
         params = {
@@ -1457,6 +1475,7 @@ class Database:
             "lease_token": job.lease_token,
             "model": model,
             "daily_budget": daily_budget_usd,
+            "max_output_tokens": max_output_tokens,
         }
 
         def gate(connection: psycopg.Connection[Any]) -> Any:
@@ -1467,10 +1486,11 @@ class Database:
 
         row = self._with_connection(gate)
         if row is None:  # the document is gone (deleted by hand): nothing to hold the call against
-            return SpendVerdict("GO", None, 0.0, None, None, 0.0)
+            return SpendVerdict("GO", None, None, 0.0, None, None, 0.0)
         return SpendVerdict(
             row.verdict,
             _float(row.price),
+            _float(row.reserve),
             float(row.spent),
             _float(row.max_cost_usd),
             _float(row.budget),

@@ -356,7 +356,8 @@ class SpendVerdict(NamedTuple):
     max_cost_usd) or DAILY_BUDGET (the tenant's), with what it was judged on (USD)."""
 
     verdict: str
-    price: float | None  # the model's mean cost per call; None before its first call that reported a cost
+    price: float | None  # the mean cost of the tenant's calls of the model; None before its first that reported one
+    reserve: float | None  # what the call is held at: its worst case (see ADMIT_SPEND); None while price is
     spent: float  # by the document so far
     max_cost_usd: float | None
     daily_budget_usd: float | None

@@ -132,9 +132,10 @@ def rejection(flags: list[PageFlag], *, escalated_to: str | None = None, then: s
 def budget_reason(verdict: SpendVerdict, model: str, tenant_id: str) -> str:
     """Why a page was not started: the cap or budget, what was spent, and the price its call was judged at."""
     price = (
-        f"a call of {model} costs ${verdict.price:.6f} on average"
-        if verdict.price is not None
-        else (f"{model} has no cost history yet")
+        f"a call of {model} is held at its worst case, ${verdict.reserve:.6f} (its output limit at the tenant's own "
+        f"prices; ${verdict.price:.6f} on average)"
+        if verdict.reserve is not None and verdict.price is not None
+        else f"{model} has no cost history yet"
     )
     if verdict.verdict == "DAILY_BUDGET":
         assert verdict.daily_budget_usd is not None
@@ -639,7 +640,12 @@ class Transcriber:
 
     async def _spend_gate(self, ctx: _Context, model: str) -> PageResult | None:
         """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""
-        verdict = self._db.admit_spend(ctx.job, model, daily_budget_usd=self._settings.daily_budget_usd)
+        verdict = self._db.admit_spend(
+            ctx.job,
+            model,
+            daily_budget_usd=self._settings.daily_budget_usd,
+            max_output_tokens=self._settings.max_output_tokens,
+        )
         if verdict.daily_budget_usd:
             gauge("DailyBudgetUsedPercent", 100 * verdict.spent_today / verdict.daily_budget_usd)
         if verdict.verdict in ("CAP", "DAILY_BUDGET"):

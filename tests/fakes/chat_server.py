@@ -166,6 +166,34 @@ class RateLimit:
         return Status(429, "rate limit exceeded: too many requests per minute", retry_after=str(math.ceil(free_in)))
 
 
+class Gate:
+    """A route rule that holds every request until the gate is opened, then lets each go on to the script and the
+    default; it counts the requests it holds and the most it held at once.
+
+        gate = Gate()
+        fake.route(gate)
+        ... ; gate.held, gate.most_held; gate.open()
+    """
+
+    def __init__(self) -> None:
+        self._opened = threading.Event()
+        self._lock = threading.Lock()
+        self.held = 0
+        self.most_held = 0
+
+    def __call__(self, body: dict[str, Any], image: bytes) -> Behaviour | None:
+        with self._lock:
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+        self._opened.wait()
+        with self._lock:
+            self.held -= 1
+        return None
+
+    def open(self) -> None:
+        self._opened.set()
+
+
 @dataclass(frozen=True)
 class ReceivedRequest:
     """One HTTP request as the server saw it; header names are lower case."""

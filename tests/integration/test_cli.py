@@ -298,8 +298,11 @@ def test_estimate_then_a_capped_run_then_the_tenants_budget(
     assert "pdflatex-4-pages.pdf: 4 pages x " in unknown.stdout and "estimate: unknown" in unknown.stdout
     assert fake_provider.calls == 0
 
-    # When the document is transcribed with a cap of 2.5 pages' worth
-    capped = pagescribe("transcribe", str(source), "--max-cost", "0.00025", "--out", "out", env=env, cwd=tmp_path)
+    # When the document is transcribed with a cap that holds a first call of unknown price, then a second call held
+    # at its worst case (0.0001 per 1,000 prompt tokens, 0.0001 per 4 completion tokens at MAX_OUTPUT_TOKENS=4), but
+    # not a third
+    env["MAX_OUTPUT_TOKENS"] = "4"
+    capped = pagescribe("transcribe", str(source), "--max-cost", "0.00035", "--out", "out", env=env, cwd=tmp_path)
 
     # Then two pages are paid for, the others are skipped, and the command says so and fails
     assert capped.returncode == 1 and fake_provider.calls == 2

@@ -8,19 +8,20 @@ import itertools
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pagescribe.database import Database
-from pagescribe.domain import RateBucket
+from pagescribe.domain import NewDocument, PageOutcome, RateBucket
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from sqlalchemy import text
 
-from tests.fakes.chat_server import FakeChatServer, Ok, Status
+from tests.fakes.chat_server import FakeChatServer, Gate, Ok, Status
 from tests.integration.test_api import upload_through_presigned_url
 from tests.support.aws_events import LambdaContext, api_event, sqs_event
 from tests.support.pipeline import Pipeline
@@ -28,6 +29,10 @@ from tests.support.pipeline import Pipeline
 pytestmark = pytest.mark.integration
 
 PRICE = 0.0001  # what the fake provider reports per call in these tests
+# What a call is held at before it starts, with MAX_OUTPUT_TOKENS=4 (see configure_worst_case): the history's calls
+# cost PRICE for 1,000 prompt tokens and 4 completion tokens (the fake's default answer has 4 words), so a prompt
+# token costs at most PRICE / 1,000 and a completion token at most PRICE / 4.
+WORST = 1000 * PRICE / 1000 + 4 * PRICE / 4
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
@@ -76,6 +81,11 @@ def finished(db: Database, document_id: str) -> Callable[[], bool]:
         return document is not None and document.finished_at is not None
 
     return check
+
+
+def configure_worst_case(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    """The output limit at 4 tokens, so that a call's worst case is WORST (2 x PRICE) once the price is known."""
+    configure(monkeypatch, MAX_OUTPUT_TOKENS="4", **env)
 
 
 def seed_price(pipeline: Pipeline, db: Database, corpus: Path) -> None:
@@ -202,14 +212,15 @@ def test_a_capped_document_spends_exactly_what_the_provider_reported_and_no_call
 ) -> None:
     # Given a provider reporting PRICE per call, no history yet: the estimate is unknown
     fake_provider.set_default(Ok(cost=PRICE))
+    configure_worst_case(monkeypatch)
     unknown = create({"filename": "a.pdf", "content_type": "application/pdf", "pages": "1-4"})["estimate"]
     assert (unknown["cost_per_page_usd"], unknown["cost_usd"]) == (None, None) and "unknown" in unknown["basis"]
     seed_price(pipeline, db, corpus)
 
-    # When a 4-page document capped at 2.5 pages' worth is created (its estimate now known) and uploaded
-    created = create(
-        {"filename": "report.pdf", "content_type": "application/pdf", "pages": "1-4", "max_cost_usd": 2.5 * PRICE}
-    )
+    # When a 4-page document is created (its estimate now known) with a cap that holds the first call's worst case,
+    # then the second's once the first settled at PRICE, but not a third's, and uploaded
+    cap = WORST + 1.5 * PRICE
+    created = create({"filename": "report.pdf", "content_type": "application/pdf", "pages": "1-4", "max_cost_usd": cap})
     assert created["estimate"]["cost_usd"] == pytest.approx(4 * PRICE)
     upload_through_presigned_url(pipeline, created, (corpus / "pdflatex-4-pages.pdf").read_bytes())
     calls_before = fake_provider.calls
@@ -223,7 +234,7 @@ def test_a_capped_document_spends_exactly_what_the_provider_reported_and_no_call
     assert described["model_calls"] == 2 and described["cost"] == pytest.approx(2 * PRICE)
     assert described["pages"]["COMPLETED"] == 2 and described["pages"]["SKIPPED"] == 2
     # And the document ends PARTIAL, saying why, and each skipped page says it too
-    assert described["status"] == "PARTIAL" and described["max_cost_usd"] == pytest.approx(2.5 * PRICE)
+    assert described["status"] == "PARTIAL" and described["max_cost_usd"] == pytest.approx(cap)
     assert "2 of 4 pages skipped" in described["error"] and "max_cost_usd" in described["error"]
     skipped = [e for e in described["page_errors"] if e["status"] == "SKIPPED"]
     assert len(skipped) == 2 and all(e["error"].startswith("budget: ") for e in skipped)
@@ -240,21 +251,22 @@ def test_a_tenants_daily_budget_skips_the_pages_beyond_it(
     monkeypatch: pytest.MonkeyPatch,
     whose: str,
 ) -> None:
-    # Given a daily budget of 3.5 calls' worth (the stack's DAILY_BUDGET_USD, or the tenant's own, over a larger
-    # stack-wide one) and one page already spent today
+    # Given a daily budget (the stack's DAILY_BUDGET_USD, or the tenant's own, over a larger stack-wide one) that
+    # holds, after one page spent today, two more calls at PRICE each held at its worst case before it starts
     fake_provider.set_default(Ok(cost=PRICE))
+    budget = 2 * PRICE + WORST + 0.5 * PRICE
     if whose == "stack":
-        configure(monkeypatch, DAILY_BUDGET_USD=str(3.5 * PRICE))
+        configure_worst_case(monkeypatch, DAILY_BUDGET_USD=str(budget))
     else:
-        configure(monkeypatch, DAILY_BUDGET_USD="100")
-        assert db.set_daily_budget("default", 3.5 * PRICE)
+        configure_worst_case(monkeypatch, DAILY_BUDGET_USD="100")
+        assert db.set_daily_budget("default", budget)
     seed_price(pipeline, db, corpus)
 
     # When a 4-page document is transcribed
     [document] = pipeline.upload("uploads/report.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
     deliver(pipeline, until=finished(db, document["document_id"]))
 
-    # Then the calls stop where the day's spend would pass the budget, and the rest are skipped, saying why
+    # Then the calls stop where the day's spend could pass the budget, and the rest are skipped, saying why
     assert fake_provider.calls == 3
     [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
     assert float(day["spent_usd"]) == pytest.approx(3 * PRICE) and day["calls"] == 3
@@ -263,6 +275,129 @@ def test_a_tenants_daily_budget_skips_the_pages_beyond_it(
     assert document_row.error is not None and "daily budget" in document_row.error
     jobs = rows(db, "SELECT status FROM jobs WHERE document_id = :d", d=document["document_id"])
     assert sorted(j["status"] for j in jobs) == ["COMPLETED", "COMPLETED", "SKIPPED", "SKIPPED"]
+
+
+def _paid_page(db: Database, tenant_id: str, *, cost: float, prompt_tokens: int, completion_tokens: int) -> None:
+    """One page of ``tenant_id`` answered by test/model at ``cost``, with the tokens the provider reported."""
+    new = NewDocument("bucket", f"uploads/{uuid.uuid4()}.png", "etag", "", 10, "test/model", tenant_id=tenant_id)
+    [job_id] = db.create_document(new, kind="image", pages=[1]).job_ids
+    job = db.claim_job(job_id, lease_seconds=300, max_attempts=3)
+    assert job is not None
+    answer = PageOutcome("text", "stop", prompt_tokens, completion_tokens, cost, "test/model", "fake", "gen-1", 100)
+    assert db.complete_job(job, answer) is not None
+
+
+def _capped_call(db: Database, *, max_cost_usd: float, prompt: str | None = None) -> Any:
+    """The cost gate's verdict on the first call of a new default-tenant page capped at ``max_cost_usd``."""
+    new = NewDocument("bucket", f"uploads/{uuid.uuid4()}.png", "etag", "", 10, "test/model", prompt=prompt)
+    [job_id] = db.create_document(new, kind="image", pages=[1]).job_ids
+    with db.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE documents SET max_cost_usd = :usd WHERE id = (SELECT document_id FROM jobs WHERE id = :j)"),
+            {"usd": max_cost_usd, "j": job_id},
+        )
+    job = db.claim_job(job_id, lease_seconds=300, max_attempts=3)
+    assert job is not None
+    return db.admit_spend(job, "test/model", daily_budget_usd=None, max_output_tokens=100)
+
+
+def test_a_call_is_held_at_its_worst_case_on_its_own_tenants_prices_only(db: Database) -> None:
+    # Given the default tenant's calls of the model: 10 prompt and 5 completion tokens for $0.001, 10 and 50 for
+    # $0.002, so that a prompt token costs at most $0.0001 and a completion token at most $0.00004
+    _paid_page(db, "default", cost=0.001, prompt_tokens=10, completion_tokens=5)
+    _paid_page(db, "default", cost=0.002, prompt_tokens=10, completion_tokens=50)
+    # ... and another tenant's calls of the same model, a thousand times dearer
+    db.ensure_tenant("other")
+    for _ in range(5):
+        _paid_page(db, "other", cost=2.0, prompt_tokens=10, completion_tokens=5)
+
+    # When a page of a document capped at $0.01 meets the gate, with an output limit of 100 tokens
+    verdict = _capped_call(db, max_cost_usd=0.01)
+
+    # Then it is held at its worst case on the tenant's own prices: the largest prompt seen at the dearest a prompt
+    # token can be, the output limit at the dearest a completion token can be; the other tenant's calls count for
+    # nothing, neither there nor in the mean
+    assert verdict.verdict == "GO"
+    assert verdict.reserve == pytest.approx(10 * 0.0001 + 100 * 0.00004)
+    assert verdict.price == pytest.approx(0.0015)
+    # And a document's own prompt counts at a token per byte on top of the largest prompt seen
+    prompted = _capped_call(db, max_cost_usd=0.01, prompt="x" * 20)
+    assert prompted.reserve == pytest.approx((10 + 20) * 0.0001 + 100 * 0.00004)
+    # And a cap that cannot hold the worst case skips the page before its call, though the mean would fit
+    assert _capped_call(db, max_cost_usd=0.004).verdict == "CAP"
+
+
+DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"
+
+
+def test_twenty_pages_at_once_answered_at_fifty_times_the_mean_never_pass_the_tenants_budget(
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a tenant whose calls so far cost PRICE each (1,000 prompt tokens, 4 completion tokens), an output limit of
+    # 300 tokens, and a daily budget of 500 x PRICE
+    fake_provider.set_default(Ok(cost=PRICE))
+    configure(monkeypatch, MAX_OUTPUT_TOKENS="300")
+    seed_price(pipeline, db, corpus)
+    budget = 500 * PRICE
+    assert db.set_daily_budget("default", budget)
+    # ... so that a call is held at PRICE / 1,000 per prompt token and PRICE / 4 per completion token at most
+    reserve = 1000 * PRICE / 1000 + 300 * PRICE / 4
+    # ... and a provider whose answers now cost 50 x that mean (200 completion tokens at the same prices), each
+    # held until every page has met the cost gate
+    fake_provider.set_default(Ok(text=" ".join(f"word{i}" for i in range(200)), cost=50 * PRICE))
+    gate = Gate()
+    fake_provider.route(gate)
+
+    # When the tenant's 20 pages (two documents) are delivered at once, ten to each of two environments
+    slides = create({"filename": "slides.pdf", "content_type": "application/pdf", "pages": "1-12"})
+    upload_through_presigned_url(pipeline, slides, (DOCUMENTS / "sommerakademie-2016-slides.pdf").read_bytes())
+    [paper] = pipeline.upload("uploads/paper.pdf", DOCUMENTS / "hasyv2-paper.pdf")["documents"]
+    document_ids = [slides["document_id"], paper["document_id"]]
+    messages = pipeline.receive_all()
+    assert len(messages) == 20
+    environments = [
+        pipeline.start_in_new_environment("transcribe", sqs_event(messages[i : i + 10], pipeline.queue_arn))
+        for i in (0, 10)
+    ]
+
+    # ... and every page is at the provider, held back or skipped before the gate opens
+    def at_the_gate() -> bool:
+        [row] = rows(
+            db,
+            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND error LIKE 'held back%') AS deferred,"
+            " count(*) FILTER (WHERE status = 'SKIPPED') AS skipped FROM jobs WHERE document_id = ANY(:ids)",
+            ids=document_ids,
+        )
+        return bool(gate.held + row["deferred"] + row["skipped"] == 20)
+
+    wait_for(at_the_gate)
+    in_flight_together = gate.held
+    gate.open()
+    outputs = [environment.communicate(timeout=pipeline.function_timeout)[0] for environment in environments]
+    assert all(json.loads(out.strip().splitlines()[-1])["batchItemFailures"] == [] for out in outputs), outputs
+    for message in messages:
+        pipeline.sqs.delete_message(QueueUrl=pipeline.queue_url, ReceiptHandle=message["ReceiptHandle"])
+    deliver(pipeline, until=lambda: all(finished(db, document_id)() for document_id in document_ids))
+
+    # Then the day ends within the budget, no further from it than one call's worst case, every call counted
+    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
+    assert budget - reserve < float(day["spent_usd"]) <= budget
+    assert day["calls"] == fake_provider.calls
+    # And calls were in flight together, as many as the budget held at their worst case
+    assert in_flight_together == int((budget - PRICE) // reserve) > 1
+    # And the pages that did not fit were skipped, saying so
+    jobs = rows(db, "SELECT status, error FROM jobs WHERE document_id = ANY(:ids)", ids=document_ids)
+    skipped = [job for job in jobs if job["status"] == "SKIPPED"]
+    assert skipped and all("daily budget" in job["error"] and "worst case" in job["error"] for job in skipped)
+    assert len(jobs) - len(skipped) == fake_provider.calls - 1
+
+
+def wait_for(condition: Callable[[], bool], *, seconds: float = 120.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``seconds`` (a bound on a hung test, not a timing)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come to hold"
+        time.sleep(0.05)
 
 
 def test_every_call_counts_in_the_totals_whatever_became_of_it(
