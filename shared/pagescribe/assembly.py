@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagescribe.aws import ObjectStore
-from pagescribe.callbacks import CallbackNotifier
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.database import Database
 from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
@@ -312,11 +311,10 @@ _IMAGE_SUFFIXES = {"image/jpeg": "jpg", "image/png": "png"}
 
 
 class TranscriptWriter:
-    def __init__(self, settings: Settings, db: Database, objects: ObjectStore, notifier: CallbackNotifier) -> None:
+    def __init__(self, settings: Settings, db: Database, objects: ObjectStore) -> None:
         self._settings = settings
         self._db = db
         self._objects = objects
-        self._notifier = notifier
 
     def transcript_key(self, document_id: str, suffix: str) -> str:
         return f"{self._settings.transcript_prefix}{document_id}.{suffix}"
@@ -331,7 +329,9 @@ class TranscriptWriter:
 
     def finish(self, document_id: str) -> DocumentStatus | None:
         """Write the transcript files, then mark the document finished. Writing is idempotent, so the
-        sweeper may finish a document whose finishing invocation died; None if it was already finished."""
+        sweeper may finish a document whose finishing invocation died; None if it was already finished. Its callback,
+        if it has one, is due from then on and left to the sweeper's next round: no receiver holds the invocation
+        that finishes a document."""
         document = self._db.get_document(document_id)
         if document is None or document.finished_at is not None:
             return None
@@ -341,7 +341,6 @@ class TranscriptWriter:
         if not self._db.finish_document(document_id, status=status, error=error, transcript_key=markdown_key):
             return None
         log.info("document finished", extra={"document_id": document_id, "status": status.value})
-        self._notifier.deliver_due(document_id=document_id)
         return status
 
     def rewrite(self, document_id: str) -> bool:

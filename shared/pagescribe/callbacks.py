@@ -113,20 +113,16 @@ class CallbackNotifier:
         self._secret = secret
         self._resolve = resolver
 
-    def deliver_due(self, *, document_id: str | None = None, limit: int = 50, seconds: float | None = None) -> int:
-        """Deliver the callbacks that are due (or just this document's), concurrently, each outcome recorded as it
-        comes; return how many were delivered. In a round over all of them, callbacks taken CALLBACK_MAX_ATTEMPTS
-        times and never recorded (their deliverer died) end FAILED first, and each tenant has at most its share of
-        the round (tenant_share). With ``seconds``, the time the round may take: a delivery that could not be over
-        by then is not started, and its callback is given back for the next round."""
+    def deliver_due(self, *, limit: int = 50, seconds: float | None = None) -> int:
+        """Deliver the callbacks that are due, concurrently, each outcome recorded as it comes; return how many were
+        delivered. Callbacks taken CALLBACK_MAX_ATTEMPTS times and never recorded (their deliverer died) end FAILED
+        first, and each tenant has at most its share of the round (tenant_share). With ``seconds``, the time the
+        round may take: a delivery that could not be over by then is not started, and its callback is given back for
+        the next round."""
         settings = self._settings
-        if document_id is None:  # a sweeper's round: give up the callbacks whose deliverers died
-            self._db.abandon_callbacks(max_attempts=settings.callback_max_attempts)
+        self._db.abandon_callbacks(max_attempts=settings.callback_max_attempts)
         due = self._db.take_due_callbacks(
-            limit=limit,
-            document_id=document_id,
-            max_attempts=settings.callback_max_attempts,
-            per_tenant=tenant_share(settings),
+            limit=limit, max_attempts=settings.callback_max_attempts, per_tenant=tenant_share(settings)
         )
         deliveries = [delivery for delivery in map(self._prepare, due) if delivery is not None]
         if not deliveries:

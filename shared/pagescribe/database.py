@@ -712,7 +712,6 @@ TAKE_DUE_CALLBACKS = """
         SELECT id, row_number() OVER (PARTITION BY tenant_id ORDER BY callback_next_at, id) AS place
         FROM documents
         WHERE callback_status = 'PENDING' AND callback_next_at <= now() AND callback_attempts < %(max_attempts)s
-          AND (CAST(%(document_id)s AS uuid) IS NULL OR id = CAST(%(document_id)s AS uuid))
     ),
     due AS (
         SELECT id FROM documents
@@ -1257,12 +1256,10 @@ class Database:
         rows = self._rows(RETRY_FAILED_PAGES, {"document_id": document_id, "max_retries": max_retries})
         return [(str(r.id), r.page_number) for r in rows]
 
-    def take_due_callbacks(
-        self, *, limit: int, max_attempts: int, per_tenant: int, document_id: str | None = None
-    ) -> list[DueCallback]:
-        """Take the callbacks due and tried fewer than ``max_attempts`` times (or just this document's), at most
-        ``per_tenant`` of each tenant's."""
-        params = {"limit": limit, "document_id": document_id, "max_attempts": max_attempts, "per_tenant": per_tenant}
+    def take_due_callbacks(self, *, limit: int, max_attempts: int, per_tenant: int) -> list[DueCallback]:
+        """Take the callbacks due and tried fewer than ``max_attempts`` times, at most ``per_tenant`` of each
+        tenant's."""
+        params = {"limit": limit, "max_attempts": max_attempts, "per_tenant": per_tenant}
         rows = self._rows(TAKE_DUE_CALLBACKS, params)
         return [DueCallback(str(r.id), r.callback_url, r.callback_attempts) for r in rows]
 

@@ -158,7 +158,7 @@ class Runtime:
     def transcripts(self) -> TranscriptWriter:
         from pagescribe.assembly import TranscriptWriter
 
-        return TranscriptWriter(self.settings, self.db, self.objects, self.notifier)
+        return TranscriptWriter(self.settings, self.db, self.objects)
 
     @cached_property
     def ingestor(self) -> Ingestor:

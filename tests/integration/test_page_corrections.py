@@ -245,7 +245,7 @@ def test_another_tenant_cannot_correct_the_document(pipeline: Pipeline, db: Data
 def documents_service(db: Database, objects: ObjectStore) -> DocumentService:
     """The service as the runtime builds it, on ``db`` and writing through ``objects``."""
     runtime = get_runtime()
-    writer = TranscriptWriter(runtime.settings, db, objects, runtime.notifier)
+    writer = TranscriptWriter(runtime.settings, db, objects)
     return DocumentService(runtime.settings, db, objects, runtime.queue, writer.rewrite, callbacks_signed=False)
 
 

@@ -299,6 +299,7 @@ def test_callbacks_are_signed_with_the_tenants_own_rotatable_secret(
     assert code == 201, created
     upload(pipeline, created, (corpus / "smile.png").read_bytes())
     pipeline.run_until_idle()
+    pipeline.sweep()
 
     # Then the callback verifies under acme's secret
     [(headers, raw)] = handler.received

@@ -32,10 +32,13 @@ SECRET = b"receiver-shared-secret"
 class RawReceiver:
     """A TCP server that reads one request per connection, then answers as ``answer`` says."""
 
-    answer: str  # "ok", "huge" (200 and 800 MiB of body, sent until the client goes), "trickle" (a byte a second)
+    # "ok", "huge" (200 and 800 MiB of body, sent until the client goes), "trickle" (a byte a second), "stall" (no
+    # answer at all, until the client goes)
+    answer: str
     requests: list[bytes] = field(default_factory=list)
     body_bytes_sent: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
+    journal: list[str] | None = None  # shared by receivers: "ok" when an ok one answers, "cut" when a stall is dropped
 
     def serve(self) -> tuple[str, int]:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -55,32 +58,57 @@ class RawReceiver:
 
     def _answer(self, connection: socket.socket) -> None:
         with connection:
-            request = b""
-            while b"\r\n\r\n" not in request:
-                request += connection.recv(65536)
-            head, _, body = request.partition(b"\r\n\r\n")
-            length = int(
-                next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
-            )
-            while len(body) < length:
-                body += connection.recv(65536)
-            self.requests.append(head + b"\r\n\r\n" + body)
+            self.requests.append(_read_request(connection))
+            respond = {"ok": self._ok, "stall": self._stall, "huge": self._huge}.get(self.answer, self._trickle)
             try:
-                if self.answer == "ok":
-                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                elif self.answer == "huge":
-                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (800 << 20))
-                    chunk = b"\0" * (1 << 20)
-                    while self.body_bytes_sent < 800 << 20 and not self.stop.is_set():
-                        connection.sendall(chunk)
-                        self.body_bytes_sent += len(chunk)
-                else:
-                    for byte in b"HTTP/1.1 200 OK\r\n" * 1000:
-                        if self.stop.wait(1.0):
-                            return
-                        connection.sendall(bytes([byte]))
+                respond(connection)
             except OSError:  # the client dropped the connection
                 return
+
+    def _ok(self, connection: socket.socket) -> None:
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        self._note("ok")
+
+    def _stall(self, connection: socket.socket) -> None:
+        connection.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                if connection.recv(1) == b"":
+                    break
+            except TimeoutError:
+                continue
+        self._note("cut")
+
+    def _huge(self, connection: socket.socket) -> None:
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (800 << 20))
+        chunk = b"\0" * (1 << 20)
+        while self.body_bytes_sent < 800 << 20 and not self.stop.is_set():
+            connection.sendall(chunk)
+            self.body_bytes_sent += len(chunk)
+
+    def _trickle(self, connection: socket.socket) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\n" * 1000:
+            if self.stop.wait(1.0):
+                return
+            connection.sendall(bytes([byte]))
+
+    def _note(self, event: str) -> None:
+        if self.journal is not None:
+            self.journal.append(event)
+
+
+def _read_request(connection: socket.socket) -> bytes:
+    """One HTTP request, its head and its body (by Content-Length)."""
+    request = b""
+    while b"\r\n\r\n" not in request:
+        request += connection.recv(65536)
+    head, _, body = request.partition(b"\r\n\r\n")
+    length = int(
+        next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    )
+    while len(body) < length:
+        body += connection.recv(65536)
+    return head + b"\r\n\r\n" + body
 
 
 @pytest.fixture
@@ -91,8 +119,8 @@ def receivers() -> Iterator[list[RawReceiver]]:
         receiver.stop.set()
 
 
-def start(receivers: list[RawReceiver], answer: str) -> tuple[RawReceiver, str]:
-    receiver = RawReceiver(answer)
+def start(receivers: list[RawReceiver], answer: str, journal: list[str] | None = None) -> tuple[RawReceiver, str]:
+    receiver = RawReceiver(answer, journal=journal)
     receivers.append(receiver)
     host, port = receiver.serve()
     return receiver, f"http://{host}:{port}/hooks/pagescribe"
@@ -377,3 +405,51 @@ def test_a_round_starts_no_delivery_it_could_not_finish_in_its_time_and_gives_it
     assert callback_state(db, document_id) == ("PENDING", None) and _attempts(db, [document_id]) == [0]
     # And the next round with time enough delivers it
     assert notifier(db, callback_deadline_seconds=15.0).deliver_due(seconds=60.0) == 1
+
+
+def test_a_hundred_stalling_receivers_of_one_tenant_delay_no_other_tenants_callback_past_one_deadline(
+    db: Database, receivers: list[RawReceiver]
+) -> None:
+    # Given a hundred callbacks of one tenant, due first, each to a receiver that never answers
+    journal: list[str] = []
+    stalling = [document_awaiting_callback(db, start(receivers, "stall", journal)[1]) for _ in range(100)]
+    for document_id in stalling:
+        _tenant_of(db, document_id, "stalls")
+    with db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE documents SET callback_next_at = now() - interval '1 minute'"
+                " WHERE id = ANY(CAST(:ids AS uuid[]))"
+            ),
+            {"ids": stalling},
+        )
+    settings = Settings(callback_allow_private_networks=True, callback_concurrency=8, callback_deadline_seconds=1.0)
+    accepted: list[str] = []
+    for round_number in range(3):
+        # ... and, before each of three sweeper rounds, callbacks of other tenants whose receivers accept at once
+        fresh = []
+        for tenant in (f"client-{round_number}-a", f"client-{round_number}-b"):
+            document_id = document_awaiting_callback(db, start(receivers, "ok", journal)[1])
+            _tenant_of(db, document_id, tenant)
+            fresh.append(document_id)
+        accepted += fresh
+        journal.clear()
+
+        # When the round runs, with time for a few deadlines
+        CallbackNotifier(settings, db, None).deliver_due(seconds=3.0)
+
+        # Then every other tenant's callback was answered before the first stalled delivery was cut off, i.e. within
+        # one deadline of the round's start, and is recorded delivered, tried once
+        assert journal.count("ok") == len(fresh) and "cut" in journal
+        assert journal.index("cut") > max(i for i, event in enumerate(journal) if event == "ok")
+        assert all(callback_state(db, document_id) == ("DELIVERED", None) for document_id in fresh)
+        assert _attempts(db, fresh) == [1, 1]
+        # And the stalling tenant was tried for its share of the round only (4 of 8)
+        assert journal.count("cut") <= 4
+
+    # And after the three rounds no callback is abandoned: each accepted one delivered once, the stalled ones tried
+    # a share a round, pending, waiting to be tried again
+    assert all(callback_state(db, document_id) == ("DELIVERED", None) for document_id in accepted)
+    assert _attempts(db, accepted) == [1] * len(accepted)
+    assert sorted(_attempts(db, stalling)) == [0] * 88 + [1] * 12
+    assert all(callback_state(db, document_id)[0] == "PENDING" for document_id in stalling)
