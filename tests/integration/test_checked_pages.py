@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -332,6 +334,67 @@ def test_a_page_that_renders_blank_is_not_sent_to_the_model(
     else:  # TEXT_LAYER=off: nothing may stand in, and the reason says so
         assert "blank_render=0" in job["error"]
         assert "with TEXT_LAYER=off its text layer may not stand in" in job["error"]
+
+
+def _jo_cut_to_its_first_lines(lines: int) -> bytes:
+    """tests/data/documents/jo.pdf with its page cut to the first ``lines`` text runs of its content stream: the same
+    fonts (Ryumin-Light, not embedded), the same placement, a new page and cross-reference table around them."""
+    jo = (Path(__file__).resolve().parents[1] / "data" / "documents" / "jo.pdf").read_bytes()
+    fonts = {n: re.search(rb"\n%d 0 obj\n(.*?)endobj" % n, jo, re.S) for n in (7, 8, 9)}
+    stream = re.search(rb"stream\n(.*?)endstream", jo[jo.index(b"\n11 0 obj") :], re.S)
+    assert stream is not None and all(fonts.values())
+    text, end = zlib.decompress(stream.group(1)), 0
+    for _ in range(lines):
+        end = text.index(b"TJ", end) + 2
+    content = b"1 0 0 1 72 540 cm " + text[:end] + b" ET"
+    objects = {
+        1: b"<< /Type /Catalog /Pages 2 0 R >>\n",
+        2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 /MediaBox [0 0 792 612] >>\n",
+        3: b"<< /Type /Page /Parent 2 0 R /Resources << /Font << /F1 9 0 R >> >> /Contents 4 0 R >>\n",
+        4: b"<< /Length %d >>\nstream\n%b\nendstream\n" % (len(content), content),
+        **{n: match.group(1) for n, match in fonts.items() if match is not None},
+    }
+    pdf, offsets = bytearray(b"%PDF-1.3\n"), {}
+    for n, body in sorted(objects.items()):
+        offsets[n] = len(pdf)
+        pdf += b"%d 0 obj\n%bendobj\n" % (n, body)
+    xref, size = len(pdf), max(objects) + 1
+    pdf += b"xref\n0 %d\n0000000000 65535 f \n" % size
+    pdf += b"".join(
+        b"%010d 00000 n \n" % offsets[n] if n in offsets else b"0000000000 65535 f \n" for n in range(1, size)
+    )
+    pdf += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (size, xref)
+    return bytes(pdf)
+
+
+@pytest.mark.parametrize("text_layer", ["fallback", "auto"])
+def test_a_page_that_renders_blank_without_a_usable_text_layer_fails_with_no_call(
+    pipeline: Pipeline,
+    db: Database,
+    fake_provider: FakeChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    text_layer: str,
+) -> None:
+    # Given jo.pdf cut to its first five lines: they render blank here (no CJK fonts), and its text layer reads one of
+    # them, too little to stand for the page
+    _configure(monkeypatch, TEXT_LAYER=text_layer)
+    cut = tmp_path / "jo-five-lines.pdf"
+    cut.write_bytes(_jo_cut_to_its_first_lines(5))
+    layer = extract_text_layer(cut, 1)
+    assert "あらゆる透明な幽霊の複合体" in layer and len(layer) < 30
+    [doc] = pipeline.upload("uploads/jo-five-lines.pdf", cut)["documents"]
+    # When the queue is drained
+    pipeline.run_until_idle()
+    # Then the page failed, flagged blank_render and saying why, with no model call and no text: neither a blank
+    # image nor a stray line of its text layer was taken for the page
+    assert fake_provider.calls == 0
+    [job] = page_rows(db, doc["document_id"])
+    assert job["status"] == "FAILED" and [f["flag"] for f in job["flags"]] == ["blank_render"]
+    assert "it has no usable text layer, and no model was asked to read a blank image" in job["error"]
+    assert job["result_text"] is None
+    _, transcript = pipeline.transcript(doc["document_id"])
+    assert transcript["status"] == "FAILED" and transcript["cost"] == 0
 
 
 def test_with_text_layer_auto_a_two_column_page_stands_in_laid_out_column_by_column(
