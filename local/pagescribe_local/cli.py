@@ -30,11 +30,13 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 from pagescribe.aws import ApiGatewayKeys, apigateway_client
 from pagescribe.checks import PageFlag, describe_flags
+from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, ChunkingError, check_bounds
 from pagescribe.database import Database, create_database_engine
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import (
     FINISHED,
+    ChunkBounds,
     NewUpload,
     RequestError,
     TranscriptFormat,
@@ -223,24 +225,34 @@ class Progress:
         self._stream.flush()
 
 
-def _write_outputs(stack: LocalStack, doc: Tracked, out: str, with_json: bool) -> list[str]:
+def _write_outputs(stack: LocalStack, doc: Tracked, args: argparse.Namespace) -> list[str]:
+    """The document's markdown (printed with ``--out -``), and beside it the JSON and the chunks the command asked
+    for (``--json``, ``--format json|chunks``)."""
     documents = stack.runtime.documents
     tenant = stack.runtime.settings.default_tenant
     markdown = documents.transcript(doc.document_id, TranscriptFormat.MARKDOWN, tenant)
     if markdown is None or markdown.body is None:
         return []
-    if out == "-":
+    if args.out == "-":
         sys.stdout.write(markdown.body)
         return []
-    directory = Path(out)
+    directory = Path(args.out)
     directory.mkdir(parents=True, exist_ok=True)
     written = [directory / f"{doc.path.stem}.md"]
     written[0].write_text(markdown.body, encoding="utf-8")
-    if with_json:
+    formats = set(args.format) | ({"json"} if args.json else set())
+    if "json" in formats:
         as_json = documents.transcript(doc.document_id, TranscriptFormat.JSON, tenant)
         if as_json is not None and as_json.body is not None:
             written.append(directory / f"{doc.path.stem}.json")
-            written[1].write_text(as_json.body, encoding="utf-8")
+            written[-1].write_text(as_json.body, encoding="utf-8")
+    if "chunks" in formats:
+        bounds = ChunkBounds(args.max_tokens, args.overlap)
+        chunked = documents.transcript(doc.document_id, TranscriptFormat.CHUNKS, tenant, bounds)
+        if chunked is not None and chunked.body is not None:
+            written.append(directory / f"{doc.path.stem}.chunks.jsonl")
+            lines = (json.dumps(chunk, ensure_ascii=False) + "\n" for chunk in json.loads(chunked.body)["chunks"])
+            written[-1].write_text("".join(lines), encoding="utf-8")
     return [str(p) for p in written]
 
 
@@ -263,6 +275,11 @@ def _transcribe(args: argparse.Namespace) -> int:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise CommandError(f"no such file: {', '.join(missing)}")
+    if "chunks" in args.format:
+        try:
+            check_bounds(args.max_tokens, args.overlap)
+        except ChunkingError as exc:
+            raise CommandError(f"--{exc.field.replace('_', '-')}: {exc}") from exc
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
     _pipeline_environment(args)
@@ -292,7 +309,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         _run_until_finished(stack, tracked)
         failures = 0
         for doc in tracked:
-            written = _write_outputs(stack, doc, args.out, args.json)
+            written = _write_outputs(stack, doc, args)
             if written:
                 print(f"{doc.path.name}: {doc.status}: wrote {', '.join(written)}", file=sys.stderr)
             if doc.status != "COMPLETED":
@@ -783,7 +800,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print what the files would cost (pages times the model's mean cost per page so far) and stop",
     )
-    transcribe.add_argument("--json", action="store_true", help="also write <name>.json")
+    transcribe.add_argument("--json", action="store_true", help="also write <name>.json (as --format json)")
+    transcribe.add_argument(
+        "--format",
+        action="append",
+        choices=["markdown", "json", "chunks"],
+        default=[],
+        help="also write <name>.json (json), or <name>.chunks.jsonl: the transcript cut into chunks for retrieval, "
+        "one JSON object a line (chunks); <name>.md is always written. May be given more than once",
+    )
+    transcribe.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"chunks: the bound of each chunk, in estimated tokens (default {DEFAULT_MAX_TOKENS})",
+    )
+    transcribe.add_argument(
+        "--overlap",
+        type=int,
+        default=DEFAULT_OVERLAP,
+        help=f"chunks: tokens of a chunk's last whole sentences, rows or items carried into the next (default "
+        f"{DEFAULT_OVERLAP})",
+    )
     transcribe.add_argument(
         "--text-layer",
         choices=["auto", "fallback", "off"],

@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
+from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, ChunkingError, check_bounds, chunk_transcript
 from pagescribe.database import Database
 from pagescribe.domain import (
     DocumentListing,
@@ -104,6 +105,17 @@ class CreatedUpload:
 class TranscriptFormat(StrEnum):
     MARKDOWN = "markdown"
     JSON = "json"
+    CHUNKS = "chunks"  # cut from the JSON for retrieval (pagescribe.chunking)
+
+
+class ChunkBounds(NamedTuple):
+    """How chunks are cut: at most ``max_tokens`` each (estimated), ``overlap`` tokens carried into the next."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    overlap: int = DEFAULT_OVERLAP
+
+
+DEFAULT_CHUNK_BOUNDS = ChunkBounds()
 
 
 @dataclass(frozen=True)
@@ -346,19 +358,32 @@ class DocumentService:
         estimate = estimate_cost(self._db, document.model, pages, tenant)
         return {**describe_document(self._db, document), "estimate": estimate.as_dict()}
 
-    def transcript(self, document_id: str, fmt: TranscriptFormat, tenant: str) -> TranscriptAnswer | None:
+    def transcript(
+        self, document_id: str, fmt: TranscriptFormat, tenant: str, bounds: ChunkBounds = DEFAULT_CHUNK_BOUNDS
+    ) -> TranscriptAnswer | None:
+        """The finished document's transcript: markdown, JSON, or the JSON's chunks for retrieval cut to ``bounds``
+        (a RequestError names a bound that cannot be cut to)."""
+        if fmt is TranscriptFormat.CHUNKS:
+            try:
+                check_bounds(*bounds)
+            except ChunkingError as exc:
+                raise RequestError(str(exc), field=exc.field) from exc
         document = self._document(document_id, tenant)
         if document is None:
             return None
         if document.status not in FINISHED or document.transcript_key is None:
             return TranscriptAnswer(document.status, None, document.error)
         key = document.transcript_key
-        if fmt is TranscriptFormat.JSON:
+        if fmt is not TranscriptFormat.MARKDOWN:
             key = key.removesuffix(".md") + ".json"
         try:
-            return TranscriptAnswer(document.status, self._objects.get_text(document.bucket, key))
+            body = self._objects.get_text(document.bucket, key)
         except ObjectMissingError:
             return TranscriptAnswer(document.status, None, "the transcript file is missing from the bucket")
+        if fmt is TranscriptFormat.CHUNKS:
+            chunks = chunk_transcript(json.loads(body), tenant_id=document.tenant_id, **bounds._asdict())
+            body = json.dumps({"document_id": document_id, **bounds._asdict(), "chunks": chunks}, ensure_ascii=False)
+        return TranscriptAnswer(document.status, body)
 
     def list_documents(
         self, tenant: str, *, limit: int, cursor: str | None

@@ -21,11 +21,13 @@ from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
+from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP
 from pagescribe.domain import CALLBACK_PORTS, callback_port_allowed
 from pagescribe.runtime import get_runtime
 from pagescribe.service import (
     MAX_LIST_LIMIT,
     MAX_PAGE_NUMBER,
+    ChunkBounds,
     NewUpload,
     RequestError,
     RetryLimitError,
@@ -481,7 +483,14 @@ def get_document(document_id: str) -> DocumentStatusResponse:
 
 @app.get(
     "/documents/<document_id>/transcript",
-    summary="The transcript (markdown, or JSON with ?format=json); 409 while the document is not finished",
+    summary="The transcript (markdown; JSON with ?format=json; chunks for retrieval with ?format=chunks); 409 while "
+    "the document is not finished",
+    description="?format=chunks cuts the JSON transcript into chunks for retrieval: sections cut at headings, "
+    "packed to at most max_tokens (estimated without a tokenizer: a run of ASCII letters and digits counts one token "
+    "per four characters, any other character that is not white space one), never cutting a sentence, a list item "
+    "or a table row, the last whole units of a chunk (up to overlap tokens) carried into the next. Each chunk has a "
+    "stable id (a UUID), its heading path, the pages it spans, its blocks with their boxes, and the document's and "
+    "tenant's ids.",
     responses={
         200: {"description": "The transcript", "content": {"text/markdown": {}, "application/json": {}}},
         409: {"description": "Not finished", "content": _ERROR_CONTENT},
@@ -489,9 +498,13 @@ def get_document(document_id: str) -> DocumentStatusResponse:
     },
 )
 def get_transcript(
-    document_id: str, format: Annotated[TranscriptFormat, Query()] = TranscriptFormat.MARKDOWN
+    document_id: str,
+    format: Annotated[TranscriptFormat, Query()] = TranscriptFormat.MARKDOWN,
+    max_tokens: Annotated[int, Query(description="chunks only: the bound of each chunk")] = DEFAULT_MAX_TOKENS,
+    overlap: Annotated[int, Query(description="chunks only: tokens carried into the next chunk")] = DEFAULT_OVERLAP,
 ) -> Response[str]:
-    answer = get_runtime().documents.transcript(document_id, format, _tenant())
+    bounds = ChunkBounds(max_tokens, overlap)
+    answer = get_runtime().documents.transcript(document_id, format, _tenant(), bounds)
     if answer is None:
         raise _not_found()
     if answer.body is None:
