@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -153,3 +156,30 @@ def pipeline(
     )
     shutdown_runtime()
     get_settings.cache_clear()
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[tuple[dict[str, str], bytes]]
+    answers: list[int]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.received.append((dict(self.headers), body))
+        code = self.answers.pop(0) if self.answers else 200
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+@pytest.fixture
+def callback_receiver() -> Iterator[tuple[str, type[_Receiver]]]:
+    """A completion callback's receiver on 127.0.0.1: its URL, and its class holding what it ``received`` (headers
+    and body) and the status codes it ``answers`` (200 once they are used up)."""
+    handler = type("Receiver", (_Receiver,), {"received": [], "answers": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hooks/pagescribe", handler
+    server.shutdown()

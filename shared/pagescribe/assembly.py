@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from pagescribe.aws import ObjectStore
 from pagescribe.checks import PageFlag, describe_flags
+from pagescribe.chunking import chunk_transcript
 from pagescribe.database import Database
 from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.layout import is_page_number
 from pagescribe.settings import Settings
+from pagescribe.status import chunks_key
 
 if TYPE_CHECKING:
     from pagescribe.blocks import Cell
@@ -225,9 +227,9 @@ def page_grounding(page: PageRecord) -> dict[str, Any] | None:
     }
 
 
-def render_json(
+def transcript_json(
     document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord], attempts: list[AttemptRecord]
-) -> str:
+) -> dict[str, Any]:
     """The document, its pages (the kept answer's text, or a person's correction of it, with the answer kept as
     ``correction.original_text``; model, flags and running headers and footers) and, per page, every paid call: the
     document's tokens and cost are the sums over all of them, kept or not."""
@@ -240,56 +242,52 @@ def render_json(
     def total(calls: list[AttemptRecord], field: str) -> Any:
         return sum(getattr(call, field) or 0 for call in calls)
 
-    return json.dumps(
-        {
-            "document_id": document.document_id,
-            "source": {
-                "bucket": document.bucket,
-                "key": document.object_key,
-                "kind": document.kind,
-                "page_count": document.source_page_count,
-            },
-            "status": status.value,
-            "reused_from": document.reused_from,
-            "page_count": document.page_count,
-            "flagged_pages": sum(bool(p.flags) for p in pages),
-            "model": document.model,
-            "escalation_model": document.escalation_model,
-            "prompt_tokens": total(attempts, "prompt_tokens"),
-            "completion_tokens": total(attempts, "completion_tokens"),
-            "cost": round(total(attempts, "cost"), 8),
-            "pages": [
-                {
-                    "page": p.page_number,
-                    "status": p.status.value,
-                    "text": p.current_text,
-                    "corrected": p.correction is not None,
-                    "correction": _correction(p),
-                    "error": p.error,
-                    "flags": p.flags,
-                    "running": [
-                        {"kind": kind, "text": _HEADING_MARK.sub("", (p.current_text or "").splitlines()[at]).strip()}
-                        for at, kind in running[p.page_number].items()
-                    ],
-                    "grounding": page_grounding(p),
-                    "blocks": page_blocks(p, running[p.page_number]),
-                    "model": p.model,
-                    "provider": p.provider,
-                    "escalated": p.escalation is not None,
-                    "finish_reason": p.finish_reason,
-                    "confidence": p.confidence,
-                    "provider_request_id": p.provider_request_id,
-                    "prompt_tokens": total(by_page.get(p.page_number, []), "prompt_tokens"),
-                    "completion_tokens": total(by_page.get(p.page_number, []), "completion_tokens"),
-                    "cost": round(total(by_page.get(p.page_number, []), "cost"), 8),
-                    "attempts": [_attempt(a) for a in by_page.get(p.page_number, [])],
-                }
-                for p in pages
-            ],
+    return {
+        "document_id": document.document_id,
+        "source": {
+            "bucket": document.bucket,
+            "key": document.object_key,
+            "kind": document.kind,
+            "page_count": document.source_page_count,
         },
-        ensure_ascii=False,
-        indent=2,
-    )
+        "status": status.value,
+        "reused_from": document.reused_from,
+        "page_count": document.page_count,
+        "flagged_pages": sum(bool(p.flags) for p in pages),
+        "model": document.model,
+        "escalation_model": document.escalation_model,
+        "prompt_tokens": total(attempts, "prompt_tokens"),
+        "completion_tokens": total(attempts, "completion_tokens"),
+        "cost": round(total(attempts, "cost"), 8),
+        "pages": [
+            {
+                "page": p.page_number,
+                "status": p.status.value,
+                "text": p.current_text,
+                "corrected": p.correction is not None,
+                "correction": _correction(p),
+                "error": p.error,
+                "flags": p.flags,
+                "running": [
+                    {"kind": kind, "text": _HEADING_MARK.sub("", (p.current_text or "").splitlines()[at]).strip()}
+                    for at, kind in running[p.page_number].items()
+                ],
+                "grounding": page_grounding(p),
+                "blocks": page_blocks(p, running[p.page_number]),
+                "model": p.model,
+                "provider": p.provider,
+                "escalated": p.escalation is not None,
+                "finish_reason": p.finish_reason,
+                "confidence": p.confidence,
+                "provider_request_id": p.provider_request_id,
+                "prompt_tokens": total(by_page.get(p.page_number, []), "prompt_tokens"),
+                "completion_tokens": total(by_page.get(p.page_number, []), "completion_tokens"),
+                "cost": round(total(by_page.get(p.page_number, []), "cost"), 8),
+                "attempts": [_attempt(a) for a in by_page.get(p.page_number, [])],
+            }
+            for p in pages
+        ],
+    }
 
 
 def _final_status(pages: list[PageRecord]) -> tuple[DocumentStatus, str | None]:
@@ -372,14 +370,30 @@ class TranscriptWriter:
     def _write(
         self, document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord], attempts: list[AttemptRecord]
     ) -> str:
-        """Put the JSON, then the markdown transcript; the markdown's key."""
+        """Put the JSON transcript, the chunks cut from it when the document asked for them, then the markdown
+        transcript; the markdown's key."""
         markdown_key = self.transcript_key(document.document_id, "md")
+        transcript = transcript_json(document, status, pages, attempts)
         self._objects.put_text(
             document.bucket,
             self.transcript_key(document.document_id, "json"),
-            render_json(document, status, pages, attempts),
+            json.dumps(transcript, ensure_ascii=False, indent=2),
             content_type="application/json",
         )
+        if document.chunks:
+            settings = self._settings
+            chunks = chunk_transcript(
+                transcript,
+                tenant_id=document.tenant_id,
+                max_tokens=settings.chunk_max_tokens,
+                overlap=settings.chunk_overlap,
+            )
+            self._objects.put_text(
+                document.bucket,
+                chunks_key(markdown_key),
+                "".join(json.dumps(chunk, ensure_ascii=False) + "\n" for chunk in chunks),
+                content_type="application/x-ndjson; charset=utf-8",
+            )
         self._objects.put_text(
             document.bucket,
             markdown_key,

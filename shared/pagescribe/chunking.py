@@ -93,7 +93,7 @@ def chunk_transcript(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     overlap: int = DEFAULT_OVERLAP,
 ) -> list[dict[str, Any]]:
-    """The chunks of a JSON transcript (as :func:`pagescribe.assembly.render_json` writes it), in reading order."""
+    """The chunks of a JSON transcript (as :func:`pagescribe.assembly.transcript_json` makes it), in reading order."""
     check_bounds(max_tokens, overlap)
     document_id = str(transcript["document_id"])
     chunks: list[dict[str, Any]] = []

@@ -63,10 +63,10 @@ T = TypeVar("T")
 
 INSERT_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count,
-                           status, error, model, escalation_model, prompt, tenant_id, sha256, finished_at)
+                           status, error, model, escalation_model, prompt, tenant_id, sha256, chunks, finished_at)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, %(etag)s, %(version_id)s, %(size_bytes)s, %(kind)s, %(page_count)s,
             %(source_page_count)s, %(status)s, %(error)s, %(model)s, %(escalation_model)s, %(prompt)s, %(tenant_id)s,
-            %(sha256)s, CASE WHEN %(status)s = 'FAILED' THEN now() END)
+            %(sha256)s, %(chunks)s, CASE WHEN %(status)s = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
     RETURNING id
     """
@@ -74,10 +74,10 @@ INSERT_DOCUMENT = """
 INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
                            prompt, filename, requested_pages, callback_url, tenant_id, reuse, max_cost_usd,
-                           second_read)
+                           second_read, chunks)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
             %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s,
-            %(max_cost_usd)s, %(second_read)s)
+            %(max_cost_usd)s, %(second_read)s, %(chunks)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -498,7 +498,7 @@ GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id, reuse,
-           reused_from, max_cost_usd, second_read,
+           reused_from, max_cost_usd, second_read, chunks,
            (SELECT daily_budget_usd FROM tenants WHERE tenants.id = documents.tenant_id) AS tenant_daily_budget_usd
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
@@ -1037,6 +1037,7 @@ def _document(row: Any) -> DocumentRecord:
         max_cost_usd=_float(row.max_cost_usd),
         tenant_daily_budget_usd=_float(row.tenant_daily_budget_usd),
         second_read=row.second_read,
+        chunks=row.chunks,
     )
 
 
@@ -1185,6 +1186,7 @@ class Database:
                 "escalation_model": new.escalation_model,
                 "prompt": new.prompt,
                 "tenant_id": new.tenant_id,
+                "chunks": new.chunks,
             }
 
         def record(connection: psycopg.Connection[Any]) -> CreatedDocument:
@@ -1234,6 +1236,7 @@ class Database:
                 "reuse": pending.reuse,
                 "max_cost_usd": pending.max_cost_usd,
                 "second_read": pending.second_read,
+                "chunks": pending.chunks,
             },
         )
 

@@ -58,6 +58,7 @@ class NewDocument(NamedTuple):
     escalation_model: str | None = None
     tenant_id: str = DEFAULT_TENANT
     sha256: bytes | None = None  # of the file's bytes
+    chunks: bool = False  # its transcript's chunks for retrieval are written beside it
 
 
 class ApiKeyRecord(NamedTuple):
@@ -133,6 +134,7 @@ class DocumentRecord(NamedTuple):
     max_cost_usd: float | None = None  # what its model calls may cost in all; pages beyond it end SKIPPED
     tenant_daily_budget_usd: float | None = None  # its tenant's own daily budget, as it was when the record was read
     second_read: str | None = None  # auto, always or off: its pages' second reads (None: the stack's SECOND_READ)
+    chunks: bool = False  # its transcript's chunks for retrieval are written beside it (<transcript>.chunks.jsonl)
 
 
 class PendingDocument(NamedTuple):
@@ -151,6 +153,7 @@ class PendingDocument(NamedTuple):
     reuse: bool = True
     max_cost_usd: float | None = None
     second_read: str | None = None  # auto, always or off; None: the stack's SECOND_READ
+    chunks: bool = False  # its transcript's chunks for retrieval are written beside it
 
 
 class PageSummary(NamedTuple):

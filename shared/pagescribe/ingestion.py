@@ -217,6 +217,7 @@ class Ingestor:
             model=pending.model if pending else self._settings.model,
             prompt=pending.prompt if pending else None,
             escalation_model=pending.escalation_model if pending else self._settings.escalation_model,
+            chunks=pending.chunks if pending else self._settings.chunks,
         )
 
     def _named_document(self, obj: UploadedObject) -> DocumentRecord | None:

@@ -66,6 +66,7 @@ class NewUpload:
     reuse: bool = True  # the same bytes for the same request reuse a finished transcript (no model call)
     max_cost_usd: float | None = None  # what the document's model calls may cost in all; pages beyond end SKIPPED
     second_read: str | None = None  # auto, always or off: its scans' second reads (None: the stack's SECOND_READ)
+    chunks: bool | None = None  # write its chunks for retrieval beside its transcript (None: the stack's CHUNKS)
 
 
 @dataclass(frozen=True)
@@ -319,6 +320,7 @@ class DocumentService:
                 reuse=upload.reuse,
                 max_cost_usd=upload.max_cost_usd,
                 second_read=upload.second_read,
+                chunks=self._settings.chunks if upload.chunks is None else upload.chunks,
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds

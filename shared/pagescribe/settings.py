@@ -9,7 +9,7 @@ import types
 from functools import lru_cache
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -20,6 +20,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 from sqlalchemy import URL
+
+from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, MAX_MAX_TOKENS, MIN_MAX_TOKENS
 
 # The offline engine's recognition models by language: those that ship inside the rapidocr wheel (3.10: one). Others
 # (RapidOCR's latin, cyrillic, arabic... models) are downloaded by RapidOCR at run time, which pagescribe never does.
@@ -264,6 +266,23 @@ class Settings(BaseSettings):
         description="What a PDF page's own text layer may stand in for. fallback: a page whose render is blank; auto: "
         "every page with a usable one (no model call); off: nothing (it is still checked against).",
     )
+    chunks: bool = Field(
+        default=False,
+        description="Write transcripts/<id>.chunks.jsonl, the transcript cut into chunks for retrieval, beside every "
+        "transcript (a document's own chunks in POST /documents decides for it).",
+    )
+    chunk_max_tokens: int = Field(
+        default=DEFAULT_MAX_TOKENS,
+        ge=MIN_MAX_TOKENS,
+        le=MAX_MAX_TOKENS,
+        description="The bound of each stored chunk, in estimated tokens (pagescribe.chunking).",
+    )
+    chunk_overlap: int = Field(
+        default=DEFAULT_OVERLAP,
+        ge=0,
+        description="Tokens of a stored chunk's last whole sentences, rows or items carried into the next; under "
+        "half of CHUNK_MAX_TOKENS.",
+    )
     second_read: Literal["auto", "always", "off"] = Field(
         default="auto",
         description="A page without a usable text layer is read a second time by the offline engine, in a render "
@@ -343,6 +362,14 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         # CloudFormation passes an unset optional parameter as an empty string.
         return None if value == "" else value
+
+    @field_validator("chunk_overlap")
+    @classmethod
+    def _overlap_under_half_the_bound(cls, value: int, info: ValidationInfo) -> int:
+        bound = info.data.get("chunk_max_tokens")
+        if bound is not None and value >= bound // 2:
+            raise ValueError(f"CHUNK_OVERLAP={value} must be under half of CHUNK_MAX_TOKENS={bound}")
+        return value
 
     @field_validator("ocr_language")
     @classmethod

@@ -47,4 +47,10 @@ def describe_document(db: Database, document: DocumentRecord) -> dict[str, Any]:
         "created_at": document.created_at.isoformat(),
         "finished_at": document.finished_at.isoformat() if document.finished_at else None,
         "transcript_key": document.transcript_key,
+        "chunks_key": chunks_key(document.transcript_key) if document.chunks and document.transcript_key else None,
     }
+
+
+def chunks_key(transcript_key: str) -> str:
+    """Where a transcript's chunks for retrieval are written, beside its markdown: ``<id>.chunks.jsonl``."""
+    return transcript_key.removesuffix(".md") + ".chunks.jsonl"

@@ -5,10 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -40,31 +37,6 @@ def call(method: str, path: str, *, body: Any = None, key: str | None = API_KEY,
         return response["statusCode"], json.loads(text)
     except json.JSONDecodeError:
         return response["statusCode"], text
-
-
-class _Receiver(BaseHTTPRequestHandler):
-    received: list[tuple[dict[str, str], bytes]]
-    answers: list[int]
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.received.append((dict(self.headers), body))
-        code = self.answers.pop(0) if self.answers else 200
-        self.send_response(code)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-
-@pytest.fixture
-def callback_receiver() -> Iterator[tuple[str, type[_Receiver]]]:
-    handler = type("Receiver", (_Receiver,), {"received": [], "answers": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hooks/pagescribe", handler
-    server.shutdown()
 
 
 @pytest.fixture

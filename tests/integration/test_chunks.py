@@ -129,3 +129,39 @@ def test_the_cli_writes_the_chunks_beside_the_transcript_one_json_object_a_line(
     assert [c["index"] for c in chunks] == list(range(len(chunks))) and len(chunks) > 5
     assert all(c["tokens"] <= 300 for c in chunks) and (tmp_path / "out" / "hasyv2-paper.md").is_file()
     assert "hasyv2-paper.chunks.jsonl" in done.stderr and fake_provider.calls == 0
+
+
+def test_chunks_asked_for_are_written_beside_the_transcript_and_named_in_its_status_and_callback(
+    api: Pipeline, monkeypatch: pytest.MonkeyPatch, callback_receiver: Any
+) -> None:
+    # Given the stack's chunks at 300 tokens, 30 carried over, a callback receiver, and one document that asks for
+    # chunks and one that does not
+    stack = {"CHUNK_MAX_TOKENS": "300", "CHUNK_OVERLAP": "30", "CALLBACK_SECRET": "s"}
+    for name, value in {**stack, "CALLBACK_ALLOW_PRIVATE_NETWORKS": "true"}.items():
+        monkeypatch.setenv(name, value)
+    shutdown_runtime()
+    get_settings.cache_clear()
+    url, receiver = callback_receiver
+    body = {"filename": "hasyv2.pdf", "content_type": "application/pdf", "pages": "1-3", "callback_url": url}
+    _, asked = call("POST", "/documents", body={**body, "chunks": True})
+    _, plain = call("POST", "/documents", body={**body, "reuse": False})
+    # When both are transcribed and the sweeper's round sends their callbacks
+    for created in (asked, plain):
+        upload_through_presigned_url(api, created, PAPER.read_bytes())
+    api.run_until_idle()
+    api.sweep()
+
+    # Then the one that asked has <transcript>.chunks.jsonl: the chunks ?format=chunks gives at the stack's bounds
+    code, status = call("GET", f"/documents/{asked['document_id']}")
+    assert code == 200 and status["chunks_key"] == f"transcripts/{asked['document_id']}.chunks.jsonl"
+    stored = api.s3.get_object(Bucket=api.bucket, Key=status["chunks_key"])["Body"].read().decode("utf-8")
+    query = {"format": "chunks", "max_tokens": "300", "overlap": "30"}
+    served = call("GET", f"/documents/{asked['document_id']}/transcript", query=query)[1]["chunks"]
+    assert [json.loads(line) for line in stored.splitlines()] == served and served
+    # And its callback names them; the other document has none, and says so
+    payloads = {json.loads(raw)["document_id"]: json.loads(raw) for _, raw in receiver.received}
+    assert payloads[asked["document_id"]]["chunks_key"] == status["chunks_key"]
+    assert payloads[plain["document_id"]]["chunks_key"] is None
+    assert call("GET", f"/documents/{plain['document_id']}")[1]["chunks_key"] is None
+    listed = api.s3.list_objects_v2(Bucket=api.bucket, Prefix=f"transcripts/{plain['document_id']}")
+    assert not [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".chunks.jsonl")]

@@ -6,13 +6,12 @@ model or the offline engine would return them, page by page.
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from pagescribe.assembly import render_json, render_markdown, running_furniture
+from pagescribe.assembly import render_markdown, running_furniture, transcript_json
 from pagescribe.domain import DocumentRecord, DocumentStatus, JobStatus, PageCorrection, PageRecord
 from pagescribe.sources import extract_text_layer
 
@@ -70,7 +69,7 @@ def test_a_header_on_every_page_of_a_real_form_is_marked_as_a_running_header() -
 
     # When the transcript is assembled
     markdown = render_markdown(document(4), pages)
-    data = json.loads(render_json(document(4), DocumentStatus.COMPLETED, pages, []))
+    data = transcript_json(document(4), DocumentStatus.COMPLETED, pages, [])
 
     # Then that line is a running header on each page, in the markdown and in the JSON, and the body is untouched
     assert markdown.count("<!-- running header: CUI (when filled in) -->") == 4, markdown
@@ -139,7 +138,7 @@ def test_a_corrected_page_shows_its_correction_and_keeps_the_models_answer() -> 
 
     # When the transcript is assembled
     markdown = render_markdown(document(4), pages)
-    data = json.loads(render_json(document(4), DocumentStatus.COMPLETED, pages, []))
+    data = transcript_json(document(4), DocumentStatus.COMPLETED, pages, [])
 
     # Then the JSON gives page 2 the corrected text, and the model's answer as the correction's original text
     assert data["pages"][1]["text"] == "# Corrected\n\nThe text a person typed."
@@ -167,7 +166,7 @@ def test_a_correction_to_no_text_leaves_the_page_empty_but_marked() -> None:
 
     # When the transcript is assembled
     markdown = render_markdown(document(1), pages)
-    data = json.loads(render_json(document(1), DocumentStatus.COMPLETED, pages, []))
+    data = transcript_json(document(1), DocumentStatus.COMPLETED, pages, [])
 
     # Then the page is there, marked corrected, with nothing under its marker; the model's answer is kept in the JSON
     assert markdown.endswith("<!-- page 1 of 1 (p m) corrected (revision 1, 2026-03-01T09:30:00+00:00) -->\n")

@@ -125,6 +125,8 @@ def test_an_empty_escalation_model_is_off(monkeypatch: pytest.MonkeyPatch) -> No
         ("FLAG_UNGROUNDED_THRESHOLD", "-0.1"),
         ("FLAG_MISSED_TEXT_THRESHOLD", "1.5"),
         ("SECOND_READ", "sometimes"),
+        ("CHUNK_MAX_TOKENS", "10"),
+        ("CHUNK_OVERLAP", "256"),
     ],
 )
 def test_a_bad_check_setting_is_refused_by_name_and_value(

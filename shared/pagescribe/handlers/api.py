@@ -84,6 +84,12 @@ class CreateDocumentRequest(BaseModel):
         "and the time allow; always: whenever the page's time budget allows; off: never. Absent: the stack's "
         "SECOND_READ.",
     )
+    chunks: bool | None = Field(
+        default=None,
+        description="Write the transcript's chunks for retrieval beside it, <transcript>.chunks.jsonl (a chunk a line, "
+        "cut as ?format=chunks cuts them, to CHUNK_MAX_TOKENS and CHUNK_OVERLAP); its key is chunks_key in the "
+        "status and the completion callback. Absent: the stack's CHUNKS.",
+    )
 
     @field_validator(
         "model", "escalation_model", "prompt"
@@ -189,6 +195,10 @@ class DocumentStatusResponse(BaseModel):
     created_at: datetime
     finished_at: datetime | None
     transcript_key: str | None
+    chunks_key: str | None = Field(
+        description="Where the transcript's chunks for retrieval are (one JSON object a line), once it is finished "
+        "and when they were asked for (chunks in POST /documents, or CHUNKS)."
+    )
 
 
 class ListedDocument(BaseModel):
@@ -443,6 +453,7 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             reuse=request.reuse,
             max_cost_usd=request.max_cost_usd,
             second_read=request.second_read,
+            chunks=request.chunks,
         ),
         _tenant(),
         idempotency_key=_header("Idempotency-Key"),
