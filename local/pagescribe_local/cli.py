@@ -304,6 +304,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             reuse=args.reuse,
             max_cost_usd=args.max_cost,
             second_read=args.second_read,
+            merge_tables=args.merge_tables,
         )
         tracked = [_upload(stack, path, options) for path in paths]
         _run_until_finished(stack, tracked)
@@ -799,6 +800,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--estimate",
         action="store_true",
         help="print what the files would cost (pages times the model's mean cost per page so far) and stop",
+    )
+    transcribe.add_argument(
+        "--no-merge-tables",
+        dest="merge_tables",
+        action="store_const",
+        const=False,
+        help="keep each page's tables its own (by default a table that ends one page is joined to the table that "
+        "starts the next when their columns agree)",
     )
     transcribe.add_argument("--json", action="store_true", help="also write <name>.json (as --format json)")
     transcribe.add_argument(

@@ -19,7 +19,7 @@ from pagescribe.settings import Settings
 from pagescribe.status import chunks_key
 
 if TYPE_CHECKING:
-    from pagescribe.blocks import Cell
+    from pagescribe.blocks import Block, Cell
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +110,50 @@ def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
     parts = [f"<!-- pagescribe document {document.document_id}: {_comment_safe(document.object_key)} -->"]
     page_count = document.source_page_count or document.page_count
     texts = [page.current_text or "" for page in pages]
-    for page, text, furniture in zip(pages, texts, running_furniture(texts), strict=True):
-        body = _FORGED_MARKER.sub(FORGED_MARKER_SHOWN, _marked(text, furniture)).strip()
+    running = running_furniture(texts)
+    lines = [_marked(text, furniture).split("\n") for text, furniture in zip(texts, running, strict=True)]
+    if document.merge_tables:
+        _join_tables(pages, lines, _parsed(pages, running))
+    for page, page_lines in zip(pages, lines, strict=True):
+        body = _FORGED_MARKER.sub(FORGED_MARKER_SHOWN, "\n".join(page_lines)).strip()
         parts.append(_page_marker(page, page_count) + ("\n\n" + body if body else ""))
     return "\n\n".join(parts) + "\n"
+
+
+def _parsed(pages: Sequence[PageRecord], running: Sequence[dict[int, str]]) -> dict[int, list[Block]]:
+    """Each page's blocks (:func:`pagescribe.blocks.parse_blocks`), by page number."""
+    from pagescribe.blocks import parse_blocks
+
+    return {
+        page.page_number: parse_blocks(page.current_text or "", furniture)
+        for page, furniture in zip(pages, running, strict=True)
+    }
+
+
+def _line_of(text: str, offset: int) -> int:
+    """The index of the line (in ``text.splitlines()``) that holds ``offset``."""
+    return len((text[:offset] + "x").splitlines()) - 1
+
+
+def _join_tables(pages: Sequence[PageRecord], lines: list[list[str]], parsed: dict[int, list[Block]]) -> None:
+    """Each table that crosses pages made one in the pages' lines (:mod:`pagescribe.tables`): the rows of each
+    continuation go at the end of the table where it starts, and a comment stands in its place."""
+    from pagescribe.tables import continued_rows, table_joins
+
+    index = {page.page_number: at for at, page in enumerate(pages)}
+    texts = {page.page_number: page.current_text or "" for page in pages}
+    by_id = {(number, block.id): block for number, blocks in parsed.items() for block in blocks}
+    edits: dict[int, list[tuple[int, int, list[str]]]] = {}  # page index: (first line, lines replaced, new lines)
+    for join in table_joins(sorted(parsed.items())):
+        head, table = by_id[join.head_page, join.head], by_id[join.page, join.block]
+        end = _line_of(texts[join.head_page], head.end - 1) + 1
+        edits.setdefault(index[join.head_page], []).append((end, 0, continued_rows(table, join.header_repeated)))
+        first, last = _line_of(texts[join.page], table.start), _line_of(texts[join.page], table.end - 1)
+        said = f"<!-- table continued from page {join.head_page}: its rows here are in the table there -->"
+        edits.setdefault(index[join.page], []).append((first, last - first + 1, [said]))
+    for at, page_edits in edits.items():
+        for first, replaced, new in sorted(page_edits, key=lambda edit: edit[0], reverse=True):
+            lines[at][first : first + replaced] = new
 
 
 def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
@@ -155,18 +195,21 @@ def _box(pixels: list[float] | None, points_per_pixel: float | None) -> dict[str
     return {"pixels": pixels, "points": points}
 
 
-def page_blocks(page: PageRecord, furniture: dict[int, str]) -> list[dict[str, Any]]:
+def _grounded(page: PageRecord) -> tuple[dict[str, Any], float | None]:
+    """The page's blocks as grounded (by page-local block id) and the page image's points per pixel; none for a
+    person's correction (it was not read off the page) or an answer nothing grounded."""
+    grounded = page.grounding if page.correction is None and page.grounding and page.grounding.get("source") else None
+    return (grounded["blocks"], grounded["image"]["points_per_pixel"]) if grounded else ({}, None)
+
+
+def page_blocks(page: PageRecord, parsed: Sequence[Block]) -> list[dict[str, Any]]:
     """The page's text as blocks (:mod:`pagescribe.blocks`), each with its box on the page image and its grounding
     where the kept answer was grounded; a person's correction has blocks without either (it was not read off the
     page). Unsupported runs are given as offsets in the page's ``text``."""
-    from pagescribe.blocks import parse_blocks
-
     text = page.current_text or ""
-    grounded = page.grounding if page.correction is None and page.grounding and page.grounding.get("source") else None
-    by_id: dict[str, Any] = grounded["blocks"] if grounded else {}
-    scale = grounded["image"]["points_per_pixel"] if grounded else None
+    by_id, scale = _grounded(page)
     blocks = []
-    for block in parse_blocks(text, furniture):
+    for block in parsed:
         found = by_id.get(block.id, {})
         spans = [block.answer_span(start, end) for start, end in found.get("unsupported", ())]
         cells = {(row, col): box for row, col, box in found.get("cells", ())}
@@ -188,6 +231,32 @@ def page_blocks(page: PageRecord, furniture: dict[int, str]) -> list[dict[str, A
             ]
         blocks.append(entry)
     return blocks
+
+
+def _joined_tables(parsed: dict[int, list[Block]], blocks: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each table that crosses pages made one in the JSON blocks: the block where it starts holds every row, each
+    cell with its page (and its box on that page), and names its ``pages``; each continuation says which block it
+    is ``continued_from`` and keeps its own page's cells. The joins, as recorded at the document's top."""
+    from pagescribe.tables import table_joins
+
+    by_id = {block["id"]: block for listed in blocks.values() for block in listed}
+    heads: dict[str, dict[str, Any]] = {}
+    for join in table_joins(sorted(parsed.items())):
+        head_id, table_id = f"p{join.head_page}-{join.head}", f"p{join.page}-{join.block}"
+        head, table = by_id[head_id], by_id[table_id]
+        if head_id not in heads:
+            head["cells"] = [{**cell, "page": join.head_page} for cell in head["cells"]]
+            head["pages"] = [join.head_page]
+            heads[head_id] = {"table": head_id, "pages": head["pages"]}
+        offset = 1 + max(cell["row"] for cell in head["cells"]) - (1 if join.header_repeated else 0)
+        head["cells"] += [
+            {**cell, "row": cell["row"] + offset, "header": False, "page": join.page}
+            for cell in table["cells"]
+            if not (join.header_repeated and cell["row"] == 0)
+        ]
+        head["pages"].append(join.page)
+        table["continued_from"] = head_id
+    return list(heads.values())
 
 
 def _cell(cell: Cell) -> dict[str, Any]:
@@ -235,7 +304,11 @@ def transcript_json(
     document's tokens and cost are the sums over all of them, kept or not."""
     by_page: dict[int, list[AttemptRecord]] = {}
     texts = [p.current_text or "" for p in pages]
-    running = dict(zip((p.page_number for p in pages), running_furniture(texts), strict=True))
+    furniture = running_furniture(texts)
+    running = dict(zip((p.page_number for p in pages), furniture, strict=True))
+    parsed = _parsed(pages, furniture)
+    blocks = {p.page_number: page_blocks(p, parsed[p.page_number]) for p in pages}
+    joined = _joined_tables(parsed, blocks) if document.merge_tables else []
     for attempt in attempts:
         by_page.setdefault(attempt.page_number, []).append(attempt)
 
@@ -259,6 +332,8 @@ def transcript_json(
         "prompt_tokens": total(attempts, "prompt_tokens"),
         "completion_tokens": total(attempts, "completion_tokens"),
         "cost": round(total(attempts, "cost"), 8),
+        "merge_tables": document.merge_tables,
+        "tables_joined": joined,
         "pages": [
             {
                 "page": p.page_number,
@@ -273,7 +348,7 @@ def transcript_json(
                     for at, kind in running[p.page_number].items()
                 ],
                 "grounding": page_grounding(p),
-                "blocks": page_blocks(p, running[p.page_number]),
+                "blocks": blocks[p.page_number],
                 "model": p.model,
                 "provider": p.provider,
                 "escalated": p.escalation is not None,

@@ -26,7 +26,7 @@ import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_OVERLAP = 64
@@ -114,7 +114,7 @@ def _sections(pages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[list[str], l
     units: list[_Unit] = []
     for page in pages:
         for block in page.get("blocks") or ():
-            if block["type"] in _FURNITURE:
+            if block["type"] in _FURNITURE or block.get("continued_from"):  # a continuation's rows are its head's
                 continue
             if block["type"] == "heading":
                 if units:
@@ -130,29 +130,38 @@ def _sections(pages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[list[str], l
 def _units(block: Mapping[str, Any], page: int) -> list[_Unit]:
     kind, text = block["type"], block["text"]
 
-    def unit(piece: str, joiner: str, row: int | None = None, header: _Unit | None = None) -> _Unit:
-        return _Unit(piece, estimate_tokens(piece), block["id"], page, kind, block.get("bbox"), joiner, row, header)
+    def unit(piece: str, joiner: str, row: int | None = None, header: _Unit | None = None, on: int = page) -> _Unit:
+        return _Unit(piece, estimate_tokens(piece), block["id"], on, kind, block.get("bbox"), joiner, row, header)
 
     if kind == "table" and block.get("cells"):
-        rows = _rows(block["cells"])
-        header = unit(rows[0][1], "\n", rows[0][0]) if rows[0][2] else None
+        rows = _rows(block["cells"], page)
+        header = unit(rows[0].line, "\n", rows[0].row, on=rows[0].page) if rows[0].header else None
         body = rows[1:] if header is not None else rows
-        return ([header] if header is not None else []) + [unit(line, "\n", row, header) for row, line, _ in body]
+        return ([header] if header is not None else []) + [unit(r.line, "\n", r.row, header, r.page) for r in body]
     if kind in _SENTENCES:
         return [unit(sentence, " ") for sentence in sentences(text)]
     return [unit(text, "\n")]
 
 
-def _rows(cells: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, bool]]:
-    """A table's rows as markdown lines of their cells' text, each with its row and whether it is a header row."""
+class _Row(NamedTuple):
+    row: int  # its place in the table's grid
+    line: str  # its cells' text as a markdown row
+    header: bool
+    page: int  # where it stands: a table joined across pages keeps each row's page (pagescribe.tables)
+
+
+def _rows(cells: Sequence[Mapping[str, Any]], page: int) -> list[_Row]:
+    """A table's rows as markdown lines of their cells' text, each with its row, whether it is a header row and its
+    page (its cells' own, else ``page``)."""
     by_row: dict[int, list[Mapping[str, Any]]] = {}
     for cell in cells:
         by_row.setdefault(int(cell["row"]), []).append(cell)
     return [
-        (
+        _Row(
             row,
             "| " + " | ".join(str(cell["text"]) for cell in sorted(found, key=lambda c: int(c["col"]))) + " |",
             all(cell.get("header") for cell in found),
+            int(found[0].get("page", page)),
         )
         for row, found in sorted(by_row.items())
     ]

@@ -59,6 +59,7 @@ class NewDocument(NamedTuple):
     tenant_id: str = DEFAULT_TENANT
     sha256: bytes | None = None  # of the file's bytes
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it
+    merge_tables: bool = True  # tables that cross pages are joined in its transcript
 
 
 class ApiKeyRecord(NamedTuple):
@@ -135,6 +136,7 @@ class DocumentRecord(NamedTuple):
     tenant_daily_budget_usd: float | None = None  # its tenant's own daily budget, as it was when the record was read
     second_read: str | None = None  # auto, always or off: its pages' second reads (None: the stack's SECOND_READ)
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it (<transcript>.chunks.jsonl)
+    merge_tables: bool = True  # tables that cross pages are joined in its transcript (pagescribe.tables)
 
 
 class PendingDocument(NamedTuple):
@@ -154,6 +156,7 @@ class PendingDocument(NamedTuple):
     max_cost_usd: float | None = None
     second_read: str | None = None  # auto, always or off; None: the stack's SECOND_READ
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it
+    merge_tables: bool = True  # tables that cross pages are joined in its transcript
 
 
 class PageSummary(NamedTuple):

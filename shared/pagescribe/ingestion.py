@@ -218,6 +218,7 @@ class Ingestor:
             prompt=pending.prompt if pending else None,
             escalation_model=pending.escalation_model if pending else self._settings.escalation_model,
             chunks=pending.chunks if pending else self._settings.chunks,
+            merge_tables=pending.merge_tables if pending else self._settings.merge_tables,
         )
 
     def _named_document(self, obj: UploadedObject) -> DocumentRecord | None:

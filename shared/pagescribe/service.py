@@ -67,6 +67,7 @@ class NewUpload:
     max_cost_usd: float | None = None  # what the document's model calls may cost in all; pages beyond end SKIPPED
     second_read: str | None = None  # auto, always or off: its scans' second reads (None: the stack's SECOND_READ)
     chunks: bool | None = None  # write its chunks for retrieval beside its transcript (None: the stack's CHUNKS)
+    merge_tables: bool | None = None  # join its tables that cross pages (None: the stack's MERGE_TABLES)
 
 
 @dataclass(frozen=True)
@@ -321,6 +322,7 @@ class DocumentService:
                 max_cost_usd=upload.max_cost_usd,
                 second_read=upload.second_read,
                 chunks=self._settings.chunks if upload.chunks is None else upload.chunks,
+                merge_tables=self._settings.merge_tables if upload.merge_tables is None else upload.merge_tables,
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds

@@ -32,7 +32,8 @@ HANDLER_MEMORY_MB = 256  # the transcribe handler's own process: runtime, client
 
 DEFAULT_PROMPT = (
     "Transcribe this document page faithfully into Markdown. Keep the reading order, headings, lists, "
-    "tables (as Markdown tables) and emphasis. Transcribe every word exactly as written; do not summarise, "
+    "tables and emphasis. Write a table as a Markdown table, or as an HTML <table> with rowspan and colspan where "
+    "a cell spans rows or columns. Transcribe every word exactly as written; do not summarise, "
     "translate, correct or add commentary. Describe figures briefly in square brackets. "
     "If the page has no text at all, answer exactly: (blank page)"
 )
@@ -270,6 +271,11 @@ class Settings(BaseSettings):
         default=False,
         description="Write transcripts/<id>.chunks.jsonl, the transcript cut into chunks for retrieval, beside every "
         "transcript (a document's own chunks in POST /documents decides for it).",
+    )
+    merge_tables: bool = Field(
+        default=True,
+        description="Join a table that ends one page to the table that starts the next when their columns agree "
+        "(pagescribe.tables); a document's own merge_tables in POST /documents decides for it.",
     )
     chunk_max_tokens: int = Field(
         default=DEFAULT_MAX_TOKENS,

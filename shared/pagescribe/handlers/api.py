@@ -90,6 +90,13 @@ class CreateDocumentRequest(BaseModel):
         "cut as ?format=chunks cuts them, to CHUNK_MAX_TOKENS and CHUNK_OVERLAP); its key is chunks_key in the "
         "status and the completion callback. Absent: the stack's CHUNKS.",
     )
+    merge_tables: bool | None = Field(
+        default=None,
+        description="Join a table that ends one page to the table that starts the next when their columns agree (the "
+        "same number, and the same header where the next page repeats it, which is dropped): one table in the "
+        "markdown and the JSON, its rows keeping their pages. false: each page's tables stay its own. Absent: the "
+        "stack's MERGE_TABLES (on).",
+    )
 
     @field_validator(
         "model", "escalation_model", "prompt"
@@ -454,6 +461,7 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             max_cost_usd=request.max_cost_usd,
             second_read=request.second_read,
             chunks=request.chunks,
+            merge_tables=request.merge_tables,
         ),
         _tenant(),
         idempotency_key=_header("Idempotency-Key"),
