@@ -305,6 +305,8 @@ def _transcribe(args: argparse.Namespace) -> int:
             max_cost_usd=args.max_cost,
             second_read=args.second_read,
             merge_tables=args.merge_tables,
+            furniture=args.furniture,
+            profile=args.profile,
         )
         tracked = [_upload(stack, path, options) for path in paths]
         _run_until_finished(stack, tracked)
@@ -800,6 +802,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--estimate",
         action="store_true",
         help="print what the files would cost (pages times the model's mean cost per page so far) and stop",
+    )
+    transcribe.add_argument(
+        "--profile",
+        choices=["faithful", "clean"],
+        help="faithful (the default): everything on the page as it stands; clean: for reading and retrieval (no "
+        "running headers, footers or page numbers, tables as HTML, mathematics as LaTeX); --prompt and --furniture "
+        "win over it",
+    )
+    transcribe.add_argument(
+        "--furniture",
+        choices=["mark", "drop", "keep"],
+        help="running headers, footers and page numbers in the markdown: mark (as comments, the default), drop (not "
+        "at all; the JSON keeps them) or keep (as text)",
     )
     transcribe.add_argument(
         "--no-merge-tables",

@@ -31,6 +31,9 @@ _NUMBER = re.compile(r"\d+")
 _FORGED_MARKER = re.compile(r"<!--(?=\s*(?:page\s+\d+\s+of\s+\d+|pagescribe\s+document)\b)", re.IGNORECASE)
 FORGED_MARKER_SHOWN = "<!-- in the page's text:"
 _DOUBLE_HYPHEN = re.compile(r"-(?=-)")
+_BLANK_LINES = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")  # three line breaks or more with only blanks between
+# The offline engine's comment for a page's furniture, as pagescribe.blocks reads it
+_FURNITURE_COMMENT = re.compile(r"<!--\s*(page number|running header|running footer)\s*:\s*(.*?)\s*-->")
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -94,28 +97,40 @@ def running_furniture(texts: Sequence[str | None]) -> list[dict[int, str]]:
     ]
 
 
-def _marked(text: str, furniture: dict[int, str]) -> str:
-    """The text with its running headers and footers as comments: ``<!-- running header: CUI -->``."""
+def _furnished(text: str, furniture: dict[int, str], mode: str) -> list[str]:
+    """The text's lines with its running headers, footers and page numbers (those the document shows, and the
+    offline engine's comments saying one) as ``mode`` asks: ``mark``, as comments (``<!-- running header: CUI -->``);
+    ``drop``, gone (a blank line in their place); ``keep``, as text. Line for line, so that offsets into the text
+    still find their lines."""
     lines = text.splitlines()
-    for at, kind in furniture.items():
-        lines[at] = f"<!-- {kind}: {_comment_safe(_HEADING_MARK.sub('', lines[at]).strip())} -->"
-    return "\n".join(lines)
+    for at, line in enumerate(lines):
+        said = _FURNITURE_COMMENT.fullmatch(line.strip())
+        if at in furniture or said:
+            words = said.group(2) if said else _HEADING_MARK.sub("", line).strip()
+            kind = said.group(1) if said else furniture[at]
+            if mode == "mark":
+                lines[at] = line if said else f"<!-- {kind}: {_comment_safe(words)} -->"
+            else:
+                lines[at] = "" if mode == "drop" else (words if said else line)
+    return lines
 
 
 def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
     """Pages in order, each opened by a marker that counts the file's own pages and names the page's flags; a page
-    that failed says why (its text, if any, is kept). A corrected page shows its correction's text. Running headers
-    and footers (:func:`running_furniture`) are marked as comments. A comment in a page's text that reads as a marker
+    that failed says why (its text, if any, is kept). A corrected page shows its correction's text. Running headers,
+    footers and page numbers (:func:`running_furniture`) are marked as comments, dropped or kept as text, as the
+    document asks (``furniture``). A comment in a page's text that reads as a marker
     is shown as the page's own (FORGED_MARKER_SHOWN), so that the file's markers are only its own."""
     parts = [f"<!-- pagescribe document {document.document_id}: {_comment_safe(document.object_key)} -->"]
     page_count = document.source_page_count or document.page_count
     texts = [page.current_text or "" for page in pages]
     running = running_furniture(texts)
-    lines = [_marked(text, furniture).split("\n") for text, furniture in zip(texts, running, strict=True)]
+    lines = [_furnished(text, furniture, document.furniture) for text, furniture in zip(texts, running, strict=True)]
     if document.merge_tables:
         _join_tables(pages, lines, _parsed(pages, running))
     for page, page_lines in zip(pages, lines, strict=True):
-        body = _FORGED_MARKER.sub(FORGED_MARKER_SHOWN, "\n".join(page_lines)).strip()
+        body = _FORGED_MARKER.sub(FORGED_MARKER_SHOWN, "\n".join(page_lines))
+        body = (_BLANK_LINES.sub("\n\n", body) if document.furniture == "drop" else body).strip()
         parts.append(_page_marker(page, page_count) + ("\n\n" + body if body else ""))
     return "\n\n".join(parts) + "\n"
 
@@ -333,6 +348,7 @@ def transcript_json(
         "completion_tokens": total(attempts, "completion_tokens"),
         "cost": round(total(attempts, "cost"), 8),
         "merge_tables": document.merge_tables,
+        "furniture": document.furniture,
         "tables_joined": joined,
         "pages": [
             {

@@ -64,10 +64,10 @@ T = TypeVar("T")
 INSERT_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count,
                            status, error, model, escalation_model, prompt, tenant_id, sha256, chunks, merge_tables,
-                           finished_at)
+                           furniture, finished_at)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, %(etag)s, %(version_id)s, %(size_bytes)s, %(kind)s, %(page_count)s,
             %(source_page_count)s, %(status)s, %(error)s, %(model)s, %(escalation_model)s, %(prompt)s, %(tenant_id)s,
-            %(sha256)s, %(chunks)s, %(merge_tables)s, CASE WHEN %(status)s = 'FAILED' THEN now() END)
+            %(sha256)s, %(chunks)s, %(merge_tables)s, %(furniture)s, CASE WHEN %(status)s = 'FAILED' THEN now() END)
     ON CONFLICT (bucket, object_key, etag, version_id) DO NOTHING
     RETURNING id
     """
@@ -75,10 +75,10 @@ INSERT_DOCUMENT = """
 INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
                            prompt, filename, requested_pages, callback_url, tenant_id, reuse, max_cost_usd,
-                           second_read, chunks, merge_tables)
+                           second_read, chunks, merge_tables, furniture)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
             %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s,
-            %(max_cost_usd)s, %(second_read)s, %(chunks)s, %(merge_tables)s)
+            %(max_cost_usd)s, %(second_read)s, %(chunks)s, %(merge_tables)s, %(furniture)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -499,7 +499,7 @@ GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id, reuse,
-           reused_from, max_cost_usd, second_read, chunks, merge_tables,
+           reused_from, max_cost_usd, second_read, chunks, merge_tables, furniture,
            (SELECT daily_budget_usd FROM tenants WHERE tenants.id = documents.tenant_id) AS tenant_daily_budget_usd
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
@@ -1040,6 +1040,7 @@ def _document(row: Any) -> DocumentRecord:
         second_read=row.second_read,
         chunks=row.chunks,
         merge_tables=row.merge_tables,
+        furniture=row.furniture,
     )
 
 
@@ -1190,6 +1191,7 @@ class Database:
                 "tenant_id": new.tenant_id,
                 "chunks": new.chunks,
                 "merge_tables": new.merge_tables,
+                "furniture": new.furniture,
             }
 
         def record(connection: psycopg.Connection[Any]) -> CreatedDocument:
@@ -1241,6 +1243,7 @@ class Database:
                 "second_read": pending.second_read,
                 "chunks": pending.chunks,
                 "merge_tables": pending.merge_tables,
+                "furniture": pending.furniture,
             },
         )
 

@@ -60,6 +60,7 @@ class NewDocument(NamedTuple):
     sha256: bytes | None = None  # of the file's bytes
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it
     merge_tables: bool = True  # tables that cross pages are joined in its transcript
+    furniture: str = "mark"  # its running headers, footers and page numbers in the markdown: mark, drop or keep
 
 
 class ApiKeyRecord(NamedTuple):
@@ -137,6 +138,7 @@ class DocumentRecord(NamedTuple):
     second_read: str | None = None  # auto, always or off: its pages' second reads (None: the stack's SECOND_READ)
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it (<transcript>.chunks.jsonl)
     merge_tables: bool = True  # tables that cross pages are joined in its transcript (pagescribe.tables)
+    furniture: str = "mark"  # its running headers, footers and page numbers in the markdown: mark, drop or keep
 
 
 class PendingDocument(NamedTuple):
@@ -157,6 +159,7 @@ class PendingDocument(NamedTuple):
     second_read: str | None = None  # auto, always or off; None: the stack's SECOND_READ
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it
     merge_tables: bool = True  # tables that cross pages are joined in its transcript
+    furniture: str = "mark"  # its running headers, footers and page numbers in the markdown: mark, drop or keep
 
 
 class PageSummary(NamedTuple):

@@ -219,6 +219,7 @@ class Ingestor:
             escalation_model=pending.escalation_model if pending else self._settings.escalation_model,
             chunks=pending.chunks if pending else self._settings.chunks,
             merge_tables=pending.merge_tables if pending else self._settings.merge_tables,
+            furniture=pending.furniture if pending else self._settings.furniture,
         )
 
     def _named_document(self, obj: UploadedObject) -> DocumentRecord | None:

@@ -28,7 +28,7 @@ from pagescribe.domain import (
     PendingDocument,
 )
 from pagescribe.outbox import send_committed
-from pagescribe.settings import Settings
+from pagescribe.settings import CLEAN_PROMPT, Settings
 from pagescribe.status import describe_document
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ class NewUpload:
     second_read: str | None = None  # auto, always or off: its scans' second reads (None: the stack's SECOND_READ)
     chunks: bool | None = None  # write its chunks for retrieval beside its transcript (None: the stack's CHUNKS)
     merge_tables: bool | None = None  # join its tables that cross pages (None: the stack's MERGE_TABLES)
+    furniture: str | None = None  # mark, drop or keep its running headers and footers (None: the profile's)
+    profile: str | None = None  # faithful (None: the stack's PROMPT and FURNITURE) or clean (CLEAN_PROMPT, drop)
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,7 @@ class DocumentService:
                 filename=safe_filename(upload.filename),
                 model=model,
                 escalation_model=escalation_model,
-                prompt=upload.prompt,
+                prompt=upload.prompt or (CLEAN_PROMPT if upload.profile == "clean" else None),
                 requested_pages=requested,
                 callback_url=upload.callback_url,
                 tenant_id=tenant,
@@ -323,6 +325,7 @@ class DocumentService:
                 second_read=upload.second_read,
                 chunks=self._settings.chunks if upload.chunks is None else upload.chunks,
                 merge_tables=self._settings.merge_tables if upload.merge_tables is None else upload.merge_tables,
+                furniture=upload.furniture or ("drop" if upload.profile == "clean" else self._settings.furniture),
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds

@@ -37,6 +37,15 @@ DEFAULT_PROMPT = (
     "translate, correct or add commentary. Describe figures briefly in square brackets. "
     "If the page has no text at all, answer exactly: (blank page)"
 )
+# The prompt of the clean profile: the page as a reader or a retrieval index wants it, not as it stands
+CLEAN_PROMPT = (
+    "Transcribe this document page into clean Markdown for reading and retrieval. Keep the reading order, headings, "
+    "lists and emphasis. Leave out running headers, running footers and page numbers. Write every table as an HTML "
+    "<table>, with rowspan and colspan where a cell spans rows or columns. Write mathematics as LaTeX: \\( ... \\) "
+    "inline and $$ ... $$ for display. Transcribe every word exactly as written; do not summarise, translate, correct "
+    "or add commentary. Describe figures briefly in square brackets. "
+    "If the page has no text at all, answer exactly: (blank page)"
+)
 
 
 class ConfigurationError(ValueError):
@@ -271,6 +280,11 @@ class Settings(BaseSettings):
         default=False,
         description="Write transcripts/<id>.chunks.jsonl, the transcript cut into chunks for retrieval, beside every "
         "transcript (a document's own chunks in POST /documents decides for it).",
+    )
+    furniture: Literal["mark", "drop", "keep"] = Field(
+        default="mark",
+        description="How the markdown shows running headers, footers and page numbers: mark (as comments), drop (not "
+        "at all; the JSON keeps them) or keep (as text); a document's own furniture in POST /documents decides for it.",
     )
     merge_tables: bool = Field(
         default=True,

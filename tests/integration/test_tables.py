@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 from pagescribe.runtime import shutdown_runtime
-from pagescribe.settings import get_settings
+from pagescribe.settings import CLEAN_PROMPT, DEFAULT_PROMPT, get_settings
 
+from tests.fakes.chat_server import FakeChatServer
 from tests.integration.test_api import API_KEY, call, upload_through_presigned_url
 from tests.support.pipeline import Pipeline
 from tests.unit.test_tables import _tables
@@ -78,3 +79,45 @@ def test_tables_on_consecutive_pages_whose_columns_differ_stay_apart(api: Pipeli
     # Then its tables are as many as each page's own, the same, and no join is recorded
     assert _tables(markdown) == _tables(apart) and len(_tables(markdown)) >= 3
     assert "table continued" not in markdown and transcript["tables_joined"] == []
+
+
+def test_a_document_that_asks_for_its_furniture_dropped_gets_a_markdown_without_it_and_a_json_with_it(
+    api: Pipeline,
+) -> None:
+    # Given a real four-page form headed "CUI (when filled in)" on every page, created asking for furniture=drop
+    form = TABLES.parent / "documents" / "form_dd0293.pdf"
+    markdown, transcript = _transcribed(api, form, furniture="drop")
+    # Then the markdown does not have the header, as a line or a comment, and the JSON has it on every page
+    assert "CUI (when filled in)" not in markdown.splitlines() and "running header" not in markdown
+    assert transcript["furniture"] == "drop"
+    headed = [page for page in transcript["pages"] if any(r["kind"] == "running header" for r in page["running"])]
+    assert len(headed) >= 3  # (the fourth page's laid-out text runs its header into a heading)
+    assert all(any(b["type"] == "page_header" and "CUI" in b["text"] for b in page["blocks"]) for page in headed)
+    # And a bad choice is refused, naming the field
+    code, refused = call("POST", "/documents", body={"filename": "f.pdf", "content_type": "application/pdf",
+                                                     "furniture": "hide"})  # fmt: skip
+    assert code == 422 and "furniture" in str(refused)
+
+
+@pytest.mark.parametrize(("options", "furniture"), [({}, "drop"), ({"furniture": "keep"}, "keep")])
+def test_the_clean_profile_asks_the_model_for_a_clean_page_and_drops_the_furniture(
+    pipeline: Pipeline,
+    fake_provider: FakeChatServer,
+    monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, str],
+    furniture: str,
+) -> None:
+    # Given a scan (no text layer: the model reads it), created with the clean profile
+    monkeypatch.setenv("API_KEY", API_KEY)
+    shutdown_runtime()
+    get_settings.cache_clear()
+    body = {"filename": "scan.png", "content_type": "image/png", "profile": "clean", **options}
+    _, created = call("POST", "/documents", body=body)
+    upload_through_presigned_url(pipeline, created, (TABLES.parent / "corpus" / "smile.png").read_bytes())
+    pipeline.run_until_idle()
+    # Then the model was asked with the clean prompt, and the document's furniture is dropped unless it said otherwise
+    [request] = fake_provider.requests
+    said = " ".join(part.get("text", "") for part in request["messages"][0]["content"])
+    assert CLEAN_PROMPT in said and DEFAULT_PROMPT not in said
+    transcript = call("GET", f"/documents/{created['document_id']}/transcript", query={"format": "json"})[1]
+    assert transcript["furniture"] == furniture

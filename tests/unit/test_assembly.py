@@ -78,6 +78,40 @@ def test_a_header_on_every_page_of_a_real_form_is_marked_as_a_running_header() -
     assert data["pages"][0]["text"] == pages[0].text  # the page's own text stays as the model gave it
 
 
+@pytest.mark.parametrize("furniture", ["drop", "keep"])
+def test_a_real_forms_running_header_is_dropped_from_the_markdown_or_kept_as_text_and_the_json_keeps_it(
+    furniture: str,
+) -> None:
+    # Given the four pages of the form, each headed "CUI (when filled in)", and a document asking for its furniture
+    # dropped, or kept as text
+    pages = pages_of(FORM, 4)
+    record = document(4)._replace(furniture=furniture)
+
+    # When the transcript is assembled
+    markdown = render_markdown(record, pages)
+    data = transcript_json(record, DocumentStatus.COMPLETED, pages, [])
+
+    # Then the markdown has no comment for it, and the header four times as text (keep) or not at all (drop)
+    assert "running header" not in markdown
+    assert markdown.splitlines().count("CUI (when filled in)") == (4 if furniture == "keep" else 0)
+    assert "INTIMATE PARTNER VIOLENCE/" in markdown.splitlines() and "\n\n\n" not in markdown
+    # And the JSON keeps it on every page, as the running header and a page_header block
+    assert data["furniture"] == furniture
+    for page in data["pages"]:
+        assert {"kind": "running header", "text": "CUI (when filled in)"} in page["running"]
+        assert any(b["type"] == "page_header" and "CUI" in b["text"] for b in page["blocks"])
+
+
+def test_the_offline_engines_furniture_comments_follow_the_documents_choice_too() -> None:
+    text = "<!-- running header: ACME Ltd -->\n\nBody text of the page.\n\n<!-- page number: 7 -->"
+    pages = [pages_of(FORM, 1)[0]._replace(text=text)]
+    assert "<!-- page number: 7 -->" in render_markdown(document(1), pages)
+    dropped = render_markdown(document(1)._replace(furniture="drop"), pages)
+    assert "ACME" not in dropped and "7" not in dropped.split("-->", 2)[2] and "Body text of the page." in dropped
+    kept = render_markdown(document(1)._replace(furniture="keep"), pages).splitlines()
+    assert "ACME Ltd" in kept and "7" in kept and not any("running header" in line for line in kept)
+
+
 def test_a_footer_whose_page_number_changes_is_one_running_footer() -> None:
     # Given pages whose last line is the same but for its page number, above bodies of their own
     bodies = ["Alpha opens here\nand goes on", "Beta starts there\nthen stops", "Gamma comes last\nto end it"]

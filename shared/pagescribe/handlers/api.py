@@ -97,6 +97,19 @@ class CreateDocumentRequest(BaseModel):
         "markdown and the JSON, its rows keeping their pages. false: each page's tables stay its own. Absent: the "
         "stack's MERGE_TABLES (on).",
     )
+    furniture: Literal["mark", "drop", "keep"] | None = Field(
+        default=None,
+        description="How the markdown shows running headers, footers and page numbers: mark (as comments), drop (not "
+        "at all: the JSON keeps them as page_header, page_footer and page_number blocks) or keep (as text). Absent: "
+        "the stack's FURNITURE (mark).",
+    )
+    profile: Literal["faithful", "clean"] | None = Field(
+        default=None,
+        description="faithful: everything on the page as it stands (the stack's PROMPT; furniture marked). clean: "
+        "the page for reading and retrieval (a prompt that leaves out running headers, footers and page numbers, "
+        "writes tables as HTML and mathematics as LaTeX; furniture dropped). A prompt or furniture given as well "
+        "wins. Absent: faithful.",
+    )
 
     @field_validator(
         "model", "escalation_model", "prompt"
@@ -462,6 +475,8 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             second_read=request.second_read,
             chunks=request.chunks,
             merge_tables=request.merge_tables,
+            furniture=request.furniture,
+            profile=request.profile,
         ),
         _tenant(),
         idempotency_key=_header("Idempotency-Key"),
