@@ -3,7 +3,8 @@
 A benchmark directory holds JSONL files, one test a line, and the PDFs under ``pdfs/``. Each test names a ``pdf``
 (relative to ``pdfs/``), a 1-based ``page``, an ``id`` and a ``type``; the other keys are the type's fields. This is a
 reimplementation of the semantics of ``olmocr/bench/tests.py`` and ``olmocr/bench/table_parsing.py`` (read at commit
-f7cfe4c2), standard library only.
+f7cfe4c2), with the standard library and, where olmocr thresholds rapidfuzz's ``partial_ratio``
+(``format``, ``footnote``), rapidfuzz.
 
 Normalisation (theirs: ``normalize_text``, tests.py lines 47-80), applied to the page and to every text a rule names:
 ``<br>`` becomes a space; ``<b>``/``<i>`` tags and paired ``**``/``__``/``*``/``_`` emphasis on one line are removed
@@ -31,7 +32,23 @@ Rules:
   the nearest cells in that direction (several when spans differ), ``top_heading`` / ``left_heading`` by one of the
   heading cells met walking up / left from the cell, or when there are none, by one of the cells where the walk
   ends (``TableData._walk_heading_relations``, table_parsing.py lines 36-67).
-* Other types (``math``, ``baseline``, ``format``, ``footnote``...) are reported unsupported, not scored.
+* ``baseline`` (``BaselineTest``, lines 484-546; ``olmocr/repeatdetect.py``): fields ``max_length`` (a blank-page
+  check: passes when the page's letters and digits number at most that, and nothing else is checked),
+  ``max_length_skips_image_alt_tags`` (markdown images left out of that count), ``max_repeats`` (default 30),
+  ``check_disallowed_characters`` (default true). Otherwise fails on a page without a letter or digit, on one whose end
+  repeats an n-gram of 1 to 5 characters (whitespace runs as one space) more than ``max_repeats`` times, and, when
+  checked, on CJK ideographs, kana and emoji.
+* ``format`` (``FormatTest``, lines 230-339): fields ``text``, ``format`` (``heading``, ``bold`` or ``italic``),
+  ``case_sensitive`` (default true), ``max_diffs``. The texts the page writes in that format (markdown ``#`` headings
+  and ``<h1>``-``<h6>``; ``**``/``__`` and ``<b>``/``<strong>``; single ``*``/``_`` and ``<i>``/``<em>``) are found
+  by olmocr's own patterns on the page as written and normalised; passes when one matches ``text`` by rapidfuzz's
+  ``partial_ratio`` at ``1 - max_diffs / len(text)``, as theirs.
+* ``footnote`` (``FootnoteTest``, lines 617-763): fields ``marker`` (no whitespace), ``appears_before_marker``,
+  ``appears_after_marker``, ``max_diffs``. The marker is found as ``[^marker]`` (not a definition),
+  ``<sup>marker</sup>`` or, for digits, in Unicode superscript digits; the texts, compared as letters and digits only,
+  lower case, must end the 200 characters before (begin the 200 after) one of its occurrences by ``partial_ratio``
+  against a window twice the text's length, as theirs.
+* ``math`` (rendered with KaTeX and compared as rendered) is reported unsupported, not scored.
 
 Deviations from olmocr:
 
@@ -74,10 +91,19 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pagescribe.scoring import substring_distances
+from rapidfuzz import fuzz
 
-SUPPORTED_TYPES = frozenset({"present", "absent", "order", "table"})
+SUPPORTED_TYPES = frozenset({"present", "absent", "order", "table", "baseline", "format", "footnote"})
 
-_TEXT_FIELDS = {"present": ("text",), "absent": ("text",), "order": ("before", "after"), "table": ("cell",)}
+_TEXT_FIELDS = {
+    "present": ("text",),
+    "absent": ("text",),
+    "order": ("before", "after"),
+    "table": ("cell",),
+    "format": ("text", "format"),
+    "footnote": ("marker",),
+    "baseline": (),
+}
 _RELATIONS = ("up", "down", "left", "right", "top_heading", "left_heading")
 _MAX_COLSPAN = 1000
 
@@ -175,8 +201,8 @@ def check(test: BenchTest, page_text: str) -> RuleResult:
         supported = ", ".join(sorted(SUPPORTED_TYPES))
         return RuleResult(test.id, test.type, None, f"unsupported rule type {test.type!r} (supported: {supported})")
     page = _HTML_COMMENT.sub(" ", page_text)
-    if test.type == "table":
-        passed, explanation = _check_table(test.fields, page)
+    if test.type in _ON_THE_PAGE_AS_WRITTEN:
+        passed, explanation = _ON_THE_PAGE_AS_WRITTEN[test.type](test.fields, page)
     elif test.type == "order":
         passed, explanation = _check_order(test.fields, _normalise(page).strip())
     else:
@@ -219,9 +245,11 @@ def _validate_fields(rule: str, fields: dict[str, Any]) -> None:
         value = fields.get(name)
         if not isinstance(value, str):
             raise ValueError(f"a {rule} test needs a string {name!r}, not {value!r}")
-        if rule != "table" and not _normalise(value).strip():
+        if rule not in ("table", "footnote") and not _normalise(value).strip():
             raise ValueError(f"{name!r} is blank")
-    if rule in ("present", "absent"):
+    if rule in _VALIDATORS:
+        _VALIDATORS[rule](fields)
+    elif rule in ("present", "absent"):
         _validate_presence(fields)
     elif rule == "order":
         shortest = min(len(_normalise(fields["before"])), len(_normalise(fields["after"])))
@@ -571,3 +599,156 @@ def _check_table(fields: dict[str, Any], page: str) -> tuple[bool, str]:
     if not failures:
         return False, f"no cell matches {_quote(cell_text)} in {len(tables)} table(s)"
     return False, f"cells match {_quote(cell_text)} but not their neighbours: {'; '.join(failures[:3])}"
+
+
+# --- baseline, format, footnote ---------------------------------------------------------------------------------------
+
+_DISALLOWED = re.compile(
+    "[\u4e00-\u9fff\u3040-\u309f\u30a0-\u30ff\U0001f600-\U0001f64f\U0001f300-\U0001f5ff\U0001f680-\U0001f6ff"
+    "\U0001f1e0-\U0001f1ff]"
+)  # CJK ideographs, hiragana, katakana, emoji (olmocr's BaselineTest)
+_IMAGE = re.compile(r"!\[.*?\]\(.*?\)")
+_FORMATS = {
+    "heading": ((r"^#{1,6}\s+(.+?)$", re.MULTILINE), (r"<h[1-6][^>]*>(.*?)</h[1-6]>", re.IGNORECASE | re.DOTALL)),
+    "bold": (
+        (r"\*\*(.*?)\*\*", re.DOTALL),
+        (r"__(.*?)__", re.DOTALL),
+        (r"<b[^>]*>(.*?)</b>", re.IGNORECASE | re.DOTALL),
+        (r"<strong[^>]*>(.*?)</strong>", re.IGNORECASE | re.DOTALL),
+    ),
+    "italic": (
+        (r"(?<!\*)\*(?!\*)(.*?)(?<!\*)\*(?!\*)", re.DOTALL),
+        (r"(?<!_)_(?!_)(.*?)(?<!_)_(?!_)", re.DOTALL),
+        (r"<i[^>]*>(.*?)</i>", re.IGNORECASE | re.DOTALL),
+        (r"<em[^>]*>(.*?)</em>", re.IGNORECASE | re.DOTALL),
+    ),
+}
+_SUPERSCRIPT = str.maketrans("0123456789", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+_FOOTNOTE_REACH = 200  # characters looked at before and after a marker
+
+
+def _alnum_count(text: str) -> int:
+    return sum(char.isalnum() for char in text)
+
+
+def ngram_repeats(text: str, max_size: int = 5) -> list[int]:
+    """For each n from 1 to ``max_size``: how many times the text's last n characters repeat back to back at its end
+    (whitespace runs counted as one space), as olmocr's RepeatDetector counts them."""
+    text = re.sub(r"\s+", " ", text)
+    counts = [0] * max_size
+    for size in range(1, max_size + 1):
+        if len(text) < size:
+            continue
+        target, at = text[-size:], len(text) - size
+        while at >= 0 and text[at : at + size] == target:
+            counts[size - 1] += 1
+            at -= size
+    return counts
+
+
+def _check_baseline(fields: dict[str, Any], page: str) -> tuple[bool, str]:
+    max_length = fields.get("max_length")
+    if max_length is not None:
+        counted = _IMAGE.sub("", page) if fields.get("max_length_skips_image_alt_tags", False) else page
+        length = _alnum_count(counted)
+        if length > max_length:
+            return False, f"{length} characters were output for a page expected to be blank (max_length {max_length})"
+        return True, ""
+    if not _alnum_count(page):
+        return False, "the text has no letter or digit"
+    limit = fields.get("max_repeats", 30)
+    for size, repeats in enumerate(ngram_repeats(page), start=1):
+        if repeats > limit:
+            return False, f"the text ends with {repeats} repeats of a {size}-character n-gram (max_repeats {limit})"
+    found = _DISALLOWED.findall(page)
+    if fields.get("check_disallowed_characters", True) and found:
+        return False, f"the text has disallowed characters: {''.join(found[:10])!r}"
+    return True, ""
+
+
+def _check_format(fields: dict[str, Any], page: str) -> tuple[bool, str]:
+    text, kind, max_diffs = _normalise(fields["text"]), fields["format"], fields.get("max_diffs", 0)
+    found = [_normalise(match) for pattern, flags in _FORMATS[kind] for match in re.findall(pattern, page, flags)]
+    if not fields.get("case_sensitive", True):
+        text, found = text.lower(), [candidate.lower() for candidate in found]
+    threshold = 1.0 - max_diffs / (len(text) or 1)
+    if any(fuzz.partial_ratio(text, candidate) / 100.0 >= threshold for candidate in found):
+        return True, ""
+    return False, f"{_quote(text)} not found as {kind} text ({len(found)} {kind} text(s) on the page)"
+
+
+def _footnote_markers(marker: str, page: str) -> list[tuple[int, int]]:
+    spans = [m.span() for m in re.finditer(rf"\[\^{re.escape(marker)}\](?!:)", page)]
+    spans += [m.span() for m in re.finditer(rf"<sup[^>]*>{re.escape(marker)}</sup>", page, re.IGNORECASE)]
+    if marker.isascii() and marker.isdigit():
+        spans += [m.span() for m in re.finditer(re.escape(marker.translate(_SUPERSCRIPT)), page)]
+    return spans
+
+
+def _letters(text: str) -> str:
+    return "".join(char for char in _normalise(text) if char.isalnum()).lower()
+
+
+def _next_to(target: str, texts: Iterable[str], max_diffs: int, *, before: bool) -> bool:
+    """Some text (cleaned to letters and digits) has ``target`` at its end (``before``) or start, as olmocr checks it:
+    partial_ratio against a window twice the target's length."""
+    wanted = _letters(target)
+    threshold = 1.0 - max_diffs / (len(target) or 1)
+    for text in map(_letters, texts):
+        if text:
+            length = min(len(text), 2 * len(wanted))
+            window = text[-length:] if before else text[:length]
+            if fuzz.partial_ratio(wanted, window) / 100.0 >= threshold:
+                return True
+    return False
+
+
+def _check_footnote(fields: dict[str, Any], page: str) -> tuple[bool, str]:
+    marker, max_diffs = fields["marker"], fields.get("max_diffs", 0)
+    spans = _footnote_markers(marker, page)
+    if not spans:
+        return False, f"footnote marker {marker!r} not found as [^{marker}], <sup>{marker}</sup> or superscript"
+    failures = []
+    before, after = fields.get("appears_before_marker"), fields.get("appears_after_marker")
+    if before and not _next_to(
+        before, (page[max(0, a - _FOOTNOTE_REACH) : a] for a, _ in spans), max_diffs, before=True
+    ):
+        failures.append(f"{_quote(before)} not found before marker {marker!r}")
+    if after and not _next_to(after, (page[b : b + _FOOTNOTE_REACH] for _, b in spans), max_diffs, before=False):
+        failures.append(f"{_quote(after)} not found after marker {marker!r}")
+    return not failures, "; ".join(failures)
+
+
+def _validate_baseline(fields: dict[str, Any]) -> None:
+    for name in ("max_length", "max_repeats"):
+        value = fields.get(name)
+        if value is not None and (not _is_int(value) or value < 0):
+            raise ValueError(f"{name!r} must be an integer >= 0 or null, not {value!r}")
+    for name in ("max_length_skips_image_alt_tags", "check_disallowed_characters"):
+        if not isinstance(fields.get(name, False), bool):
+            raise ValueError(f"{name!r} must be true or false, not {fields[name]!r}")
+
+
+def _validate_format(fields: dict[str, Any]) -> None:
+    if fields["format"] not in _FORMATS:
+        raise ValueError(f"'format' must be heading, bold or italic, not {fields['format']!r}")
+    if not isinstance(fields.get("case_sensitive", True), bool):
+        raise ValueError(f"'case_sensitive' must be true or false, not {fields['case_sensitive']!r}")
+
+
+def _validate_footnote(fields: dict[str, Any]) -> None:
+    if not fields["marker"] or " " in fields["marker"]:
+        raise ValueError(f"'marker' must be non-empty and hold no space, not {fields['marker']!r}")
+    for name in ("appears_before_marker", "appears_after_marker"):
+        value = fields.get(name)
+        if value is not None and (not isinstance(value, str) or (value and not _normalise(value).strip())):
+            raise ValueError(f"{name!r} must be a string with text, or null, not {value!r}")
+
+
+_ON_THE_PAGE_AS_WRITTEN = {
+    "table": _check_table,
+    "baseline": _check_baseline,
+    "format": _check_format,
+    "footnote": _check_footnote,
+}  # the rules that read the page as written (comments removed), not normalised first
+_VALIDATORS = {"baseline": _validate_baseline, "format": _validate_format, "footnote": _validate_footnote}

@@ -319,15 +319,98 @@ def test_ignore_markdown_tables_looks_at_html_tables_only() -> None:
 
 
 def test_unsupported_types_are_reported_not_scored() -> None:
-    # Given a math rule and a baseline rule, which are not implemented
+    # Given a math rule, which is not implemented
     math = BenchTest(id="arxiv_00", pdf="arxiv.pdf", page=1, type="math", fields={"math": "x^2"})
-    baseline = BenchTest(id="blank_00", pdf="blank.pdf", page=1, type="baseline", fields={"max_length": 10})
-    # When checked / Then neither passes nor fails, and the explanation says so
-    for test in (math, baseline):
-        result = check(test, PAGE)
-        assert result == RuleResult(test.id, test.type, None, result.explanation)
-        assert "unsupported rule type" in result.explanation
-    assert frozenset({"present", "absent", "order", "table"}) == SUPPORTED_TYPES
+    # When checked / Then it neither passes nor fails, and the explanation says so
+    result = check(math, PAGE)
+    assert result == RuleResult(math.id, math.type, None, result.explanation)
+    assert "unsupported rule type" in result.explanation
+    assert {"present", "absent", "order", "table", "baseline", "format", "footnote"} == SUPPORTED_TYPES
+
+
+def _rule(kind: str, **fields: Any) -> BenchTest:
+    return BenchTest(id=f"{kind}_00", pdf="doc.pdf", page=1, type=kind, fields=fields)
+
+
+# Cases from olmocr's own unit tests of these rules (tests/test_tests.py at f7cfe4c2: TestBaselineTest,
+# TestFormatTest, TestFootnoteTest), with the outcome their implementation asserts
+BASELINE_CASES = [
+    ({}, "This is some normal content", True),
+    ({}, "   \n\t  ", False),
+    ({"max_repeats": 2}, "abc" * 10, False),
+    ({}, "This has Chinese characters: \u4f60\u597d", False),
+    ({}, "This has emoji: \U0001f60a", False),
+    ({}, "asdfasdfas\u7dad\u57fa\u767e\u79d1/\u4e2d\u6587asdfw", False),
+    ({}, "This is some normal content with proper English letters and no suspicious repetition.", True),
+    ({"max_length": 10, "max_length_skips_image_alt_tags": True}, "Hello ![Diagram 100, 101, 102](p.png) World", True),
+    ({"max_length": 10}, "Hello ![Diagram 100, 101, 102](p.png) World", False),
+]
+FORMAT_CASES = [
+    ({"text": "Chapter One", "format": "heading"}, "# Chapter One\nSome text here", True),
+    ({"text": "Chapter One", "format": "heading"}, "### Chapter One\nSome text here", True),
+    ({"text": "Chapter One", "format": "heading"}, "<h3>Chapter One</h3>\nSome text here", True),
+    ({"text": "important", "format": "bold"}, "This is **important** text", True),
+    ({"text": "important", "format": "bold"}, "This is __important__ text", True),
+    ({"text": "important", "format": "bold"}, "This is important text", False),
+    ({"text": "important", "format": "bold"}, "This is <strong>important</strong> text", True),
+    ({"text": "emphasis", "format": "italic"}, "This has *emphasis* here", True),
+    ({"text": "emphasis", "format": "italic"}, "This has **emphasis** here", False),
+    ({"text": "emphasis", "format": "italic"}, "This has <em>emphasis</em> here", True),
+    ({"text": "Chapter One", "format": "heading", "case_sensitive": False}, "# CHAPTER ONE", True),
+    ({"text": "Chapter One", "format": "heading"}, "# CHAPTER ONE", False),
+]
+FOOTNOTE_CASES = [
+    ({"marker": "2"}, "This is some text[^2] with a footnote.\n\n[^2]: This is the footnote text.", True),
+    ({"marker": "2"}, "This is some text<sup>2</sup> with a footnote.", True),
+    ({"marker": "2"}, "This is some text\u00b2 with a footnote.", True),
+    ({"marker": "2"}, "This text has no footnote markers.", False),
+    ({"marker": "1", "appears_before_marker": "important fact"}, "This is an important fact[^1] in it.", True),
+    ({"marker": "1", "appears_before_marker": "important fact"}, "This is an important fact\t[^1] in it.", True),
+    ({"marker": "1", "appears_before_marker": "important fact"}, "Something else[^1] important fact later.", False),
+    ({"marker": "3", "appears_after_marker": "that needs citation"}, "A statement \u00b3that needs citation.", True),
+    (
+        {"marker": "3", "appears_after_marker": "that needs citation"},
+        "This is a statement that needs citation before [^3] the marker.",
+        False,
+    ),
+    (
+        {"marker": "1", "appears_before_marker": "important fact", "appears_after_marker": "documented here"},
+        "This is an important fact[^1] and also[^1] documented here.",
+        True,
+    ),
+    (
+        {"marker": "1", "appears_before_marker": "important fact", "appears_after_marker": "documented here"},
+        "This is something else[^1] documented here.",
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "page", "passes"),
+    [("baseline", *case) for case in BASELINE_CASES]
+    + [("format", *case) for case in FORMAT_CASES]
+    + [("footnote", *case) for case in FOOTNOTE_CASES],
+)
+def test_baseline_format_and_footnote_rules_give_olmocrs_own_outcomes(
+    kind: str, fields: dict[str, Any], page: str, passes: bool
+) -> None:
+    result = check(_rule(kind, **fields), page)
+    assert result.passed is passes, result.explanation
+    assert bool(result.explanation) is not passes  # a failure says why
+
+
+def test_baseline_ignores_page_markers_and_a_bad_field_is_refused_naming_it() -> None:
+    # Given a page that is nothing but our markers
+    assert check(_rule("baseline"), "<!-- page 1 of 2 (fake m) -->\n\n").passed is False
+    # And fields olmocr would refuse
+    for kind, fields, named in (
+        ("format", {"text": "x", "format": "underline"}, "'format'"),
+        ("footnote", {"marker": "1 2"}, "'marker'"),
+        ("baseline", {"max_repeats": -1}, "'max_repeats'"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            _rule(kind, **fields)
 
 
 def test_pass_rates_count_passed_and_scored_per_type() -> None:
