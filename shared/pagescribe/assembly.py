@@ -126,13 +126,57 @@ def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
     texts = [page.current_text or "" for page in pages]
     running = running_furniture(texts)
     lines = [_furnished(text, furniture, document.furniture) for text, furniture in zip(texts, running, strict=True)]
+    parsed = _parsed(pages, running) if document.merge_tables or any(page.figures for page in pages) else {}
+    for page, page_lines in zip(pages, lines, strict=True):
+        if page.figures:
+            _place_figures(page, page_lines, parsed[page.page_number])
     if document.merge_tables:
-        _join_tables(pages, lines, _parsed(pages, running))
+        _join_tables(pages, lines, parsed)
     for page, page_lines in zip(pages, lines, strict=True):
         body = _FORGED_MARKER.sub(FORGED_MARKER_SHOWN, "\n".join(page_lines))
         body = (_BLANK_LINES.sub("\n\n", body) if document.furniture == "drop" else body).strip()
         parts.append(_page_marker(page, page_count) + ("\n\n" + body if body else ""))
     return "\n\n".join(parts) + "\n"
+
+
+def figure_links(page: PageRecord, blocks: Sequence[Block]) -> list[tuple[dict[str, Any], Block | None, Block | None]]:
+    """Each figure kept from the page (top to bottom) with the figure block it stands for (the page's figure blocks
+    in order, as far as they go) and that block's caption (the caption block right after it, or right before)."""
+    figures = [block for block in blocks if block.type.value == "figure"]
+    linked = []
+    for at, kept in enumerate(page.figures):
+        block = figures[at] if at < len(figures) else None
+        caption = None
+        if block is not None:
+            index = blocks.index(block)
+            near = [blocks[i] for i in (index + 1, index - 1) if 0 <= i < len(blocks)]
+            caption = next((other for other in near if other.type.value == "caption"), None)
+        linked.append((kept, block, caption))
+    return linked
+
+
+def _figure_line(kept: dict[str, Any], block: Block | None, caption: Block | None) -> str:
+    """The markdown image of a kept figure, its alt text the caption or the model's description, its link relative
+    to the transcript (``<document id>/figures/...``)."""
+    said = (caption.plain if caption is not None else "") or (block.plain if block is not None else "") or "figure"
+    alt = _WHITESPACE.sub(" ", said).replace("[", "(").replace("]", ")").strip()
+    key = str(kept["key"])
+    relative = "/".join(key.split("/")[-3:])  # <document id>/figures/<name>, beside <document id>.md
+    return f"![{alt}]({relative})"
+
+
+def _place_figures(page: PageRecord, lines: list[str], blocks: Sequence[Block]) -> None:
+    """Each kept figure shown in the page's lines: in place of the figure block it stands for (line for line, the
+    block's other lines left blank), or after the page's text where the answer has no figure block left for it."""
+    text = page.current_text or ""
+    extra = []
+    for kept, block, caption in figure_links(page, blocks):
+        if block is None:
+            extra.append(_figure_line(kept, None, None))
+            continue
+        first, last = _line_of(text, block.start), _line_of(text, block.end - 1)
+        lines[first : last + 1] = [_figure_line(kept, block, caption)] + [""] * (last - first)
+    lines.extend(["", *extra] if extra else [])
 
 
 def _parsed(pages: Sequence[PageRecord], running: Sequence[dict[int, str]]) -> dict[int, list[Block]]:
@@ -246,6 +290,20 @@ def page_blocks(page: PageRecord, parsed: Sequence[Block]) -> list[dict[str, Any
             ]
         blocks.append(entry)
     return blocks
+
+
+def _figures_json(page: PageRecord, blocks: Sequence[Block]) -> list[dict[str, Any]]:
+    """The figures kept from the page: each its key in the bucket, its box on the page image (and in points), and
+    the ids of the figure block it stands for and of that block's caption."""
+    return [
+        {
+            "key": kept["key"],
+            "bbox": _box(kept["bbox"], kept.get("points_per_pixel")),
+            "block": f"p{page.page_number}-{block.id}" if block is not None else None,
+            "caption": f"p{page.page_number}-{caption.id}" if caption is not None else None,
+        }
+        for kept, block, caption in figure_links(page, blocks)
+    ]
 
 
 def _joined_tables(parsed: dict[int, list[Block]], blocks: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -365,6 +423,7 @@ def transcript_json(
                 ],
                 "grounding": page_grounding(p),
                 "blocks": blocks[p.page_number],
+                "figures": _figures_json(p, parsed[p.page_number]),
                 "model": p.model,
                 "provider": p.provider,
                 "escalated": p.escalation is not None,
@@ -414,6 +473,13 @@ class TranscriptWriter:
         suffix = _IMAGE_SUFFIXES.get(media_type, "img")
         key = f"{self._settings.transcript_prefix}{document.document_id}/pages/{page_number:04d}.{suffix}"
         self._objects.put_bytes(document.bucket, key, data, content_type=media_type)
+        return key
+
+    def keep_figure(self, document: DocumentRecord, page_number: int, number: int, data: bytes) -> str:
+        """Store a figure cropped from a page beside the transcript, under
+        ``<transcript prefix><document id>/figures/p<page>-<n>.png``; its key. Storing it again overwrites it."""
+        key = f"{self._settings.transcript_prefix}{document.document_id}/figures/p{page_number:04d}-{number}.png"
+        self._objects.put_bytes(document.bucket, key, data, content_type="image/png")
         return key
 
     def finish(self, document_id: str) -> DocumentStatus | None:

@@ -628,8 +628,15 @@ PAGE_RERUN_STATE = """
 # page stores the same render under the same key, and the page's result is written apart from it.
 KEEP_PAGE_IMAGE = "UPDATE jobs SET image_key = %(image_key)s WHERE id = %(job_id)s"
 
+# The figures cropped from the page's image and stored beside the transcript: their keys and boxes.
+KEEP_FIGURES = "UPDATE jobs SET figures = %(figures)s WHERE id = %(job_id)s"
+
 PAGE_IMAGE = """
     SELECT image_key, status FROM jobs WHERE document_id = %(document_id)s AND page_number = %(page_number)s
+    """
+
+PAGE_FIGURES = """
+    SELECT figures FROM jobs WHERE document_id = %(document_id)s AND page_number = %(page_number)s
     """
 
 # Each page with its current correction: the latest one made on the page's latest round of answers (the primary key
@@ -637,7 +644,7 @@ PAGE_IMAGE = """
 LOAD_PAGES = """
     SELECT j.page_number, j.status, j.attempts, j.result_text, j.finish_reason, j.error, j.prompt_tokens,
            j.completion_tokens, j.cost, j.model, j.provider, j.provider_request_id, j.flags, j.escalation,
-           j.confidence, j.grounding, c.revision AS corrected_revision, c.markdown AS corrected_markdown,
+           j.confidence, j.grounding, j.figures, c.revision AS corrected_revision, c.markdown AS corrected_markdown,
            c.created_at AS corrected_at
     FROM jobs j
     LEFT JOIN LATERAL (
@@ -1068,6 +1075,7 @@ def _pages(rows: Sequence[Any]) -> list[PageRecord]:
                 else None
             ),
             grounding=r.grounding,
+            figures=r.figures or (),
         )
         for r in rows
     ]
@@ -1448,6 +1456,14 @@ class Database:
 
     def keep_page_image(self, job: ClaimedJob, image_key: str) -> None:
         self._rows(KEEP_PAGE_IMAGE, {"job_id": job.job_id, "image_key": image_key})
+
+    def keep_figures(self, job: ClaimedJob, figures: list[dict[str, Any]]) -> None:
+        self._rows(KEEP_FIGURES, {"job_id": job.job_id, "figures": Jsonb(figures)})
+
+    def page_figures(self, document_id: str, page_number: int) -> list[dict[str, Any]] | None:
+        """The figures kept from the page (key, bbox), in order; None for no such page."""
+        row = self._row(PAGE_FIGURES, {"document_id": document_id, "page_number": page_number})
+        return list(row.figures or ()) if row is not None else None
 
     def page_image(self, document_id: str, page_number: int) -> PageImageRecord | None:
         """The page's status and the key of its kept image (None when none was kept); None for no such page."""

@@ -281,6 +281,7 @@ class PageRecord(NamedTuple):
     confidence: float | None = None  # the offline engine's mean recognition confidence of the kept answer
     correction: PageCorrection | None = None  # the latest correction made after the page's latest answer
     grounding: dict[str, Any] | None = None  # the kept answer aligned to the page's own text, where it could be
+    figures: Sequence[dict[str, Any]] = ()  # the figures cropped from its image and stored: key, bbox (pixels)
 
     @property
     def current_text(self) -> str | None:

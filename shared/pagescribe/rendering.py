@@ -55,7 +55,7 @@ _FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
 _MAX_META_BYTES = 16 << 20
 _MAX_BLOB_BYTES = 1 << 30
 # what RenderedPage says of the page besides its pixels
-_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation", "laid_out_text", "points_per_pixel")
+_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation", "laid_out_text", "points_per_pixel", "figures")
 
 
 @dataclass(frozen=True)
@@ -415,7 +415,8 @@ class RenderPool:
             str(result["media_type"]),
             int(result["width"]),
             int(result["height"]),
-            **{field: result[field] for field in _SEEN_FIELDS},
+            **{field: result[field] for field in _SEEN_FIELDS if field != "figures"},
+            figures=tuple((box[0], box[1], box[2], box[3]) for box in result["figures"]),
             words=_evidence(result.get("words")),
         )
 

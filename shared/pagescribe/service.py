@@ -514,6 +514,22 @@ class DocumentService:
         url = self._objects.presign_get(document.bucket, page.image_key, expires_in=expires_in)
         return PageImageAnswer(url, None, expires_in)
 
+    def page_figures(self, document_id: str, page_number: int, tenant: str) -> tuple[list[dict[str, Any]], int] | None:
+        """Short-lived links to the figures kept from the page (each with its box on the page image), and how long
+        they last; None for an unknown document (or another tenant's) or page."""
+        document = self._document(document_id, tenant)
+        figures = self._db.page_figures(document.document_id, page_number) if document is not None else None
+        if document is None or figures is None:
+            return None
+        expires_in = self._settings.image_url_expiry_seconds
+        return [
+            {
+                "url": self._objects.presign_get(document.bucket, figure["key"], expires_in=expires_in),
+                "bbox": figure["bbox"],
+            }
+            for figure in figures
+        ], expires_in
+
     def retry(self, document_id: str, tenant: str) -> list[int] | None:
         """Requeue the FAILED pages and send them (after the commit); the pages retried, or None if unknown."""
         document = self._document(document_id, tenant)

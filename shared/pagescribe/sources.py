@@ -101,6 +101,7 @@ class RenderedPage:
     laid_out_text: str = ""  # PDF, when it draws but renders blank: its text layer in reading order, to stand in for it
     words: PageText | None = None  # PDF, when asked for and usable: its text layer's words placed on the image
     points_per_pixel: float | None = None  # PDF, not turned: the page's points per pixel of the image (for boxes)
+    figures: tuple[tuple[int, int, int, int], ...] = ()  # PDF, not turned: its pictures' boxes (pixels), see below
 
 
 @dataclass(frozen=True)
@@ -346,6 +347,7 @@ class PageSeen:
     text_layer: str = ""
     laid_out_text: str = ""
     points_per_pixel: float | None = None
+    figures: tuple[tuple[int, int, int, int], ...] = ()
 
 
 _INK_SAMPLE = 4  # ink is estimated from every 4th pixel of every 4th row; a page with none there is counted whole
@@ -399,6 +401,7 @@ def _encode(
         rotation=seen.rotation,
         laid_out_text=seen.laid_out_text,
         points_per_pixel=seen.points_per_pixel,
+        figures=seen.figures,
     )
 
 
@@ -555,6 +558,53 @@ def _laid_out_text(page: pdfium.PdfPage) -> str:
     return _HYPHENATION_BREAK.sub("", boxes_to_text(boxes)).strip() if boxes else ""
 
 
+MAX_FIGURES_PER_PAGE = 8  # the largest pictures of a page kept as figures
+FIGURE_MIN_SHARE = 0.01  # a picture covers at least this share of the page to be a figure (no icon, rule or dot)
+FIGURE_MAX_SHARE = 0.9  # ... and at most this share (a page-sized picture is a scan of the page, not a figure in it)
+
+
+def figure_regions(
+    page: pdfium.PdfPage, points_per_pixel: float, size: tuple[int, int]
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The boxes (pixels of the page image, top left origin) of the page's pictures that are figures: each image
+    object's visible extent covering FIGURE_MIN_SHARE to FIGURE_MAX_SHARE of the page, the MAX_FIGURES_PER_PAGE
+    largest, top to bottom. Drawings made of paths are not found (a chart drawn with lines stays the model's to
+    describe)."""
+    left, bottom, right, top = page.get_bbox()
+    area = max((right - left) * (top - bottom), 1.0)
+    found: list[tuple[float, tuple[int, int, int, int]]] = []
+    for picture in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE], max_depth=15):
+        x0, y0, x1, y1 = picture.get_bounds()
+        x0, y0, x1, y1 = max(x0, left), max(y0, bottom), min(x1, right), min(y1, top)
+        share = (x1 - x0) * (y1 - y0) / area if x1 > x0 and y1 > y0 else 0.0
+        if FIGURE_MIN_SHARE <= share <= FIGURE_MAX_SHARE:
+            box = (
+                max(0, round((x0 - left) / points_per_pixel)),
+                max(0, round((top - y1) / points_per_pixel)),
+                min(size[0], round((x1 - left) / points_per_pixel)),
+                min(size[1], round((top - y0) / points_per_pixel)),
+            )
+            found.append((share, box))
+    largest = [box for _, box in sorted(found, key=lambda item: -item[0])[:MAX_FIGURES_PER_PAGE]]
+    return tuple(sorted(largest, key=lambda box: (box[1], box[0])))
+
+
+FIGURE_MAX_EDGE = 1024  # a figure's crop is stored at most this many pixels on its long edge
+
+
+def crop_figures(image: bytes, boxes: Iterable[tuple[int, int, int, int]]) -> list[bytes]:
+    """Each box cut from the page image, at most FIGURE_MAX_EDGE pixels on its long edge, as PNG."""
+    crops = []
+    with Image.open(io.BytesIO(image)) as page:
+        for box in boxes:
+            crop = page.crop(box)
+            crop.thumbnail((FIGURE_MAX_EDGE, FIGURE_MAX_EDGE))
+            buffer = io.BytesIO()
+            crop.convert("RGB").save(buffer, format="PNG", compress_level=3)
+            crops.append(buffer.getvalue())
+    return crops
+
+
 def render_page(
     path: Path,
     kind: DocumentKind,
@@ -586,7 +636,10 @@ def render_page(
                 draws = seen.marked < blank_below and _draws_visibly(page)
                 laid_out = _laid_out_text(page) if draws else ""
                 points = None if seen.rotation else 1 / _pdf_scale(page.get_size(), dpi, max_long_edge)
-                seen = replace(seen, text_layer=text, draws=draws, laid_out_text=laid_out, points_per_pixel=points)
+                figures = figure_regions(page, points, image.size) if points else ()
+                seen = replace(
+                    seen, text_layer=text, draws=draws, laid_out_text=laid_out, points_per_pixel=points, figures=figures
+                )
                 return _encode(image, image_format, jpeg_quality, seen)
     with _open_image(path, kind) as source:
         frames = _frame_count(source, max(page_number, 1))  # walked only as far as the page: None when past it

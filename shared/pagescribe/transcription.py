@@ -12,7 +12,7 @@ import tempfile
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +58,7 @@ from pagescribe.providers.base import (
 from pagescribe.rendering import RenderPool, RenderWorkerError
 from pagescribe.secondread import PendingRead, SecondReader
 from pagescribe.settings import Settings
-from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage
+from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage, crop_figures
 from pagescribe.timebudget import TimeBudget
 
 if TYPE_CHECKING:  # grounding (rapidfuzz, markdown-it) is loaded by the first answer grounded
@@ -224,6 +224,7 @@ class SourceCache:
 class _Context:
     job: ClaimedJob
     document: DocumentRecord
+    storing: list[asyncio.Task[None]] = field(default_factory=list)  # the page's figures (and image) being stored
 
     @property
     def log_extra(self) -> dict[str, Any]:
@@ -414,12 +415,13 @@ class Transcriber:
                 blank_below=settings.flag_blank_render_threshold,
                 words=True,
             )
-        keeping = asyncio.create_task(self._keep_image(ctx, rendered)) if settings.keep_page_images else None
+        keeping = [self._keep_image(ctx, rendered)] if settings.keep_page_images else []
+        keeping += [self._keep_figures(ctx, rendered)] if rendered.figures else []
+        ctx.storing.extend(asyncio.create_task(work) for work in keeping)
         try:
             return await self._answer(ctx, rendered, _Asked(model, earlier, escalated_to, admitted), remaining_seconds)
         finally:
-            if keeping is not None:
-                await keeping  # stored while the model answered; the invocation does not end before it is
+            await self._stored(ctx)  # stored while the model answered; the invocation does not end before they are
 
     async def _answer(
         self, ctx: _Context, rendered: RenderedPage, asked: _Asked, remaining_seconds: Callable[[], float]
@@ -455,6 +457,22 @@ class Transcriber:
         if rendered.words is None and not self._settings.uses_offline_provider:
             reading = self._reader.start(rendered, mode=mode, remaining_seconds=remaining_seconds())
         return _Seen(rendered, evidence, reading, mode, remaining_seconds)
+
+    async def _keep_figures(self, ctx: _Context, rendered: RenderedPage) -> None:
+        """Crop the page's figures from its image, store them beside the transcript and note their keys and boxes on
+        the page. A page whose figures could not be kept is transcribed all the same: logged and counted."""
+        try:
+            crops = await asyncio.to_thread(crop_figures, rendered.data, rendered.figures)
+            figures = []
+            for number, (box, crop) in enumerate(zip(rendered.figures, crops, strict=True), start=1):
+                key = await asyncio.to_thread(
+                    self._transcripts.keep_figure, ctx.document, ctx.job.page_number, number, crop
+                )
+                figures.append({"key": key, "bbox": list(box), "points_per_pixel": rendered.points_per_pixel})
+            self._db.keep_figures(ctx.job, figures)
+        except Exception:
+            log.exception("the page's figures could not be kept", extra=ctx.log_extra)
+            count("FiguresNotKept")
 
     async def _keep_image(self, ctx: _Context, rendered: RenderedPage) -> None:
         """Store the image the page is sent to the model as, and note its key on the page. A page whose image could
@@ -593,7 +611,14 @@ class Transcriber:
         reason = rejection(flags, then=f"{instead}, and no model was asked to read a blank image")
         return await self._fail(ctx, reason, NO_OUTCOME._replace(flags=tuple(flag.as_dict() for flag in flags)))
 
+    async def _stored(self, ctx: _Context) -> None:
+        """The page's figures and image stored and noted on it, so that the finish that its end may set off finds
+        them."""
+        while ctx.storing:
+            await ctx.storing.pop()
+
     async def _complete(self, ctx: _Context, outcome: PageOutcome) -> PageResult:
+        await self._stored(ctx)
         progress = self._db.complete_job(ctx.job, outcome)
         if progress is None:
             return self._lease_lost(ctx)
@@ -613,6 +638,7 @@ class Transcriber:
         return PageResult.COMPLETED
 
     async def _fail(self, ctx: _Context, reason: str, outcome: PageOutcome = NO_OUTCOME) -> PageResult:
+        await self._stored(ctx)
         progress = self._db.fail_job(ctx.job, reason, outcome)
         if progress is None:
             return self._lease_lost(ctx)

@@ -81,20 +81,21 @@ def test_a_tenant_cannot_read_retry_or_see_another_tenants_documents(
     pipeline.run_until_idle()
     document_id = created["document_id"]
 
-    # When globex asks for it, its transcript, a retry, a page's image, a page re-run or a page correction; and asks
-    # for an id that does not exist
+    # When globex asks for it, its transcript, a retry, a page's image or figures, a page re-run or a page correction;
+    # and asks for an id that does not exist
     theirs = [
         call("GET", f"/documents/{document_id}", tenants["globex"]),
         call("GET", f"/documents/{document_id}/transcript", tenants["globex"]),
         call("POST", f"/documents/{document_id}/retry", tenants["globex"]),
         call("GET", f"/documents/{document_id}/pages/1/image", tenants["globex"]),
+        call("GET", f"/documents/{document_id}/pages/1/figures", tenants["globex"]),
         call("POST", f"/documents/{document_id}/pages/1/rerun", tenants["globex"], {}),
         call("PUT", f"/documents/{document_id}/pages/1/correction", tenants["globex"], {"markdown": "globex was here"}),
     ]
     unknown = call("GET", "/documents/00000000-0000-0000-0000-000000000000", tenants["globex"])
 
     # Then each answers exactly as for an unknown id: 404, nothing said of the document, and nothing changed
-    assert [code for code, _ in theirs] == [404] * 6
+    assert [code for code, _ in theirs] == [404] * 7
     assert all(body == unknown[1] for _, body in theirs) and unknown[0] == 404
     # And acme (and nobody else, not even the operator's key) reads it
     assert call("GET", f"/documents/{document_id}", tenants["acme"])[0] == 200

@@ -100,6 +100,7 @@ def _counts(db: Database) -> dict[str, int]:
         ("GET", f"/documents/{uuid.UUID(int=1)}/transcript"),
         ("POST", f"/documents/{uuid.UUID(int=1)}/retry"),
         ("PUT", f"/documents/{uuid.UUID(int=1)}/pages/1/correction"),
+        ("GET", f"/documents/{uuid.UUID(int=1)}/pages/1/figures"),
         ("GET", "/no/such/route"),
         ("GET", "/review/vendor/purify.min.js"),  # the review page's files are one segment below /review
         ("GET", "/reviews"),
@@ -270,6 +271,7 @@ def test_unknown_sql_looking_and_non_uuid_ids_get_404_and_touch_nothing(
         ("GET", "/transcript", None),
         ("POST", "/retry", None),
         ("GET", "/pages/1/image", None),
+        ("GET", "/pages/1/figures", None),
         ("POST", "/pages/1/rerun", {}),
         ("PUT", "/pages/1/correction", {"markdown": "text"}),
     ]

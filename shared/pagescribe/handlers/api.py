@@ -287,6 +287,18 @@ class PageImageResponse(BaseModel):
     expires_in: int = Field(description="Seconds the url stays valid")
 
 
+class PageFigure(BaseModel):
+    url: str = Field(description="GET it, with no API key, to read the figure (PNG)")
+    bbox: list[float] = Field(description="Where it stands on the page image: x0, y0, x1, y1 in pixels, top left")
+
+
+class PageFiguresResponse(BaseModel):
+    document_id: str
+    page_number: int
+    figures: list[PageFigure] = Field(description="The figures kept from the page, top to bottom")
+    expires_in: int = Field(description="Seconds the urls stay valid")
+
+
 class RetryResponse(BaseModel):
     document_id: str
     pages_requeued: list[int]
@@ -571,6 +583,29 @@ def get_page_image(document_id: str, page: str) -> PageImageResponse:
     if answer.url is None:
         raise ApiError(HTTPStatus.NOT_FOUND, answer.reason or "the page has no image kept")
     return PageImageResponse(document_id=document_id, page_number=number, url=answer.url, expires_in=answer.expires_in)
+
+
+@app.get(
+    "/documents/<document_id>/pages/<page>/figures",
+    summary="Short-lived links to the figures kept from a page (cropped from its image, stored beside the transcript)",
+    responses={
+        200: {"description": "The links", "content": {"application/json": {"model": PageFiguresResponse}}},
+        400: {"description": "The page is not a page number", "content": _ERROR_CONTENT},
+        404: {"description": "No document has this id, or it has no such page", "content": _ERROR_CONTENT},
+    },
+)
+def get_page_figures(document_id: str, page: str) -> PageFiguresResponse:
+    number = _page_number(page)
+    answer = get_runtime().documents.page_figures(document_id, number, _tenant())
+    if answer is None:
+        raise _not_found()
+    figures, expires_in = answer
+    return PageFiguresResponse(
+        document_id=document_id,
+        page_number=number,
+        figures=[PageFigure.model_validate(figure) for figure in figures],
+        expires_in=expires_in,
+    )
 
 
 @app.post(
