@@ -311,6 +311,22 @@ def test_a_correction_is_saved_and_is_in_the_downloaded_markdown(page: Page, sta
     page.until(lambda d: downloaded.is_file() and "Fixed by a reviewer." in downloaded.read_text(), "the .md arrives")
 
 
+def test_a_pages_kept_figures_are_shown_under_its_text(page: Page, stack: Stack, corpus: Path) -> None:
+    # Given pdfTeX's sample page with a picture, transcribed
+    page.sign_in(stack.api)
+    row = page.drop(corpus / "pdflatex-image.pdf")
+    assert page.finished(row) in FINISHED
+    # When it is opened on the review page
+    row.find_element("css selector", "a").click()
+    page.until(lambda d: page.all("#page-view[data-page]") and page.shown_page() == 1, "page 1 is shown")
+    # Then its kept figure is shown under the text, loaded from the API's short-lived link
+    page.until(lambda d: page.find("#figures").is_displayed(), "the figures are shown")
+    loaded = "return [...document.querySelectorAll('#figures img')].map((img) => img.complete && img.naturalWidth)"
+    page.until(lambda d: page.script(loaded) not in ([], [0], [False]), "the figure loads")
+    [width] = page.script(loaded)
+    assert width > 100 and page.find("#figures img").get_attribute("alt") == "figure 1 of page 1"
+
+
 def test_a_hostile_transcript_is_shown_as_inert_text(page: Page, stack: Stack, corpus: Path) -> None:
     # Given an image whose transcript carries a script, an image with an onerror handler and a javascript: link
     image = corpus / "smile.png"

@@ -398,6 +398,7 @@ function showPage(pageNumber) {
   drawText(page);
   closeEditor();
   loadImage(page.page); // hides the previous page's image at once: the new boxes wait for this page's
+  loadFigures(page);
   drawBoxes(page);
   drawGrounding(page);
 }
@@ -479,6 +480,30 @@ function drawText(page) {
   show("raw", review.raw);
   $("toggle-raw").setAttribute("aria-pressed", String(review.raw));
   $("toggle-raw").textContent = review.raw ? "Rendered" : "Raw";
+}
+
+// The figures kept from the page (cropped from its image, stored beside the transcript): shown under its text from the
+// short-lived links the API gives, not from anything the transcript says.
+async function loadFigures(page) {
+  const strip = $("figures");
+  strip.replaceChildren();
+  show("figures", false);
+  if (!page.figures || page.figures.length === 0) return;
+  try {
+    const path = `documents/${encodeURIComponent(review.id)}/pages/${page.page}/figures`;
+    const links = (await call("GET", path)).json();
+    if (review.current !== page.page) return;
+    strip.append(element("p", `Figures kept from page ${page.page}`, "muted"));
+    links.figures.forEach((figure, at) => {
+      const img = document.createElement("img");
+      img.src = figure.url;
+      img.alt = `figure ${at + 1} of page ${page.page}`;
+      strip.append(img);
+    });
+  } catch (failure) {
+    if (review.current === page.page) strip.append(element("p", `Figures not loaded: ${failure.message}`, "muted"));
+  }
+  show("figures", review.current === page.page);
 }
 
 async function loadImage(pageNumber) {
