@@ -7,7 +7,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pagescribe.aws import ObjectStore
 from pagescribe.checks import PageFlag, describe_flags
@@ -115,7 +115,20 @@ def _furnished(text: str, furniture: dict[int, str], mode: str) -> list[str]:
     return lines
 
 
-def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
+class Read(NamedTuple):
+    """What the finish reads of a document's pages once, for both transcripts: each page's running furniture (by
+    page, as :func:`running_furniture` gives it) and its blocks (by page number)."""
+
+    running: list[dict[int, str]]
+    blocks: dict[int, list[Block]]
+
+
+def read_pages(pages: Sequence[PageRecord]) -> Read:
+    running = running_furniture([page.current_text or "" for page in pages])
+    return Read(running, _parsed(pages, running))
+
+
+def render_markdown(document: DocumentRecord, pages: list[PageRecord], read: Read | None = None) -> str:
     """Pages in order, each opened by a marker that counts the file's own pages and names the page's flags; a page
     that failed says why (its text, if any, is kept). A corrected page shows its correction's text. Running headers,
     footers and page numbers (:func:`running_furniture`) are marked as comments, dropped or kept as text, as the
@@ -124,9 +137,10 @@ def render_markdown(document: DocumentRecord, pages: list[PageRecord]) -> str:
     parts = [f"<!-- pagescribe document {document.document_id}: {_comment_safe(document.object_key)} -->"]
     page_count = document.source_page_count or document.page_count
     texts = [page.current_text or "" for page in pages]
-    running = running_furniture(texts)
+    read = read or read_pages(pages)
+    running = read.running
     lines = [_furnished(text, furniture, document.furniture) for text, furniture in zip(texts, running, strict=True)]
-    parsed = _parsed(pages, running) if document.merge_tables or any(page.figures for page in pages) else {}
+    parsed = read.blocks
     for page, page_lines in zip(pages, lines, strict=True):
         if page.figures:
             _place_figures(page, page_lines, parsed[page.page_number])
@@ -370,16 +384,19 @@ def page_grounding(page: PageRecord) -> dict[str, Any] | None:
 
 
 def transcript_json(
-    document: DocumentRecord, status: DocumentStatus, pages: list[PageRecord], attempts: list[AttemptRecord]
+    document: DocumentRecord,
+    status: DocumentStatus,
+    pages: list[PageRecord],
+    attempts: list[AttemptRecord],
+    read: Read | None = None,
 ) -> dict[str, Any]:
     """The document, its pages (the kept answer's text, or a person's correction of it, with the answer kept as
     ``correction.original_text``; model, flags and running headers and footers) and, per page, every paid call: the
     document's tokens and cost are the sums over all of them, kept or not."""
     by_page: dict[int, list[AttemptRecord]] = {}
-    texts = [p.current_text or "" for p in pages]
-    furniture = running_furniture(texts)
-    running = dict(zip((p.page_number for p in pages), furniture, strict=True))
-    parsed = _parsed(pages, furniture)
+    read = read or read_pages(pages)
+    running = dict(zip((p.page_number for p in pages), read.running, strict=True))
+    parsed = read.blocks
     blocks = {p.page_number: page_blocks(p, parsed[p.page_number]) for p in pages}
     joined = _joined_tables(parsed, blocks) if document.merge_tables else []
     for attempt in attempts:
@@ -530,7 +547,8 @@ class TranscriptWriter:
         """Put the JSON transcript, the chunks cut from it when the document asked for them, then the markdown
         transcript; the markdown's key."""
         markdown_key = self.transcript_key(document.document_id, "md")
-        transcript = transcript_json(document, status, pages, attempts)
+        read = read_pages(pages)
+        transcript = transcript_json(document, status, pages, attempts, read)
         self._objects.put_text(
             document.bucket,
             self.transcript_key(document.document_id, "json"),
@@ -554,7 +572,7 @@ class TranscriptWriter:
         self._objects.put_text(
             document.bucket,
             markdown_key,
-            render_markdown(document, pages),
+            render_markdown(document, pages, read),
             content_type="text/markdown; charset=utf-8",
         )
         return markdown_key
