@@ -15,7 +15,7 @@ from pagescribe.settings import get_settings
 from pagescribe.sources import extract_text_layer
 
 from tests.fakes.chat_server import FakeChatServer
-from tests.integration.test_api import API_KEY, call, upload_through_presigned_url
+from tests.integration.test_api import call, upload_through_presigned_url
 from tests.support.commands import command_environment, pagescribe
 from tests.support.pipeline import Pipeline
 
@@ -23,16 +23,6 @@ pytestmark = pytest.mark.integration
 
 PAPER = Path(__file__).resolve().parents[1] / "data" / "documents" / "hasyv2-paper.pdf"
 _FURNITURE = {"page_header", "page_footer", "page_number"}
-
-
-@pytest.fixture
-def api(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
-    """The pipeline with the API's key, each PDF page read off its own text layer where it has one (no model call)."""
-    monkeypatch.setenv("API_KEY", API_KEY)
-    monkeypatch.setenv("TEXT_LAYER", "auto")
-    shutdown_runtime()
-    get_settings.cache_clear()
-    return pipeline
 
 
 def _words(text: str) -> set[str]:
@@ -54,12 +44,12 @@ def _headings_above(transcript: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def test_the_chunks_of_a_real_paper_keep_rows_whole_within_their_bound_on_the_pages_they_name(
-    api: Pipeline, fake_provider: FakeChatServer
+    text_layer_api: Pipeline, fake_provider: FakeChatServer
 ) -> None:
     # Given the paper transcribed, each page read off its own text layer (no model call)
     _, created = call("POST", "/documents", body={"filename": "hasyv2.pdf", "content_type": "application/pdf"})
-    upload_through_presigned_url(api, created, PAPER.read_bytes())
-    api.run_until_idle()
+    upload_through_presigned_url(text_layer_api, created, PAPER.read_bytes())
+    text_layer_api.run_until_idle()
     document_id = created["document_id"]
     code, transcript = call("GET", f"/documents/{document_id}/transcript", query={"format": "json"})
     assert code == 200 and transcript["status"] == "COMPLETED" and fake_provider.calls == 0
@@ -132,7 +122,7 @@ def test_the_cli_writes_the_chunks_beside_the_transcript_one_json_object_a_line(
 
 
 def test_chunks_asked_for_are_written_beside_the_transcript_and_named_in_its_status_and_callback(
-    api: Pipeline, monkeypatch: pytest.MonkeyPatch, callback_receiver: Any
+    text_layer_api: Pipeline, monkeypatch: pytest.MonkeyPatch, callback_receiver: Any
 ) -> None:
     # Given the stack's chunks at 300 tokens, 30 carried over, a callback receiver, and one document that asks for
     # chunks and one that does not
@@ -147,14 +137,18 @@ def test_chunks_asked_for_are_written_beside_the_transcript_and_named_in_its_sta
     _, plain = call("POST", "/documents", body={**body, "reuse": False})
     # When both are transcribed and the sweeper's round sends their callbacks
     for created in (asked, plain):
-        upload_through_presigned_url(api, created, PAPER.read_bytes())
-    api.run_until_idle()
-    api.sweep()
+        upload_through_presigned_url(text_layer_api, created, PAPER.read_bytes())
+    text_layer_api.run_until_idle()
+    text_layer_api.sweep()
 
     # Then the one that asked has <transcript>.chunks.jsonl: the chunks ?format=chunks gives at the stack's bounds
     code, status = call("GET", f"/documents/{asked['document_id']}")
     assert code == 200 and status["chunks_key"] == f"transcripts/{asked['document_id']}.chunks.jsonl"
-    stored = api.s3.get_object(Bucket=api.bucket, Key=status["chunks_key"])["Body"].read().decode("utf-8")
+    stored = (
+        text_layer_api.s3.get_object(Bucket=text_layer_api.bucket, Key=status["chunks_key"])["Body"]
+        .read()
+        .decode("utf-8")
+    )
     query = {"format": "chunks", "max_tokens": "300", "overlap": "30"}
     served = call("GET", f"/documents/{asked['document_id']}/transcript", query=query)[1]["chunks"]
     assert [json.loads(line) for line in stored.splitlines()] == served and served
@@ -163,5 +157,7 @@ def test_chunks_asked_for_are_written_beside_the_transcript_and_named_in_its_sta
     assert payloads[asked["document_id"]]["chunks_key"] == status["chunks_key"]
     assert payloads[plain["document_id"]]["chunks_key"] is None
     assert call("GET", f"/documents/{plain['document_id']}")[1]["chunks_key"] is None
-    listed = api.s3.list_objects_v2(Bucket=api.bucket, Prefix=f"transcripts/{plain['document_id']}")
+    listed = text_layer_api.s3.list_objects_v2(
+        Bucket=text_layer_api.bucket, Prefix=f"transcripts/{plain['document_id']}"
+    )
     assert not [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".chunks.jsonl")]

@@ -22,34 +22,26 @@ TABLES = Path(__file__).resolve().parents[1] / "data" / "tables"
 WARN = TABLES / "WARN-Report-for-7-1-2015-to-03-25-2016.pdf"
 
 
-@pytest.fixture
-def api(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
-    """The pipeline with the API's key, each PDF page read off its own text layer (no model call)."""
-    monkeypatch.setenv("API_KEY", API_KEY)
-    monkeypatch.setenv("TEXT_LAYER", "auto")
-    shutdown_runtime()
-    get_settings.cache_clear()
-    return pipeline
-
-
-def _transcribed(api: Pipeline, path: Path, **options: Any) -> tuple[str, dict[str, Any]]:
+def _transcribed(stack: Pipeline, path: Path, **options: Any) -> tuple[str, dict[str, Any]]:
     body = {"filename": path.name, "content_type": "application/pdf", **options}
     _, created = call("POST", "/documents", body=body)
-    upload_through_presigned_url(api, created, path.read_bytes())
-    api.run_until_idle()
+    upload_through_presigned_url(stack, created, path.read_bytes())
+    stack.run_until_idle()
     document_id = created["document_id"]
     code, markdown = call("GET", f"/documents/{document_id}/transcript")
     assert code == 200, markdown
     return markdown, call("GET", f"/documents/{document_id}/transcript", query={"format": "json"})[1]
 
 
-def test_the_warn_reports_table_over_three_pages_is_one_table_in_the_markdown_and_the_json(api: Pipeline) -> None:
+def test_the_warn_reports_table_over_three_pages_is_one_table_in_the_markdown_and_the_json(
+    text_layer_api: Pipeline,
+) -> None:
     # Given the report's first three pages as each page's own table (merge_tables off)
-    apart, _ = _transcribed(api, WARN, pages="1-3", merge_tables=False)
+    apart, _ = _transcribed(text_layer_api, WARN, pages="1-3", merge_tables=False)
     per_page = _tables(apart)
     assert len(per_page) == 3
     # When they are transcribed with the tables joined (the default)
-    markdown, transcript = _transcribed(api, WARN, pages="1-3", reuse=False)
+    markdown, transcript = _transcribed(text_layer_api, WARN, pages="1-3", reuse=False)
     # Then the markdown holds one table with every row: page 1's, and pages 2 and 3's, whose first rows a page read
     # alone takes for a header
     assert _tables(markdown) == [sum(per_page) + 2]
@@ -70,23 +62,23 @@ def test_the_warn_reports_table_over_three_pages_is_one_table_in_the_markdown_an
     assert [b["continued_from"] for b in continued] == [joined["table"]] * 2
 
 
-def test_tables_on_consecutive_pages_whose_columns_differ_stay_apart(api: Pipeline) -> None:
+def test_tables_on_consecutive_pages_whose_columns_differ_stay_apart(text_layer_api: Pipeline) -> None:
     # Given tabula-py's data.pdf: mtcars, iris and ToothGrowth, one a page, each with its own header
     path = TABLES / "tabula-data.pdf"
-    apart, _ = _transcribed(api, path, merge_tables=False)
+    apart, _ = _transcribed(text_layer_api, path, merge_tables=False)
     # When it is transcribed with tables joined
-    markdown, transcript = _transcribed(api, path, reuse=False)
+    markdown, transcript = _transcribed(text_layer_api, path, reuse=False)
     # Then its tables are as many as each page's own, the same, and no join is recorded
     assert _tables(markdown) == _tables(apart) and len(_tables(markdown)) >= 3
     assert "table continued" not in markdown and transcript["tables_joined"] == []
 
 
 def test_a_document_that_asks_for_its_furniture_dropped_gets_a_markdown_without_it_and_a_json_with_it(
-    api: Pipeline,
+    text_layer_api: Pipeline,
 ) -> None:
     # Given a real four-page form headed "CUI (when filled in)" on every page, created asking for furniture=drop
     form = TABLES.parent / "documents" / "form_dd0293.pdf"
-    markdown, transcript = _transcribed(api, form, furniture="drop")
+    markdown, transcript = _transcribed(text_layer_api, form, furniture="drop")
     # Then the markdown does not have the header, as a line or a comment, and the JSON has it on every page
     assert "CUI (when filled in)" not in markdown.splitlines() and "running header" not in markdown
     assert transcript["furniture"] == "drop"
