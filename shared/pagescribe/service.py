@@ -518,8 +518,10 @@ class DocumentService:
         """Short-lived links to the figures kept from the page (each with its box on the page image), and how long
         they last; None for an unknown document (or another tenant's) or page."""
         document = self._document(document_id, tenant)
-        figures = self._db.page_figures(document.document_id, page_number) if document is not None else None
-        if document is None or figures is None:
+        if document is None:
+            return None
+        figures = self._db.page_figures(document.document_id, page_number)
+        if figures is None:
             return None
         expires_in = self._settings.image_url_expiry_seconds
         return [

@@ -38,29 +38,28 @@ class TableJoin:
 def table_joins(pages: Sequence[tuple[int, Sequence[Block]]]) -> list[TableJoin]:
     """The joins among the pages' tables (page number and blocks, in page order), in page order."""
     joins: list[TableJoin] = []
-    tail: tuple[int, Block, int, Block] | None = None  # the page before: its last table, and that table's head
+    # the page before, when a table ends it: its number, and where the table it is (or continues) starts
+    tail: tuple[int, int, Block] | None = None
     for number, blocks in pages:
         content = [block for block in blocks if block.type not in _FURNITURE]
         first = content[0] if content else None
         head: tuple[int, Block] | None = None
-        if tail is not None and first is not None and tail[0] + 1 == number and _continues(tail[3], tail[1], first):
-            head = (tail[2], tail[3])
+        if tail is not None and first is not None and tail[0] + 1 == number and _continues(tail[2], first):
+            head = (tail[1], tail[2])
             joins.append(TableJoin(head[0], head[1].id, number, first.id, _same_row(_row(head[1], 0), _row(first, 0))))
         last = content[-1] if content else None
         if last is None or last.type is not BlockType.TABLE or not _pipe(last):
             tail = None
         elif head is not None and last is first:
-            tail = (number, last, *head)
+            tail = (number, *head)
         else:
-            tail = (number, last, number, last)
+            tail = (number, number, last)
     return joins
 
 
-def _continues(head: Block, previous: Block, table: Block) -> bool:
-    """``table`` goes on from ``previous`` (the last block of the page before), the table that began as ``head``."""
-    if table.type is not BlockType.TABLE or previous.type is not BlockType.TABLE or not _pipe(table):
-        return False
-    return _width(table) == _width(head) and _width(previous) == _width(head)
+def _continues(head: Block, table: Block) -> bool:
+    """``table`` goes on from the table that ends the page before, which is or continues ``head``."""
+    return table.type is BlockType.TABLE and _pipe(table) and _width(table) == _width(head)
 
 
 def _pipe(block: Block) -> bool:
