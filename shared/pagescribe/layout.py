@@ -13,6 +13,7 @@ one line, as is a short column section (fewer than COLUMN_MIN_ROWS lines).
 from __future__ import annotations
 
 import bisect
+import html
 import itertools
 import math
 import re
@@ -465,7 +466,8 @@ def _below(upper: _Line, lower: _Line, height: float) -> bool:
 
 
 def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
-    """The rows as a markdown table (the first as its header), or None when they do not line up in columns."""
+    """The rows as a table (the first as its header), or None when they do not line up in columns: markdown, or
+    HTML where a cell spans columns (:func:`_placed`)."""
     boxes = [box for row in rows for box in row.boxes]
     if any(box.right is None for box in boxes):
         return None
@@ -476,18 +478,55 @@ def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
     ]
     if len(supported) < 2:
         return None
-    cells: list[list[list[str]]] = [[[] for _ in supported] for _ in rows]
-    for row, row_cells in zip(rows, cells, strict=True):
-        for box in sorted(row.boxes, key=lambda box: box.left):
-            middle = _middle(box)
-            nearest = min(
-                range(len(supported)), key=lambda at: max(supported[at][0] - middle, middle - supported[at][1])
-            )
-            row_cells[nearest].append(box.text)
-    if sum(sum(map(bool, row_cells)) >= 2 for row_cells in cells) * 2 <= len(rows):
+    cells = [_placed(row, supported, EDGE_SLACK * height) for row in rows]
+    if sum(len(row_cells) >= 2 for row_cells in cells) * 2 <= len(rows):
         return None
-    lines = ["| " + " | ".join(_cell(" ".join(cell)) for cell in row_cells) + " |" for row_cells in cells]
-    return [lines[0], "|" + " --- |" * len(supported), *lines[1:]]
+    if all(span == 1 for row_cells in cells for span, _ in row_cells.values()):
+        lines = [
+            "| " + " | ".join(_cell(row_cells[at][1] if at in row_cells else "") for at in range(len(supported))) + " |"
+            for row_cells in cells
+        ]
+        return [lines[0], "|" + " --- |" * len(supported), *lines[1:]]
+    return [
+        "<table>",
+        *(_html_row(row_cells, len(supported), header=not at) for at, row_cells in enumerate(cells)),
+        "</table>",
+    ]
+
+
+def _placed(row: _Line, columns: Sequence[_Band], slack: float) -> dict[int, tuple[int, str]]:
+    """The row's cells by the column each starts in: how many columns it spans, and its text.
+
+    A box goes to the column nearest to its middle; boxes in one column are joined left to right. A column's lone box
+    whose text runs across the white between columns (its ends, ``slack`` taken off, reach into two columns or more)
+    spans them, where no other cell of the row is in any of them."""
+    nearest: dict[int, list[TextBox]] = {}
+    for box in sorted(row.boxes, key=lambda box: box.left):
+        middle = _middle(box)
+        at = min(range(len(columns)), key=lambda index: max(columns[index][0] - middle, middle - columns[index][1]))
+        nearest.setdefault(at, []).append(box)
+    cells = {at: (1, " ".join(box.text for box in boxes)) for at, boxes in nearest.items()}
+    for at, boxes in nearest.items():
+        start, end = _covered(_Line(boxes[0].top, boxes[0].bottom, boxes), slack)[0]
+        reach = [index for index, (low, high) in enumerate(columns) if start <= high and end >= low]
+        taken = {column for other, (span, _) in cells.items() if other != at for column in range(other, other + span)}
+        if len(boxes) == 1 and len(reach) > 1 and at in reach and not taken.intersection(reach):
+            del cells[at]
+            cells[reach[0]] = (len(reach), boxes[0].text)
+    return dict(sorted(cells.items()))
+
+
+def _html_row(cells: dict[int, tuple[int, str]], columns: int, *, header: bool) -> str:
+    """A table row in HTML: its cells in their columns, empty ones where there is none, a span as ``colspan``."""
+    tag = "th" if header else "td"
+    parts: list[str] = []
+    at = 0
+    while at < columns:
+        span, text = cells.get(at, (1, ""))
+        attribute = f' colspan="{span}"' if span > 1 else ""
+        parts.append(f"<{tag}{attribute}>{html.escape(text, quote=False)}</{tag}>")
+        at += span
+    return "<tr>" + "".join(parts) + "</tr>"
 
 
 def _columns(rows: Sequence[_Line], boxes: Sequence[TextBox], height: float) -> list[_Band]:

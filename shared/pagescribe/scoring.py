@@ -8,6 +8,7 @@ dozen big-int operations, so two 5,000-character pages compare in milliseconds.
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import unicodedata
@@ -23,6 +24,11 @@ _WHITESPACE = re.compile(r"\s+")
 _HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*(?:\s[^<>]*)?/?>")
 _TOKEN_SEPARATOR = re.compile(r"[\s|]+")
 _TOKEN_EDGES = re.compile(r"^[\W_]+|[\W_]+$")
+_HTML_ROW = re.compile(r"<tr\b[^>]*>", re.IGNORECASE)
+_HTML_CELL = re.compile(r"<t[dh]\b([^>]*)>", re.IGNORECASE)
+_COLSPAN = re.compile(r"colspan\s*=\s*[\"']?(\d+)", re.IGNORECASE)
+_HTML_TABLE = re.compile(r"<table\b.*?</table>", re.IGNORECASE | re.DOTALL)
+_TABLE_MARKUP = re.compile(r"</?(?:table|thead|tbody|tfoot|tr|td|th|caption|br)\b[^<>]*/?>", re.IGNORECASE)
 _PAGE_MARKER = re.compile(
     r"^[ \t]*<!--[ \t]*page[ \t]+\d+(?:[ \t]+of[ \t]+\d+[^\n]*?)?[ \t]*-->[ \t]*$", re.MULTILINE | re.IGNORECASE
 )
@@ -35,8 +41,10 @@ def _is_noncharacter(char: str) -> bool:
 
 def plain(text: str) -> str:
     """The text without markdown's block markup, which is no part of what a page says: heading markers, list
-    bullets (``-``, ``*``, ``+``, ``•``) at a line's start, a table's rule line and its cell pipes, backslash escapes.
-    Emphasis is kept (``*`` and ``_`` inside words are too often text)."""
+    bullets (``-``, ``*``, ``+``, ``•``) at a line's start, a table's rule line and its cell pipes, backslash escapes,
+    an HTML table's tags (its entities read as the characters they stand for). Emphasis is kept (``*`` and ``_``
+    inside words are too often text)."""
+    text = _HTML_TABLE.sub(lambda table: " " + html.unescape(_TABLE_MARKUP.sub(" ", table.group())) + " ", text)
     text = _TABLE_RULE.sub("", _MARKDOWN_PREFIX.sub("", text))
     return _MARKDOWN_ESCAPE.sub(r"\1", _TABLE_PIPE.sub(" ", text))
 
@@ -149,18 +157,39 @@ def split_pages(text: str) -> list[str]:
     return [page.strip() for page in pages]
 
 
-def markdown_tables(text: str) -> list[tuple[int, int]]:
-    """(rows, columns) of each markdown table in the text, in order: runs of lines opening with ``|``, the rule line
-    not counted as a row, the columns those of the first line."""
-    tables: list[list[str]] = []
-    previous = ""
-    for line in text.splitlines():
+def table_shapes(text: str) -> list[tuple[int, int]]:
+    """(rows, columns) of each table in the text, in order. A markdown table is a run of lines opening with ``|``, the
+    rule line not counted as a row, its columns those of the first line; an HTML table runs from a line opening with
+    ``<table`` to the one holding ``</table>``, its rows its ``<tr>`` tags, its columns its first row's cells with
+    their ``colspan``."""
+    shapes: list[tuple[int, int]] = []
+    markdown: list[str] = []
+    html_rows: list[str] | None = None  # the lines of the HTML table being read
+    for line in [*text.splitlines(), ""]:
+        if html_rows is not None:
+            html_rows.append(line)
+            if "</table>" in line.lower():
+                shapes.append(_html_shape("\n".join(html_rows)))
+                html_rows = None
+            continue
         if line.startswith("|"):
-            if not previous.startswith("|"):
-                tables.append([])
-            tables[-1].append(line)
-        previous = line
-    return [(len(rows) - 1, rows[0].count("|") - 1) for rows in tables]
+            markdown.append(line)
+            continue
+        if markdown:
+            shapes.append((len(markdown) - 1, markdown[0].count("|") - 1))
+            markdown = []
+        if line.lstrip().lower().startswith("<table"):
+            html_rows = [line]
+            if "</table>" in line.lower():
+                shapes.append(_html_shape(line))
+                html_rows = None
+    return shapes
+
+
+def _html_shape(table: str) -> tuple[int, int]:
+    rows = _HTML_ROW.split(table)[1:]
+    first = _HTML_CELL.findall(rows[0]) if rows else []
+    return len(rows), sum(int(span.group(1)) if (span := _COLSPAN.search(cell)) else 1 for cell in first)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

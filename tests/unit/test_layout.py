@@ -7,13 +7,14 @@ engine) show the rules on what the engine really returns.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
-from pagescribe.scoring import markdown_tables
+from pagescribe.scoring import table_shapes
 from pagescribe.sources import DocumentKind, render_page
 
 from tests.support import CORPUS
@@ -233,6 +234,54 @@ def test_a_page_number_set_off_at_the_bottom_is_marked_or_dropped() -> None:
     assert marked[:5] == dropped
 
 
+def test_a_cell_whose_text_runs_across_the_white_between_columns_makes_an_html_table_with_its_span() -> None:
+    # Given a table of a name and two figures per row, whose header "Test accuracy & more" runs across the white
+    # between the two columns of figures
+    rows = [line("Classifier", 100, 124), line("Test accuracy & more", 400, 124, right=760)]
+    for index, (name, first, second) in enumerate(
+        (("Forest", "96.4", "62.4"), ("Tree", "65.4", "11.0"), ("LDA", "86.4", "46.8"))
+    ):
+        rows += [
+            line(name, 100, 148 + 24 * index),
+            line(first, 400, 148 + 24 * index),
+            line(second, 700, 148 + 24 * index),
+        ]
+
+    # When it is laid out
+    lines = boxes_to_text(rows).splitlines()
+
+    # Then it is an HTML table, the header's cell spanning the two columns it runs across, its text escaped
+    assert lines == [
+        "<table>",
+        '<tr><th>Classifier</th><th colspan="2">Test accuracy &amp; more</th></tr>',
+        "<tr><td>Forest</td><td>96.4</td><td>62.4</td></tr>",
+        "<tr><td>Tree</td><td>65.4</td><td>11.0</td></tr>",
+        "<tr><td>LDA</td><td>86.4</td><td>46.8</td></tr>",
+        "</table>",
+    ]
+
+
+def test_a_header_within_its_column_keeps_the_table_in_markdown() -> None:
+    # Given the same table, its header "Test" short enough to stand within the first column of figures
+    rows = [line("Classifier", 100, 100), line("Test", 400, 100), line("Other", 700, 100)]
+    for index, (name, first, second) in enumerate(
+        (("Forest", "96.4", "62.4"), ("Tree", "65.4", "11.0"), ("LDA", "86.4", "46.8"))
+    ):
+        rows += [
+            line(name, 100, 124 + 24 * index),
+            line(first, 400, 124 + 24 * index),
+            line(second, 700, 124 + 24 * index),
+        ]
+
+    # When it is laid out
+    # Then it is a markdown table
+    assert boxes_to_text(rows).splitlines()[:3] == [
+        "| Classifier | Test | Other |",
+        "| --- | --- | --- |",
+        "| Forest | 96.4 | 62.4 |",
+    ]
+
+
 def test_a_number_in_the_text_or_a_last_line_close_to_it_is_no_page_number() -> None:
     # Given a page whose last line is a number right below the text, and one whose last line is words set off
     close = [*body(100, 5), line("12", 100, 100 + 24 * 5)]
@@ -251,10 +300,13 @@ def test_a_real_papers_tables_read_with_their_rows_and_columns(read) -> None:
     # When the page is read
     text = read(DOCUMENTS / "hasyv2-paper.pdf", 3)
 
-    # Then both are markdown tables of those rows and columns, in reading order
-    assert [shape for shape in markdown_tables(text) if shape[0] > 4] == [(12, 4), (6, 5)], text
-    [forest] = [row for row in text.splitlines() if row.startswith("| Random Forest |")]
-    assert [cell.replace(" ", "") for cell in forest.strip("| ").split(" | ")][1:] == ["96.41%", "62.4%", "62.1%-62.8%"]
+    # Then both are tables of those rows and columns, in reading order: Table II in HTML, its "Test Accuracy" running
+    # across the white above two columns of figures; Table III in markdown
+    assert [shape for shape in table_shapes(text) if shape[0] > 4] == [(12, 4), (6, 5)], text
+    assert '<th colspan="2">Test Accuracy</th>' in text
+    [forest] = [row for row in text.splitlines() if row.startswith("<tr><td>Random Forest</td>")]
+    cells = re.findall(r"<td>([^<]*)</td>", forest)
+    assert [cell.replace(" ", "") for cell in cells][1:] == ["96.41%", "62.4%", "62.1%-62.8%"]
 
 
 def test_a_figure_is_a_placeholder_line_where_it_stands_in_reading_order() -> None:

@@ -308,11 +308,11 @@ def test_table_rule_fails_without_a_table_or_a_matching_cell() -> None:
     assert no_cell.passed is False and "no cell matches '9.99T' in 2 table(s)" in no_cell.explanation
 
 
-def test_ignore_markdown_tables_looks_at_html_tables_only() -> None:
+def test_ignore_table_shapes_looks_at_html_tables_only() -> None:
     # Given both kinds of table on one page / When markdown tables are ignored / Then only the HTML one counts
     page = MARKDOWN_TABLE + "\n\n" + HTML_TABLE
-    assert passes(rule("table", cell="245", up="Q1", ignore_markdown_tables=True), page)
-    assert not passes(rule("table", cell="3.32T", ignore_markdown_tables=True), page)
+    assert passes(rule("table", cell="245", up="Q1", ignore_table_shapes=True), page)
+    assert not passes(rule("table", cell="3.32T", ignore_table_shapes=True), page)
 
 
 # --- unsupported types and pass rates ---------------------------------------------------------------------------------

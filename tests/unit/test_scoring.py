@@ -10,7 +10,7 @@ import pytest
 from pagescribe.scoring import (
     cer,
     edit_distance,
-    markdown_tables,
+    table_shapes,
     normalize,
     percentile,
     plain,
@@ -342,10 +342,25 @@ def test_markdown_block_markup_does_not_count_but_a_misread_word_does() -> None:
     assert cer(reference, markdown.replace("Alpha", "Alpah")) > 0.0
 
 
-def test_markdown_tables_are_counted_by_rows_and_columns() -> None:
+def test_table_shapes_are_counted_by_rows_and_columns() -> None:
     # Given a text with a table of a header and two rows by three columns, a paragraph, and a one-row table
     text = "Intro\n\n| a | b | c |\n| --- | --- | --- |\n| 1 | 2 | 3 |\n| 4 | 5 | 6 |\n\nText\n| x | y |\n| --- | --- |"
     # When its tables are counted
     # Then each is its rows (the rule not counted) by its columns, in order
-    assert markdown_tables(text) == [(3, 3), (1, 2)]
-    assert markdown_tables("no table | here") == []
+    assert table_shapes(text) == [(3, 3), (1, 2)]
+    assert table_shapes("no table | here") == []
+
+
+def test_html_tables_are_counted_with_their_spans_and_read_as_their_text() -> None:
+    # Given a markdown table, then an HTML table whose header spans two columns, its cells escaped
+    text = (
+        '| a | b |\n| --- | --- |\n| 1 | 2 |\n\n<table>\n<tr><th>Name</th><th colspan="2">Scores</th></tr>\n'
+        "<tr><td>R&amp;D</td><td>0.93</td><td>&lt;0.5</td></tr>\n</table>\nAfter it"
+    )
+    # When its tables are counted, and the HTML table is scored against the text it holds
+    # Then each is its rows by its columns (a span counting as the columns it spans), in order
+    assert table_shapes(text) == [(2, 2), (2, 3)]
+    assert table_shapes("<table><tr><td>x</td><td>y</td></tr></table>") == [(1, 2)]
+    # ... and its tags cost nothing, its entities read as their characters
+    assert cer("Name Scores R&D 0.93 <0.5 After it", text.split("\n\n")[1]) == 0.0
+    assert cer("Name Scores R&D 0.93 <0.5", "<table><tr><td>Name Scores R&D 0.93 <0.5</td></tr></table>") == 0.0
