@@ -32,7 +32,7 @@ from typing import Any
 
 from pagescribe.providers.base import PageImage, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
-from pagescribe.scoring import cer, markdown_tables
+from pagescribe.scoring import cer, table_shapes
 from pagescribe.settings import Settings
 from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage, inspect_document, render_page
 from pagescribe_local.evaluation import text_layer_truth
@@ -219,7 +219,7 @@ def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
                     turned=_turned(reader, path, page, truth, scratch),
                     tesseract_cer=tesseract_cer,
                     tesseract_seconds=tesseract_seconds,
-                    tables=tuple(markdown_tables(answer.text)),
+                    tables=tuple(table_shapes(answer.text)),
                 )
                 results.append(result)
                 note(f"[{index}/{len(pages)}] {_row(result)}")

@@ -22,7 +22,7 @@ Rules:
   Passes when both are found (within ``max_diffs`` edits) and some occurrence of ``before`` starts before some
   occurrence of ``after``. Loading refuses ``max_diffs`` above half the length of either text, as olmocr does.
 * ``table`` (``TableTest``, lines 341-480): fields ``cell`` and optionally ``up``, ``down``, ``left``, ``right``,
-  ``top_heading``, ``left_heading`` (empty or null: not checked), ``max_diffs``, ``ignore_markdown_tables``.
+  ``top_heading``, ``left_heading`` (empty or null: not checked), ``max_diffs``, ``ignore_table_shapes``.
   Tables are markdown pipe tables (2+ consecutive lines containing ``|``; rows made only of ``- : |`` dropped; the
   first row and the first column are headings) and HTML ``<table>`` elements (``th`` cells and cells in ``thead``
   are headings; ``rowspan``/``colspan`` occupy the grid; ``<br>`` is a newline; ``rowspan="0"`` runs to the last
@@ -273,8 +273,8 @@ def _validate_table(fields: dict[str, Any]) -> None:
         value = fields.get(name)
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{name!r} must be a string or null, not {value!r}")
-    if not isinstance(fields.get("ignore_markdown_tables", False), bool):
-        raise ValueError(f"'ignore_markdown_tables' must be true or false, not {fields['ignore_markdown_tables']!r}")
+    if not isinstance(fields.get("ignore_table_shapes", False), bool):
+        raise ValueError(f"'ignore_table_shapes' must be true or false, not {fields['ignore_table_shapes']!r}")
 
 
 def _normalise(text: str) -> str:
@@ -423,7 +423,7 @@ def _related(table: _Table, cell: Cell, relation: str) -> set[Cell]:
     return table.neighbours[relation][cell]
 
 
-def _markdown_tables(page: str) -> list[_Table]:
+def _table_shapes(page: str) -> list[_Table]:
     tables: list[_Table] = []
     block: list[str] = []
     for line in [*page.strip().split("\n"), ""]:  # the blank sentinel closes a table at the end
@@ -577,7 +577,7 @@ def _similar(expected: str, actual: str, max_diffs: int) -> bool:
 def _check_table(fields: dict[str, Any], page: str) -> tuple[bool, str]:
     cell_text, max_diffs = _normalise(fields["cell"]), fields.get("max_diffs", 0)
     relations = {name: expected for name in _RELATIONS if (expected := _normalise(fields.get(name) or ""))}
-    tables = ([] if fields.get("ignore_markdown_tables", False) else _markdown_tables(page)) + _html_tables(page)
+    tables = ([] if fields.get("ignore_table_shapes", False) else _table_shapes(page)) + _html_tables(page)
     if not tables:
         return False, "no table found on the page"
     failures: list[str] = []

@@ -10,13 +10,13 @@ import pytest
 from pagescribe.scoring import (
     cer,
     edit_distance,
-    table_shapes,
     normalize,
     percentile,
     plain,
     recall_precision,
     split_pages,
     substring_distances,
+    table_shapes,
     wer,
     words,
 )
