@@ -141,12 +141,12 @@ def page_set(quick: bool, note: Callable[[str], None]) -> tuple[list[tuple[Path,
     return pages, skipped
 
 
-def _tesseract_version(binary: str) -> str:
+def tesseract_version(binary: str) -> str:
     done = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)  # noqa: S603
     return (done.stdout or done.stderr).splitlines()[0].strip()
 
 
-def _tesseract(binary: str, image: Path) -> tuple[str, float]:
+def read_with_tesseract(binary: str, image: Path) -> tuple[str, float]:
     """Tesseract's text for an image (default page segmentation, English) and the wall time of its process."""
     started = time.perf_counter()
     done = subprocess.run(  # noqa: S603
@@ -155,7 +155,7 @@ def _tesseract(binary: str, image: Path) -> tuple[str, float]:
     return done.stdout, time.perf_counter() - started
 
 
-class _Reader:
+class Reader:
     """The offline provider, built once, called synchronously through one event loop."""
 
     def __init__(self, runner: asyncio.Runner) -> None:
@@ -174,7 +174,7 @@ class _Reader:
         self._runner.run(self._provider.aclose())
 
 
-def _turned(reader: _Reader, path: Path, page: int, truth: str, scratch: Path) -> tuple[Turned, ...]:
+def _turned(reader: Reader, path: Path, page: int, truth: str, scratch: Path) -> tuple[Turned, ...]:
     """The page rendered losslessly, turned by each of TURNS, and read back through the scan path."""
     lossless = render_page(path, DocumentKind.PDF, page, **{**RENDER_OPTIONS, "image_format": "png"})
     results: list[Turned] = []
@@ -196,7 +196,7 @@ def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
     results: list[PageResult] = []
     with asyncio.Runner() as runner, tempfile.TemporaryDirectory(prefix="bench-ocr-") as directory:
         scratch = Path(directory)
-        reader = _Reader(runner)
+        reader = Reader(runner)
         try:
             for index, (path, page, truth) in enumerate(pages, start=1):
                 rendered = render_page(path, DocumentKind.PDF, page, **RENDER_OPTIONS)
@@ -206,7 +206,7 @@ def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
                 if binary is not None:
                     image = scratch / f"upright.{rendered.media_type.split('/')[1]}"
                     image.write_bytes(rendered.data)
-                    tesseract_text, tesseract_seconds = _tesseract(binary, image)
+                    tesseract_text, tesseract_seconds = read_with_tesseract(binary, image)
                     tesseract_cer = cer(truth, tesseract_text)
                 result = PageResult(
                     document=path.name,
@@ -225,7 +225,7 @@ def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
                 note(f"[{index}/{len(pages)}] {_row(result)}")
         finally:
             reader.close()
-    return Run(results, skipped, reader.engine, _tesseract_version(binary) if binary else None, quick, commit)
+    return Run(results, skipped, reader.engine, tesseract_version(binary) if binary else None, quick, commit)
 
 
 def tables_found(pages: Sequence[PageResult]) -> tuple[int, int]:
@@ -245,7 +245,7 @@ def tables_found(pages: Sequence[PageResult]) -> tuple[int, int]:
 # --- the markdown section -----------------------------------------------------------------------------------------
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f} %"
 
 
@@ -259,10 +259,10 @@ def _verdict(met: bool) -> str:
 
 def _row(result: PageResult) -> str:
     name = result.document + (" (blank render)" if result.blank else "")
-    turned = [f"{_pct(t.cer)} ({t.detected}°)" for t in result.turned]
-    tesseract = _pct(result.tesseract_cer) if result.tesseract_seconds is not None else "not installed"
+    turned = [f"{pct(t.cer)} ({t.detected}°)" for t in result.turned]
+    tesseract = pct(result.tesseract_cer) if result.tesseract_seconds is not None else "not installed"
     columns = "two" if result.two_column else "one"
-    upright = _pct(result.cer) + (f" ({result.rotation}°)" if result.rotation else "")
+    upright = pct(result.cer) + (f" ({result.rotation}°)" if result.rotation else "")
     tables = ", ".join(f"{rows}x{cols}" for rows, cols in result.tables) or "-"
     expected = TABLES.get((result.document, result.page))
     if expected:
@@ -271,7 +271,7 @@ def _row(result: PageResult) -> str:
 
 
 def _spread(values: Sequence[float]) -> str:
-    return f"{_pct(statistics.median(values))} / {_pct(statistics.mean(values))} / {_pct(max(values))}"
+    return f"{pct(statistics.median(values))} / {pct(statistics.mean(values))} / {pct(max(values))}"
 
 
 def section(run: Run) -> str:
@@ -332,8 +332,8 @@ def section(run: Run) -> str:
     if worst_two is not None:
         tesseract_two = [page.tesseract_cer for page in two_column if page.tesseract_cer is not None]
         lines.append(
-            f"| worst two-column page | {worst_two.document} p. {worst_two.page}: {_pct(worst_two.cer)} | "
-            f"{_pct(max(tesseract_two)) if tesseract_two else '-'} |"
+            f"| worst two-column page | {worst_two.document} p. {worst_two.page}: {pct(worst_two.cer)} | "
+            f"{pct(max(tesseract_two)) if tesseract_two else '-'} |"
         )
     within: dict[int, int] = {}
     for angle in TURNS:
@@ -383,11 +383,11 @@ def _targets(
     tables, expected_tables = table_counts
     lines = ["", "### Targets", ""]
     median, mean = statistics.median(scores), statistics.mean(scores)
-    lines.append(f"- CER median <= {_pct(MEDIAN_TARGET)}: {_pct(median)}, {_verdict(median <= MEDIAN_TARGET)}")
-    lines.append(f"- CER mean <= {_pct(MEAN_TARGET)}: {_pct(mean)}, {_verdict(mean <= MEAN_TARGET)}")
+    lines.append(f"- CER median <= {pct(MEDIAN_TARGET)}: {pct(median)}, {_verdict(median <= MEDIAN_TARGET)}")
+    lines.append(f"- CER mean <= {pct(MEAN_TARGET)}: {pct(mean)}, {_verdict(mean <= MEAN_TARGET)}")
     if worst_two is not None:
         lines.append(
-            f"- no two-column page above {_pct(TWO_COLUMN_TARGET)}: worst {_pct(worst_two.cer)} "
+            f"- no two-column page above {pct(TWO_COLUMN_TARGET)}: worst {pct(worst_two.cer)} "
             f"({worst_two.document} p. {worst_two.page}), {_verdict(worst_two.cer <= TWO_COLUMN_TARGET)}"
         )
     for angle in TURNS:
@@ -402,8 +402,8 @@ def _targets(
         )
     if tesseract:
         lines.append(
-            f"- beat tesseract (information): median {_pct(median)} vs {_pct(statistics.median(tesseract))}, "
-            f"mean {_pct(mean)} vs {_pct(statistics.mean(tesseract))}"
+            f"- beat tesseract (information): median {pct(median)} vs {pct(statistics.median(tesseract))}, "
+            f"mean {pct(mean)} vs {pct(statistics.mean(tesseract))}"
         )
     return lines
 
