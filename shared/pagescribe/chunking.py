@@ -9,7 +9,8 @@ within ``max_tokens``; the next chunk of the section starts again with the last 
 one that alone passes ``max_tokens`` (a sentence of a thousand words): it is cut between words, or inside a word that
 alone passes it.
 
-Each chunk names the pages it spans and the blocks it holds (their ids, pages, types and boxes on the page, and for a
+Each chunk names the pages it spans (a table's header row repeated at its start is context, as its heading path is:
+the header's page does not count) and the blocks it holds (their ids, pages, types and boxes on the page, and for a
 table the rows it holds), its document and tenant. Its id is a UUID derived from the document's id and what the chunk
 says (its heading path and text), so cutting the same transcript again gives the same ids, a chunk that a re-run did
 not change keeps its id, and no two documents share one.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 DEFAULT_MAX_TOKENS = 512
@@ -84,6 +85,7 @@ class _Unit:
     joiner: str  # put between it and the unit before it, in the same block
     row: int | None = None  # a table row's place in its table's grid
     header: _Unit | None = None  # a table row's header row, repeated where a chunk starts inside the table
+    repeated: bool = False  # this is such a repetition: context, like the heading path, so its page is not counted
 
 
 def chunk_transcript(
@@ -212,7 +214,7 @@ def _carried(previous: Sequence[_Unit], unit: _Unit, max_tokens: int, overlap: i
             break
         kept.insert(0, earlier)
     header = unit.header
-    lead = [header] if header is not None and header not in kept else []
+    lead = [replace(header, repeated=True)] if header is not None and header not in kept else []
     if header is not None:
         kept = [earlier for earlier in kept if earlier.block == header.block]
     while kept and _tokens([*lead, *kept]) + unit.tokens > max_tokens:
@@ -294,7 +296,7 @@ def _chunk(
         "tenant_id": tenant_id,
         "index": index,
         "heading_path": path,
-        "pages": sorted({unit.page for unit in units}),
+        "pages": sorted({unit.page for unit in units if not unit.repeated}),
         "tokens": estimate_tokens(text),
         "text": text,
         "blocks": list(blocks.values()),

@@ -116,6 +116,33 @@ def test_a_table_is_cut_between_rows_only_and_each_chunk_that_continues_it_start
     assert sorted(set(held)) == list(range(41)) and held.count(0) == len(tabled)  # each row, the header repeated
 
 
+def test_a_chunk_that_continues_a_table_on_a_later_page_counts_its_rows_pages_not_its_repeated_headers() -> None:
+    # Given a table joined across two pages: its header and five rows on page 1, thirty-five rows on page 2
+    rows = [["Symbol", "Count"]] + [[f"sym{n}", str(n * 7)] for n in range(40)]
+    table = _table(1, 1, rows)
+    for cell in table["cells"]:
+        cell["page"] = 1 if cell["row"] <= 5 else 2
+
+    # When it is chunked small enough that chunks start inside it on page 2
+    chunks = chunk_transcript(_transcript([table], []), tenant_id="t", max_tokens=48, overlap=0)
+
+    # Then each chunk names the pages of the rows it holds for their own sake (the first holds the header too): one
+    # that starts with the header repeated, then rows of page 2 only, spans page 2 alone
+    def page_of(line: str) -> int:
+        return 1 if int(line.split(" ")[1][3:]) <= 5 else 2
+
+    assert [chunk["pages"] for chunk in chunks] == [
+        sorted({page_of(line) for line in _body(chunk)} | ({1} if chunk is chunks[0] else set())) for chunk in chunks
+    ]
+    later = [chunk for chunk in chunks[1:] if {page_of(line) for line in _body(chunk)} == {2}]
+    assert later and all(chunk["text"].startswith("| Symbol | Count |") and chunk["pages"] == [2] for chunk in later)
+
+
+def _body(chunk: dict[str, Any]) -> list[str]:
+    """The chunk's table rows after its header row."""
+    return [line for line in chunk["text"].split("\n") if line.startswith("| sym")]
+
+
 def test_a_sentence_that_alone_passes_the_bound_is_cut_between_words_and_nothing_is_lost() -> None:
     long = " ".join(f"word{n}" for n in range(300)) + " " + "x" * 400
     chunks = chunk_transcript(_transcript([_block(1, 1, "paragraph", long)]), tenant_id="t", max_tokens=32, overlap=0)
