@@ -122,9 +122,12 @@ def test_olmocr_bench_rules_are_run_on_the_pages_they_name(
         {"pdf": "four.pdf", "page": 2, "id": "four_absent", "type": "absent", "text": "Page 2"},
         {"pdf": "four.pdf", "page": 2, "id": "four_order", "type": "order", "before": "Lorem", "after": "dolor"},
         {"pdf": "four.pdf", "page": 2, "id": "four_math", "type": "math", "math": "x^2"},
+        {"pdf": "four.pdf", "page": 2, "id": "four_odd", "type": "handwriting", "text": "Lorem"},
     ]
     (bench / "tests.jsonl").write_text("".join(json.dumps(test) + "\n" for test in tests))
-    _answer_pages_with(fake_provider, bench / "pdfs" / "four.pdf", DocumentKind.PDF, {2: "Lorem ipsum dolor sit"})
+    _answer_pages_with(
+        fake_provider, bench / "pdfs" / "four.pdf", DocumentKind.PDF, {2: r"Lorem ipsum dolor sit \(x^{2}\)"}
+    )
     # When the user runs the benchmark
     result = _eval(
         "--olmocr-bench",
@@ -134,17 +137,19 @@ def test_olmocr_bench_rules_are_run_on_the_pages_they_name(
         env=command_environment(database_url, fake_provider),
         cwd=tmp_path,
     )
-    # Then only page 2 was transcribed, and the rules passed, the unsupported one reported as such
+    # Then only page 2 was transcribed, and the rules passed (the equation rendered alike), the unsupported one
+    # reported as such
     assert result.returncode == 0, result.stderr
     assert fake_provider.calls == 1
     summary = json.loads((tmp_path / "bench.json").read_text())["summary"]
     assert summary["olmocr_bench"] == {
         "absent": {"passed": 1, "scored": 1},
-        "math": {"passed": 0, "scored": 0},
+        "handwriting": {"passed": 0, "scored": 0},
+        "math": {"passed": 1, "scored": 1},
         "order": {"passed": 1, "scored": 1},
         "present": {"passed": 1, "scored": 1},
     }
-    assert "| olmOCR-bench math | unsupported |" in result.stdout
+    assert "| olmOCR-bench handwriting | unsupported |" in result.stdout
 
 
 def test_each_pages_grounding_and_block_boxes_are_reported_and_faults_adds_the_fault_set(

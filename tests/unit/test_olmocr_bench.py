@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
+from pagescribe_local.olmocr_math import KatexRenderer, equations_in
 
 PAGE = """<!-- page 2 of 9 (openai gpt-4o) -->
 
@@ -319,13 +320,48 @@ def test_ignore_table_shapes_looks_at_html_tables_only() -> None:
 
 
 def test_unsupported_types_are_reported_not_scored() -> None:
-    # Given a math rule, which is not implemented
-    math = BenchTest(id="arxiv_00", pdf="arxiv.pdf", page=1, type="math", fields={"math": "x^2"})
+    # Given a rule of a type olmOCR-bench does not define
+    rule = BenchTest(id="odd_00", pdf="arxiv.pdf", page=1, type="handwriting", fields={"text": "x"})
     # When checked / Then it neither passes nor fails, and the explanation says so
-    result = check(math, PAGE)
-    assert result == RuleResult(math.id, math.type, None, result.explanation)
+    result = check(rule, PAGE)
+    assert result == RuleResult(rule.id, rule.type, None, result.explanation)
     assert "unsupported rule type" in result.explanation
-    assert {"present", "absent", "order", "table", "baseline", "format", "footnote"} == SUPPORTED_TYPES
+    assert {"present", "absent", "order", "table", "baseline", "format", "footnote", "math"} == SUPPORTED_TYPES
+
+
+def test_a_math_rule_passes_where_the_page_writes_the_equation_so_that_it_renders_alike() -> None:
+    # Given a math rule, and pages that write its equation otherwise, a different one, or none
+    rule = BenchTest(id="arxiv_00", pdf="arxiv.pdf", page=1, type="math", fields={"math": r"\frac{a}{b} = x^{2}"})
+    # When checked (KaTeX in headless Chromium)
+    # Then the same equation written with other spacing and braces passes, wherever its delimiters, others fail
+    assert check(rule, r"We have \(\frac{a}{b}=x^2\) here.").passed is True
+    assert check(rule, r"We have $$ \frac{a}{b} = x^2 $$ here.").passed is True
+    assert check(rule, r"We have \(\frac{b}{a}=x^2\) here.").passed is False
+    assert check(rule, r"We have \(a/b = x^2\) here.").passed is False
+    assert check(rule, "No equation at all.").passed is False
+    # ... and dollars are not delimiters when the rule says to ignore them
+    ignoring = BenchTest(
+        rule.id, rule.pdf, 1, "math", {"math": r"\frac{a}{b} = x^{2}", "ignore_dollar_delimited": True}
+    )
+    assert check(ignoring, r"We have $$ \frac{a}{b} = x^2 $$ here.").passed is False
+
+
+def test_a_math_rule_where_no_chromium_runs_is_reported_unsupported_saying_why(tmp_path: Path) -> None:
+    # Given a math rule and a renderer pointed at a Chromium that is not there
+    rule = BenchTest(id="arxiv_00", pdf="arxiv.pdf", page=1, type="math", fields={"math": "x^2"})
+    renderer = KatexRenderer(chromium=str(tmp_path / "chromium"))
+    # When checked
+    result = check(rule, r"We have \(x^3\).", renderer)
+    # Then it is not scored, and the explanation names Chromium
+    assert result.passed is None
+    assert "Chromium did not render" in result.explanation
+
+
+def test_equations_are_found_delimiter_by_delimiter() -> None:
+    page = r"a \(x\) b \[ y \] c $$z$$ d $w$ e"
+    assert equations_in(page) == ["x", "y", "z", "w"]
+    assert equations_in(page, ignore_dollar_delimited=True) == ["x", "y"]
+    assert equations_in(r"price $5 and $10") == ["5 and"]  # dollars pair up as olmocr's pattern pairs them
 
 
 def _rule(kind: str, **fields: Any) -> BenchTest:
