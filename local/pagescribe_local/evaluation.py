@@ -34,7 +34,16 @@ from pagescribe.grounding import Box, GroundingSource
 from pagescribe.scoring import cer, percentile, recall_precision, split_pages, wer
 from pagescribe.sources import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
 
-from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
+from pagescribe_local.olmocr_bench import (
+    SUPPORTED_TYPES,
+    BenchTest,
+    RuleResult,
+    bench_score,
+    check,
+    load_tests,
+    pass_rates,
+    with_baselines,
+)
 from pagescribe_local.true_boxes import true_boxes
 
 TRUTH_SUFFIXES = (".md", ".txt")
@@ -170,7 +179,7 @@ def _olmocr_documents(bench: Path) -> list[EvalDocument]:
     if not bench.is_dir():
         raise EvaluationError(f"--olmocr-bench {bench} is not a directory")
     try:
-        tests = load_tests(bench)
+        tests = with_baselines(load_tests(bench))
     except ValueError as exc:
         raise EvaluationError(str(exc)) from exc
     by_pdf: dict[str, list[BenchTest]] = {}
@@ -211,7 +220,9 @@ def score_document(document: EvalDocument, transcript: dict[str, Any] | None, er
                 cost=0.0,
                 latency_ms=0,
                 rules=[
-                    RuleResult(rule.id, rule.type, False if rule.type in SUPPORTED_TYPES else None, failed)
+                    RuleResult(
+                        rule.id, rule.type, False if rule.type in SUPPORTED_TYPES else None, failed, rule.category
+                    )
                     for rule in document.rules
                     if rule.page == page
                 ],
@@ -327,7 +338,21 @@ def summarize(scores: Sequence[PageScore]) -> dict[str, Any]:
         "latency_ms_p50": percentile(latencies, 50) if latencies else None,
         "latency_ms_p95": percentile(latencies, 95) if latencies else None,
         "olmocr_bench": {kind: {"passed": p, "scored": n} for kind, (p, n) in pass_rates(rules).items()},
+        "olmocr_bench_score": _bench_score(rules),
         "grounding": grounding_summary(scores),
+    }
+
+
+def _bench_score(rules: Sequence[RuleResult]) -> dict[str, Any] | None:
+    """olmOCR-bench's own figures of the run (:func:`pagescribe_local.olmocr_bench.bench_score`); None without it."""
+    score = bench_score(rules)
+    if score is None:
+        return None
+    return {
+        "categories": {name: {"passed": p, "scored": n} for name, (p, n) in score.categories.items()},
+        "overall": round(score.overall, 6),
+        "interval": [round(score.interval[0], 6), round(score.interval[1], 6)],
+        "level": score.level,
     }
 
 
@@ -411,9 +436,23 @@ def summary_table(summary: dict[str, Any]) -> str:
     for kind, counts in summary["olmocr_bench"].items():
         rate = f"{counts['passed']}/{counts['scored']}" if counts["scored"] else "unsupported"
         rows.append((f"olmOCR-bench {kind}", rate))
+    rows += _bench_rows(summary["olmocr_bench_score"])
     rows += grounding_rows(summary["grounding"])
     lines = ["| measure | value |", "| --- | --- |", *(f"| {name} | {value} |" for name, value in rows)]
     return "\n".join(lines)
+
+
+def _bench_rows(score: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """olmOCR-bench's categories and overall score with its interval, in the form its own runner prints them."""
+    if score is None:
+        return []
+    rows = [
+        (f"olmOCR-bench category {name}", f"{100 * c['passed'] / c['scored']:.1f}% ({c['passed']}/{c['scored']})")
+        for name, c in score["categories"].items()
+    ]
+    low, high = score["interval"]
+    overall = f"{100 * score['overall']:.1f}% ({100 * score['level']:.0f}% CI: [{100 * low:.1f}%, {100 * high:.1f}%])"
+    return [*rows, ("olmOCR-bench average score (of the categories)", overall)]
 
 
 def grounding_rows(grounding: dict[str, Any]) -> list[tuple[str, str]]:

@@ -87,23 +87,27 @@ Deviations from olmocr:
   other cell of the page has; there both agree.
 * Loading: every ``*.jsonl`` under the directory is read, recursively except under ``pdfs/`` (olmocr's benchmark:
   the top level only); a test id used twice in any of the files is an error (olmocr: within one file). Unknown types
-  are loaded and reported unsupported (olmocr refuses them). olmocr's benchmark also adds a ``baseline`` test per PDF;
-  that is not done here.
+  are loaded and reported unsupported (olmocr refuses them). As olmocr's benchmark does, a ``baseline`` test of page 1
+  is added for each PDF that has none (:func:`with_baselines`).
+* The overall score and its interval (:func:`bench_score`) are olmocr's: the mean of the categories' (JSONL files')
+  pass rates, and a bootstrap within each category; olmocr draws with numpy's unseeded generator, this with a seeded
+  one, so the interval repeats from run to run here and varies slightly there.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import random
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pagescribe.scoring import substring_distances
+from pagescribe.scoring import percentile, substring_distances
 from rapidfuzz import fuzz
 
 from pagescribe_local.olmocr_math import KatexRenderer, MathUnavailableError, check_math
@@ -163,6 +167,7 @@ class BenchTest:
     page: int
     type: str
     fields: dict[str, Any]
+    category: str = ""  # the JSONL file it came from (its stem), as olmOCR-bench groups its scores
 
     def __post_init__(self) -> None:
         for name in ("id", "pdf", "type"):
@@ -183,6 +188,7 @@ class RuleResult:
     type: str
     passed: bool | None
     explanation: str
+    category: str = ""
 
 
 def load_tests(bench_dir: Path) -> list[BenchTest]:
@@ -201,7 +207,9 @@ def load_tests(bench_dir: Path) -> list[BenchTest]:
                 continue
             where = f"{path}, line {number}"
             try:
-                test = _parse_test(json.loads(line.decode("utf-8")))
+                test = _parse_test(
+                    json.loads(line.decode("utf-8")), path.relative_to(bench_dir).with_suffix("").as_posix()
+                )
             except ValueError as error:  # bad UTF-8 and bad JSON are ValueErrors too
                 raise ValueError(f"{where}: {error}") from error
             if test.id in first_seen:
@@ -216,20 +224,21 @@ def check(test: BenchTest, page_text: str, renderer: KatexRenderer | None = None
     ``math`` test where no Chromium renders (``renderer``, else one found on this machine)."""
     if test.type not in SUPPORTED_TYPES:
         supported = ", ".join(sorted(SUPPORTED_TYPES))
-        return RuleResult(test.id, test.type, None, f"unsupported rule type {test.type!r} (supported: {supported})")
+        explanation = f"unsupported rule type {test.type!r} (supported: {supported})"
+        return RuleResult(test.id, test.type, None, explanation, test.category)
     page = _HTML_COMMENT.sub(" ", page_text)
     if test.type == "math":
         try:
             passed, explanation = check_math(test.fields, page_text, renderer or _katex())
         except MathUnavailableError as exc:
-            return RuleResult(test.id, test.type, None, str(exc))
+            return RuleResult(test.id, test.type, None, str(exc), test.category)
     elif test.type in _ON_THE_PAGE_AS_WRITTEN:
         passed, explanation = _ON_THE_PAGE_AS_WRITTEN[test.type](test.fields, page)
     elif test.type == "order":
         passed, explanation = _check_order(test.fields, _normalise(page).strip())
     else:
         passed, explanation = _check_presence(test.type == "present", test.fields, _normalise(page).strip())
-    return RuleResult(test.id, test.type, passed, explanation)
+    return RuleResult(test.id, test.type, passed, explanation, test.category)
 
 
 @functools.cache
@@ -249,11 +258,63 @@ def pass_rates(results: Iterable[RuleResult]) -> dict[str, tuple[int, int]]:
     return dict(sorted(counts.items()))
 
 
+def with_baselines(tests: Sequence[BenchTest]) -> list[BenchTest]:
+    """The tests and, as olmOCR-bench's runner adds them, a ``baseline`` test of page 1 of each PDF that has none
+    (id ``<pdf>_baseline``, category ``baseline``)."""
+    has = {test.pdf for test in tests if test.type == "baseline"}
+    added = [
+        BenchTest(f"{pdf}_baseline", pdf, 1, "baseline", {}, "baseline")
+        for pdf in dict.fromkeys(test.pdf for test in tests)
+        if pdf not in has
+    ]
+    return [*tests, *added]
+
+
+@dataclass(frozen=True)
+class BenchScore:
+    """olmOCR-bench's figures of a run: each category's pass rate (its JSONL file's tests that passed), the overall
+    score (the mean of the categories' rates) and its bootstrap confidence interval."""
+
+    categories: dict[str, tuple[int, int]]  # (passed, scored) by category
+    overall: float
+    interval: tuple[float, float]
+    level: float
+
+
+def bench_score(
+    results: Iterable[RuleResult], *, samples: int = 1000, level: float = 0.95, seed: int = 0
+) -> BenchScore | None:
+    """The benchmark's own figures (olmocr ``benchmark.py``, ``utils.calculate_bootstrap_ci``): the overall score is
+    the mean of the categories' pass rates, and its interval the ``level`` percentiles (numpy's linear
+    interpolation) of that mean over ``samples`` resamplings, each category's tests drawn with replacement within it
+    (a seeded generator, so a run repeats its interval). Tests not scored (unsupported) are left out; None when no
+    test was scored."""
+    by_category: dict[str, list[float]] = {}
+    for result in results:
+        if result.passed is not None:
+            by_category.setdefault(result.category or "tests", []).append(1.0 if result.passed else 0.0)
+    if not by_category:
+        return None
+    groups = list(by_category.values())
+    rng = random.Random(seed)  # noqa: S311 - a bootstrap, not a secret
+    means = []
+    for _ in range(samples):
+        drawn = [sum(rng.choices(group, k=len(group))) / len(group) for group in groups]
+        means.append(sum(drawn) / len(drawn))
+    tail = (1 - level) / 2 * 100
+    return BenchScore(
+        {name: (int(sum(scores)), len(scores)) for name, scores in sorted(by_category.items())},
+        sum(sum(group) / len(group) for group in groups) / len(groups),
+        (percentile(means, tail), percentile(means, 100 - tail)),
+        level,
+    )
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _parse_test(data: object) -> BenchTest:
+def _parse_test(data: object, category: str) -> BenchTest:
     if not isinstance(data, dict):
         raise ValueError(f"a test must be a JSON object, not {type(data).__name__}")
     fields = dict(data)
@@ -261,7 +322,12 @@ def _parse_test(data: object) -> BenchTest:
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
     return BenchTest(
-        id=fields.pop("id"), pdf=fields.pop("pdf"), page=fields.pop("page"), type=fields.pop("type"), fields=fields
+        id=fields.pop("id"),
+        pdf=fields.pop("pdf"),
+        page=fields.pop("page"),
+        type=fields.pop("type"),
+        fields=fields,
+        category=category,
     )
 
 

@@ -125,9 +125,8 @@ def test_olmocr_bench_rules_are_run_on_the_pages_they_name(
         {"pdf": "four.pdf", "page": 2, "id": "four_odd", "type": "handwriting", "text": "Lorem"},
     ]
     (bench / "tests.jsonl").write_text("".join(json.dumps(test) + "\n" for test in tests))
-    _answer_pages_with(
-        fake_provider, bench / "pdfs" / "four.pdf", DocumentKind.PDF, {2: r"Lorem ipsum dolor sit \(x^{2}\)"}
-    )
+    answers = {1: "A first page of text.", 2: r"Lorem ipsum dolor sit \(x^{2}\)"}
+    _answer_pages_with(fake_provider, bench / "pdfs" / "four.pdf", DocumentKind.PDF, answers)
     # When the user runs the benchmark
     result = _eval(
         "--olmocr-bench",
@@ -137,19 +136,26 @@ def test_olmocr_bench_rules_are_run_on_the_pages_they_name(
         env=command_environment(database_url, fake_provider),
         cwd=tmp_path,
     )
-    # Then only page 2 was transcribed, and the rules passed (the equation rendered alike), the unsupported one
-    # reported as such
+    # Then page 2 was transcribed, and page 1 for the baseline test the benchmark adds to each PDF that has none; the
+    # rules passed (the equation rendered alike), the unsupported one reported as such
     assert result.returncode == 0, result.stderr
-    assert fake_provider.calls == 1
+    assert fake_provider.calls == 2
     summary = json.loads((tmp_path / "bench.json").read_text())["summary"]
     assert summary["olmocr_bench"] == {
         "absent": {"passed": 1, "scored": 1},
+        "baseline": {"passed": 1, "scored": 1},
         "handwriting": {"passed": 0, "scored": 0},
         "math": {"passed": 1, "scored": 1},
         "order": {"passed": 1, "scored": 1},
         "present": {"passed": 1, "scored": 1},
     }
     assert "| olmOCR-bench handwriting | unsupported |" in result.stdout
+    # ... and the benchmark's own figures: each category (JSONL file) and the mean of their rates, with its interval
+    score = json.loads((tmp_path / "bench.json").read_text())["summary"]["olmocr_bench_score"]
+    assert score["categories"] == {"baseline": {"passed": 1, "scored": 1}, "tests": {"passed": 4, "scored": 4}}
+    assert score["overall"] == 1.0 and score["interval"] == [1.0, 1.0]
+    assert "| olmOCR-bench category tests | 100.0% (4/4) |" in result.stdout
+    assert "| olmOCR-bench average score (of the categories) | 100.0% (95% CI: [100.0%, 100.0%]) |" in result.stdout
 
 
 def test_each_pages_grounding_and_block_boxes_are_reported_and_faults_adds_the_fault_set(

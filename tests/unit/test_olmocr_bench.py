@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe_local.olmocr_bench import SUPPORTED_TYPES, BenchTest, RuleResult, check, load_tests, pass_rates
+from pagescribe_local.olmocr_bench import (
+    SUPPORTED_TYPES,
+    BenchTest,
+    RuleResult,
+    bench_score,
+    check,
+    load_tests,
+    pass_rates,
+    with_baselines,
+)
 from pagescribe_local.olmocr_math import KatexRenderer, equations_in
 
 PAGE = """<!-- page 2 of 9 (openai gpt-4o) -->
@@ -115,7 +124,8 @@ def test_load_tests_reads_every_jsonl_file_but_those_under_pdfs(tmp_path: Path) 
     write_jsonl(tmp_path / "pdfs" / "stray.jsonl", ["not a test at all"])
     # When the tests are loaded
     tests = load_tests(tmp_path)
-    # Then all four are there in file order, with their own fields kept apart from the common ones
+    # Then all four are there in file order, with their own fields kept apart from the common ones, and the file they
+    # came from as their category
     assert [test.id for test in tests] == [
         "ff0f0b22c55d8b90dd77d153f48e144fc9db_02c",
         "math_00",
@@ -128,6 +138,7 @@ def test_load_tests_reads_every_jsonl_file_but_those_under_pdfs(tmp_path: Path) 
         page=1,
         type="absent",
         fields={"text": "1", "last_n": 20, "checked": "verified"},
+        category="more/headers_footers",
     )
     assert tests[1].page == 3 and tests[1].fields == {"math": "x^2"}
 
@@ -461,3 +472,33 @@ def test_pass_rates_count_passed_and_scored_per_type() -> None:
     # When summarised / Then each type gets (passed, scored), and the unsupported one is listed with none scored
     assert pass_rates(results) == {"math": (0, 0), "present": (2, 3), "table": (0, 1)}
     assert pass_rates([]) == {}
+
+
+def test_a_baseline_test_is_added_for_each_pdf_without_one_as_the_benchmark_does() -> None:
+    tests = [
+        _rule("present", text="x"),
+        BenchTest("b", "other.pdf", 2, "baseline", {}),
+        BenchTest("c", "third.pdf", 3, "order", {"before": "a", "after": "b"}),
+    ]
+    added = with_baselines(tests)[3:]
+    assert [(t.id, t.pdf, t.page, t.type, t.category) for t in added] == [
+        ("doc.pdf_baseline", "doc.pdf", 1, "baseline", "baseline"),
+        ("third.pdf_baseline", "third.pdf", 1, "baseline", "baseline"),
+    ]
+
+
+def test_the_benchmark_score_is_the_mean_of_its_categories_rates_with_a_bootstrap_interval() -> None:
+    # Given results in two categories: 1 of 4 passed in one, 3 of 3 in the other, and an unsupported one
+    results = [RuleResult(f"a{n}", "present", n == 0, "", "arxiv") for n in range(4)]
+    results += [RuleResult(f"b{n}", "table", True, "", "tables") for n in range(3)]
+    results += [RuleResult("m", "math", None, "no Chromium", "arxiv")]
+    # When scored as olmOCR-bench scores a run
+    score = bench_score(results)
+    # Then each category is its rate, the overall score their mean (not the 4 of 7 over all tests), and the
+    # interval lies around it, repeatably
+    assert score is not None
+    assert score.categories == {"arxiv": (1, 4), "tables": (3, 3)}
+    assert score.overall == (0.25 + 1.0) / 2
+    assert 0.5 <= score.interval[0] < score.overall < score.interval[1] <= 1.0
+    assert bench_score(results) == score
+    assert bench_score([RuleResult("m", "math", None, "", "x")]) is None

@@ -16,14 +16,16 @@ in the same page, so what is compared is olmocr's comparison and extraction code
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from pagescribe_local.olmocr_bench import BenchTest, check
+from pagescribe_local.olmocr_bench import BenchTest, RuleResult, bench_score, check, load_tests
 from pagescribe_local.olmocr_math import KatexRenderer, Rendered, check_math, rendered_alike
 from rapidfuzz import fuzz
 
@@ -267,3 +269,55 @@ def test_the_math_rule_finds_and_judges_a_pages_equations_as_olmocrs(
     # Then they agree on each, and some pass and some fail
     assert [theirs for *_, theirs, _ in verdicts] == [ours for *_, ours in verdicts], verdicts
     assert {ours for *_, ours in verdicts} == {True, False}
+
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "olmocr-bench"  # olmocr's sample data (SOURCES.md there)
+
+
+def test_olmocrs_own_sample_tests_on_olmocrs_own_transcripts_score_the_same_by_both(
+    olmocr: ModuleType, katex: KatexRenderer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given olmOCR-bench's sample tests (100 over 20 PDFs, every rule type of the release) and the transcripts
+    # olmocr's own pipeline wrote of those pages, which its repository keeps beside them
+    monkeypatch.setattr(olmocr, "render_equation", lambda equation, **_: _theirs(olmocr, katex.render([equation])[0]))
+    ours = {test.id: test for test in load_tests(SAMPLE)}
+    lines = [line for name in ("dataset.jsonl", "blanks.jsonl") for line in (SAMPLE / name).read_text().splitlines()]
+    tests = [json.loads(line) for line in lines if line.strip()]
+
+    # When olmocr's code and pagescribe's score each test on its page's transcript
+    verdicts = []
+    for test in tests:
+        page = (SAMPLE / "olmocr_pipeline" / f"{test['pdf'][:-4]}_pg{test['page']}_repeat1.md").read_text()
+        theirs = bool(olmocr.load_single_test(dict(test)).run(page)[0])
+        verdicts.append((test["id"], test["type"], theirs, check(ours[test["id"]], page, katex).passed))
+
+    # Then every verdict is the same, over every rule type, and both passes and failures are among them
+    assert len(verdicts) == 100
+    assert [case for case in verdicts if case[2] != case[3]] == []
+    assert {kind for _, kind, *_ in verdicts} == {"present", "absent", "order", "table", "math", "baseline"}
+    assert {theirs for *_, theirs, _ in verdicts} == {True, False}
+
+
+def test_the_overall_score_and_its_interval_are_olmocrs(olmocr: ModuleType) -> None:
+    # Given 120 results in three categories of unequal size and pass rate
+    rng = random.Random(3)
+    sizes, rates = {"arxiv": 60, "tables": 40, "scans": 20}, {"arxiv": 0.8, "tables": 0.5, "scans": 0.3}
+    results = [
+        RuleResult(f"{name}-{n}", "present", rng.random() < rates[name], "", name)
+        for name, size in sizes.items()
+        for n in range(size)
+    ]
+    # When pagescribe and olmocr's calculate_bootstrap_ci (numpy's generator, seeded) score them
+    ours = bench_score(results, samples=4000)
+    numpy = importlib.import_module("numpy")
+    numpy.random.seed(0)
+    scores = [1.0 if result.passed else 0.0 for result in results]  # grouped by category, as the splits say
+    theirs = importlib.import_module("olmocr.bench.utils").calculate_bootstrap_ci(
+        scores, n_bootstrap=4000, splits=list(sizes.values())
+    )
+    # Then the overall score is the mean of the three rates, and the two intervals meet within a point (the
+    # generators differ, so their draws do)
+    assert ours is not None
+    rates_seen = [sum(bool(r.passed) for r in results if r.category == name) / size for name, size in sizes.items()]
+    assert math.isclose(ours.overall, sum(rates_seen) / 3)
+    assert abs(ours.interval[0] - theirs[0]) <= 0.01 and abs(ours.interval[1] - theirs[1]) <= 0.01, (ours, theirs)
