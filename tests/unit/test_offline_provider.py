@@ -11,12 +11,13 @@ import asyncio
 import io
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pagescribe.checks import BLANK_PAGE, Answer, Flag, PageEvidence, Thresholds, check_answer
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
-from pagescribe.providers.offline import RapidOcrProvider
+from pagescribe.providers.offline import RapidOcrProvider, _engine_params, _import_rapidocr, _read_upright
 from pagescribe.scoring import recall_precision
 from pagescribe.settings import ConfigurationError
 from pagescribe.sources import DocumentKind, extract_text_layer, render_page
@@ -169,6 +170,39 @@ def test_a_dense_table_in_small_type_reads_from_its_title_down_and_nearly_every_
     recall, precision = recall_precision(layer, result.text)
     assert recall >= 0.9, result.text
     assert precision >= 0.9, result.text
+
+
+@pytest.mark.offline_ocr
+def test_a_sideways_page_of_small_type_is_turned_at_the_size_sent_and_read_enlarged_once() -> None:
+    # Given the top of the NICS table (6-point type) turned a quarter, and the engine, each call of it counted
+    page = render_page(NICS, DocumentKind.PDF, 1)
+    with Image.open(io.BytesIO(page.data)) as full:
+        top = full.convert("RGB").crop((0, 0, full.width, full.height // 3)).rotate(90, expand=True)
+    engine = _Counted(_import_rapidocr()(params=_engine_params("ch", threads=2)))
+
+    # When it is read upright
+    boxes, rotation = _read_upright(engine, top)
+
+    # Then it was turned back, and read four times: as sent, a quarter each way (finding the way up needs no small
+    # type read well), and once enlarged, the way up; enlarging each reading took six, and more than the page's
+    # budget on a loaded machine
+    assert rotation == 90
+    assert len(engine.sizes) == 4
+    assert engine.sizes[-1][0] > top.height and engine.sizes[-1][1] > top.width  # the last, enlarged and upright
+    text = " ".join(box.text for box in boxes)
+    assert "Alabama" in text and "Arkansas" in text
+
+
+class _Counted:
+    """The engine, the size of each image it is given recorded."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.sizes: list[tuple[int, int]] = []
+
+    def __call__(self, image: Image.Image) -> Any:
+        self.sizes.append(image.size)
+        return self._engine(image)
 
 
 def test_a_real_table_keeps_its_rows_on_one_line_each() -> None:

@@ -162,7 +162,10 @@ class RapidOcrProvider:
         except queue.Empty:
             engine = self._build_engine()
         try:
-            boxes, rotation = _read_upright(engine, image) if self._orient else (_read(engine, image), 0)
+            if self._orient:
+                boxes, rotation = _read_upright(engine, image)
+            else:
+                boxes, rotation = _enlarged(engine, image, _text_boxes(engine(image))), 0
         except Exception as exc:
             raise ProviderError(f"offline OCR failed: {type(exc).__name__}: {exc}", retryable=False) from exc
         finally:
@@ -188,25 +191,26 @@ def _read_upright(engine: RapidOCR, image: Image.Image) -> tuple[list[TextBox], 
 
     A page whose lines run up or down (:func:`_sideways`) is read again turned a quarter each way, and the more
     confident reading kept. A page read with a mean confidence below UPSIDE_DOWN_BELOW is read again turned by 180
-    degrees, and that reading kept when UPSIDE_DOWN_GAIN more confident.
+    degrees, and that reading kept when UPSIDE_DOWN_GAIN more confident. The way up is found at the size sent; only
+    the page so turned is read again enlarged where its type is small (:func:`_enlarged`), once.
     """
-    boxes = _read(engine, image)
-    if _sideways(boxes):
-        turned = [(_read(engine, image.rotate(-angle, expand=True)), angle) for angle in (90, 270)]
-        best, angle = max(turned, key=lambda reading: mean_confidence(reading[0]) or 0.0)
-        return (boxes, 0) if _sideways(best) else (best, angle)
-    confidence = mean_confidence(boxes)
-    if confidence is not None and confidence < UPSIDE_DOWN_BELOW:
-        flipped = _read(engine, image.rotate(180))
-        if (mean_confidence(flipped) or 0.0) >= confidence + UPSIDE_DOWN_GAIN:
-            return flipped, 180
-    return boxes, 0
-
-
-def _read(engine: RapidOCR, image: Image.Image) -> list[TextBox]:
-    """The image's text boxes, read again enlarged when its type is small (:data:`SMALL_TEXT_PIXELS`), in the
-    image's own pixels."""
     boxes = _text_boxes(engine(image))
+    angle = 0
+    if _sideways(boxes):
+        turned = [(_text_boxes(engine(image.rotate(-quarter, expand=True))), quarter) for quarter in (90, 270)]
+        best, quarter = max(turned, key=lambda reading: mean_confidence(reading[0]) or 0.0)
+        if not _sideways(best):
+            boxes, angle = best, quarter
+    elif (confidence := mean_confidence(boxes)) is not None and confidence < UPSIDE_DOWN_BELOW:
+        flipped = _text_boxes(engine(image.rotate(180)))
+        if (mean_confidence(flipped) or 0.0) >= confidence + UPSIDE_DOWN_GAIN:
+            boxes, angle = flipped, 180
+    return _enlarged(engine, image.rotate(-angle, expand=True) if angle else image, boxes), angle
+
+
+def _enlarged(engine: RapidOCR, image: Image.Image, boxes: list[TextBox]) -> list[TextBox]:
+    """The image's boxes as read (``boxes``), or where its type is small (its median box under SMALL_TEXT_PIXELS
+    tall) the image read again enlarged towards TEXT_PIXELS, at most MAX_ENLARGEMENT times, in its own pixels."""
     heights = [box.bottom - box.top for box in boxes]
     if not heights or (median := statistics.median(heights)) >= SMALL_TEXT_PIXELS:
         return boxes
