@@ -467,7 +467,7 @@ def _below(upper: _Line, lower: _Line, height: float) -> bool:
 
 def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
     """The rows as a table (the first as its header), or None when they do not line up in columns: markdown, or
-    HTML where a cell spans columns (:func:`_placed`)."""
+    HTML where a cell of the header row, or the one cell of a row, spans columns (:func:`_placed`)."""
     boxes = [box for row in rows for box in row.boxes]
     if any(box.right is None for box in boxes):
         return None
@@ -478,7 +478,12 @@ def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
     ]
     if len(supported) < 2:
         return None
-    cells = [_placed(row, supported, EDGE_SLACK * height) for row in rows]
+    # a span is believed in the header row and in a row of one cell (a title or note across the table); elsewhere a
+    # box across the white is more often two cells' text read as one run (a long name running into the next column)
+    cells = [
+        _placed(row, supported, EDGE_SLACK * height, may_span=at == 0 or len(row.boxes) == 1)
+        for at, row in enumerate(rows)
+    ]
     if sum(len(row_cells) >= 2 for row_cells in cells) * 2 <= len(rows):
         return None
     if all(span == 1 for row_cells in cells for span, _ in row_cells.values()):
@@ -494,19 +499,19 @@ def _table(rows: Sequence[_Line], height: float) -> list[str] | None:
     ]
 
 
-def _placed(row: _Line, columns: Sequence[_Band], slack: float) -> dict[int, tuple[int, str]]:
+def _placed(row: _Line, columns: Sequence[_Band], slack: float, *, may_span: bool) -> dict[int, tuple[int, str]]:
     """The row's cells by the column each starts in: how many columns it spans, and its text.
 
-    A box goes to the column nearest to its middle; boxes in one column are joined left to right. A column's lone box
-    whose text runs across the white between columns (its ends, ``slack`` taken off, reach into two columns or more)
-    spans them, where no other cell of the row is in any of them."""
+    A box goes to the column nearest to its middle; boxes in one column are joined left to right. Where ``may_span``, a
+    column's lone box whose text runs across the white between columns (its ends, ``slack`` taken off, reach into two
+    columns or more) spans them, where no other cell of the row is in any of them."""
     nearest: dict[int, list[TextBox]] = {}
     for box in sorted(row.boxes, key=lambda box: box.left):
         middle = _middle(box)
         at = min(range(len(columns)), key=lambda index: max(columns[index][0] - middle, middle - columns[index][1]))
         nearest.setdefault(at, []).append(box)
     cells = {at: (1, " ".join(box.text for box in boxes)) for at, boxes in nearest.items()}
-    for at, boxes in nearest.items():
+    for at, boxes in nearest.items() if may_span else ():
         start, end = _covered(_Line(boxes[0].top, boxes[0].bottom, boxes), slack)[0]
         reach = [index for index, (low, high) in enumerate(columns) if start <= high and end >= low]
         taken = {column for other, (span, _) in cells.items() if other != at for column in range(other, other + span)}

@@ -1,7 +1,8 @@
 """An answer aligned to the page's own text, on every real born-digital page of the corpus and tests/data/documents.
 
 The "true answer" of a page is its own text layer laid out in reading order (``read_text_layer(...).laid_out``),
-split into blocks at blank lines: a table's rows become a table block with cells, the page-number comment a
+split into blocks at blank lines: a table's rows (markdown, or HTML where a cell spans columns) become a table block
+with cells, the page-number comment a
 page_number block, a heading a heading block, anything else a paragraph (markdown markup removed, as a block's
 ``plain`` is). It is aligned to the page's positioned words (``text_layer_words``). The faults are then injected into
 that answer: an invented sentence, a dropped paragraph, blocks and cells in another order, words hyphenated or
@@ -12,6 +13,7 @@ own lines as boxes, misread and in the engine's row order: the engine itself tak
 from __future__ import annotations
 
 import functools
+import html
 import io
 import random
 import re
@@ -65,6 +67,9 @@ class Block:
 _PIPE = re.compile(r"(?<!\\)\|")
 _RULE = re.compile(r"[|\s:-]+")
 _PAGE_NUMBER = re.compile(r"<!-- page number: (.*) -->")
+_HTML_ROW = re.compile(r"<tr>(.*?)</tr>")
+_HTML_CELL = re.compile(r"<t[dh]([^>]*)>(.*?)</t[dh]>")
+_COLSPAN = re.compile(r'colspan="(\d+)"')
 
 
 def blocks_of(laid_out: str) -> list[Block]:
@@ -75,6 +80,8 @@ def blocks_of(laid_out: str) -> list[Block]:
         number = _PAGE_NUMBER.fullmatch(part)
         if part.startswith("|"):
             blocks.append(table_block(block_id, [line for line in part.splitlines() if not _RULE.fullmatch(line)]))
+        elif part.startswith("<table>"):
+            blocks.append(html_table_block(block_id, part))
         elif number:
             blocks.append(Block(block_id, "page_number", number.group(1).replace("- -", "--")))
         else:
@@ -89,6 +96,21 @@ def table_block(block_id: str, rows: list[str]) -> Block:
             if text.strip():
                 cells.append(Cell(row, col, text.strip().replace("\\|", "|")))
     text = "\n".join(" ".join(cell.text for cell in cells if cell.row == row) for row in range(len(rows)))
+    return Block(block_id, "table", text, tuple(cells))
+
+
+def html_table_block(block_id: str, table: str) -> Block:
+    """An HTML table as the layout writes one (a row a line, a span as ``colspan``): each cell at the column it
+    starts in."""
+    cells = []
+    for row, line in enumerate(_HTML_ROW.findall(table)):
+        col = 0
+        for attributes, text in _HTML_CELL.findall(line):
+            if text.strip():
+                cells.append(Cell(row, col, html.unescape(text).strip()))
+            col += int(span.group(1)) if (span := _COLSPAN.search(attributes)) else 1
+    rows = max((cell.row for cell in cells), default=-1) + 1
+    text = "\n".join(" ".join(cell.text for cell in cells if cell.row == row) for row in range(rows))
     return Block(block_id, "table", text, tuple(cells))
 
 
