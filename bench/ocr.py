@@ -105,7 +105,7 @@ class PageResult:
     turned: tuple[Turned, ...]
     tesseract_cer: float | None
     tesseract_seconds: float | None
-    tables: tuple[tuple[int, int], ...] = ()  # (rows, columns) of each markdown table in the upright reading
+    tables: tuple[tuple[int, int], ...] = ()  # (rows, columns) of each table (markdown or HTML) in the upright reading
 
 
 @dataclass(frozen=True)
@@ -229,8 +229,8 @@ def measure(quick: bool = False, note: Callable[[str], None] = print) -> Run:
 
 
 def tables_found(pages: Sequence[PageResult]) -> tuple[int, int]:
-    """How many of the TABLES of the measured pages were read as a markdown table of their rows and columns, of
-    how many."""
+    """How many of the TABLES of the measured pages were read as a table (markdown or HTML) of their rows and
+    columns, of how many."""
     found = expected = 0
     for page in pages:
         shapes = list(page.tables)
@@ -348,7 +348,7 @@ def section(run: Run) -> str:
     tables, expected_tables = tables_found(pages)
     if expected_tables:
         lines.append(
-            f"| tables read as markdown tables of their rows x columns | {tables} of {expected_tables} | "
+            f"| tables read as tables (markdown or HTML) of their rows x columns | {tables} of {expected_tables} | "
             "(reads no tables) |"
         )
     tesseract_seconds = [page.tesseract_seconds for page in pages if page.tesseract_seconds is not None]
@@ -397,7 +397,7 @@ def _targets(
         )
     if expected_tables:
         lines.append(
-            f"- table pages give a markdown table with the right number of rows and columns: {tables} of "
+            f"- table pages give a table (markdown or HTML) with the right number of rows and columns: {tables} of "
             f"{expected_tables} tables, {_verdict(tables == expected_tables)}"
         )
     if tesseract:

@@ -211,6 +211,7 @@ _MIN_LOOP_CHARS = 30  # "1000000000" is a number, and "no no no" a phrase, not a
 _MIN_LINE_CHARS = 4  # a line counts towards a loop with this many letters and digits, two of them letters
 _ALNUM = re.compile(r"\w")
 _LETTER = re.compile(r"[^\W\d_]")
+_TABLE_TAG = re.compile(r"</?(?:table|thead|tbody|tfoot|tr|td|th|caption|br)\b[^<>]*/?>", re.IGNORECASE)
 
 
 def _loop(max_unit: int, more: int) -> str:
@@ -275,7 +276,9 @@ def _dominant_line(text: str) -> tuple[int, str] | None:
 def repetition(text: str, min_copies: int, reference: str = "") -> int:
     """Copies of the answer's most repeated unit (back to back from ``min_copies`` up, or a line making up most of the
     answer) beyond the copies of that same unit in the page's own text ``reference``: a page that itself repeats a
-    paragraph is transcribed faithfully when the answer repeats it too."""
+    paragraph is transcribed faithfully when the answer repeats it too. An HTML table's tags are read as the white
+    between its cells, as a markdown table's pipes are: ``<td>0</td><td>0</td>`` is a row of zeros, not a loop."""
+    text = _TABLE_TAG.sub(" ", text)
     best = 0
     for copies, unit in _back_to_back(text, min_copies):
         best = max(best, copies - (_most_copies_in_a_row(reference, unit) if reference else 0))

@@ -181,6 +181,19 @@ def test_a_real_page_is_not_a_loop(name: str, text: str) -> None:
     assert repetition(text, DEFAULTS.repetition, reference=text) == 0
 
 
+def test_a_table_of_zeros_is_no_loop_in_html_as_in_markdown_while_a_looping_html_row_is() -> None:
+    # Given a table whose rows are mostly zeros, in markdown and in HTML (as the prompt asks for spanning cells and the
+    # offline engine writes one), and an answer that writes one HTML row again and again
+    rows = [["Alabama", *["0"] * 20], ["Alaska", *["0"] * 20], ["Arizona", "3", *["0"] * 19]] * 5
+    markdown = "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    html = "<table>\n" + "\n".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    looping = "<table>\n" + "<tr><td>Total of the state</td><td>12</td></tr>" * 40 + "\n</table>"
+    # When their repetition is measured / Then the zeros are no loop either way, and the looping row is one
+    assert repetition(markdown, DEFAULTS.repetition) < DEFAULTS.repetition
+    assert repetition(html + "\n</table>", DEFAULTS.repetition) < DEFAULTS.repetition
+    assert repetition(looping, DEFAULTS.repetition) >= DEFAULTS.repetition
+
+
 def test_a_page_that_repeats_itself_is_not_a_loop_when_its_text_layer_does_too() -> None:
     # Given a real page whose own text repeats a paragraph seven times, answered faithfully
     text = extract_text_layer(CORPUS / "pdflatex-4-pages.pdf", 3)
