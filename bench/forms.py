@@ -43,10 +43,9 @@ from bench.ocr import (
     Reader,
     pct,
     read_with_tesseract,
-    replace_section,
     tesseract_version,
 )
-from bench.report import _git_head
+from bench.report import _git_head, publish_section
 
 HEADING = "## Offline engine on table and form pages"
 FORMS = REPO / "tests" / "data" / "forms"
@@ -211,12 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.forms", description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", type=Path, metavar="FILE", help=f"write the section into FILE ({HEADING!r})")
     args = parser.parse_args(argv)
-    text = section(*measure(note=lambda line: print(line, file=sys.stderr, flush=True)))
-    print(text)
-    if args.markdown is not None:
-        existing = args.markdown.read_text(encoding="utf-8") if args.markdown.exists() else ""
-        args.markdown.write_text(replace_section(existing, text, HEADING), encoding="utf-8")
-        print(f"wrote the section into {args.markdown}", file=sys.stderr)
+    publish_section(
+        section(*measure(note=lambda line: print(line, file=sys.stderr, flush=True))), HEADING, args.markdown
+    )
     return 0
 
 

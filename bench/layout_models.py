@@ -38,8 +38,8 @@ from pagescribe_local.evaluation import text_layer_truth
 from PIL import Image
 
 from bench.common import CORPUS
-from bench.ocr import DOCUMENTS, PROVIDER_OPTIONS, RENDER_OPTIONS, TWO_COLUMN, replace_section
-from bench.report import _git_head
+from bench.ocr import DOCUMENTS, PROVIDER_OPTIONS, RENDER_OPTIONS, TWO_COLUMN
+from bench.report import _git_head, publish_section
 
 MIN_SCORE = 0.5  # layout_cdla's regions kept: its own default confidence threshold
 
@@ -186,11 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             model = cer(truth, region_order(boxes, regions, width))
             rows.append((path.name, page, geometry, model, seconds))
             print(f"{path.name} p. {page}: geometry {geometry:.2%}, layout_cdla {model:.2%} ({len(regions)} regions)")
-    text = section(rows, args.all, commit)
-    print("\n" + text)
-    if args.markdown is not None:
-        existing = args.markdown.read_text(encoding="utf-8") if args.markdown.exists() else ""
-        args.markdown.write_text(replace_section(existing, text, HEADING), encoding="utf-8")
+    print()
+    publish_section(section(rows, args.all, commit), HEADING, args.markdown)
     return 0
 
 

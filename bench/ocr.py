@@ -39,7 +39,7 @@ from pagescribe_local.evaluation import text_layer_truth
 from PIL import Image
 
 from bench.common import CORPUS, REPO
-from bench.report import _git_head
+from bench.report import _git_head, publish_section
 
 HEADING = "## Offline engine: upright, rotated, and tesseract"
 DOCUMENTS = REPO / "tests" / "data" / "documents"
@@ -408,29 +408,13 @@ def _targets(
     return lines
 
 
-def replace_section(document: str, text: str, heading: str = HEADING) -> str:
-    """``document`` with its section under ``heading`` (up to the next ``## `` heading) replaced by ``text``, or
-    with ``text`` appended when it has none."""
-    lines = document.splitlines(keepends=True)
-    start = next((index for index, line in enumerate(lines) if line.rstrip() == heading), None)
-    if start is None:
-        return (document.rstrip("\n") + "\n\n" if document.strip() else "") + text
-    end = next((index for index in range(start + 1, len(lines)) if lines[index].startswith("## ")), len(lines))
-    rest = "".join(lines[end:])
-    return "".join(lines[:start]) + text + ("\n" + rest if rest else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ocr", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two pages (one of them two-column), every turn")
     parser.add_argument("--markdown", type=Path, metavar="FILE", help=f"write the section into FILE ({HEADING!r})")
     args = parser.parse_args(argv)
     text = section(measure(args.quick, note=lambda line: print(line, file=sys.stderr, flush=True)))
-    print(text)
-    if args.markdown is not None:
-        existing = args.markdown.read_text(encoding="utf-8") if args.markdown.exists() else ""
-        args.markdown.write_text(replace_section(existing, text), encoding="utf-8")
-        print(f"wrote the section into {args.markdown}", file=sys.stderr)
+    publish_section(text, HEADING, args.markdown)
     return 0
 
 

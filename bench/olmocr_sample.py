@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO
-from bench.ocr import replace_section
-from bench.report import _git_head
+from bench.report import _git_head, publish_section
 
 HEADING = "## olmOCR-bench: its sample, every rule, and where pagescribe and olmocr differ"
 SAMPLE = REPO / "tests" / "data" / "olmocr-bench"
@@ -106,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, metavar="FILE", help=f"write the section into FILE ({HEADING!r})")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-olmocr-") as directory:
-        text = section(run_eval(Path(directory)))
-    print(text)
-    if args.markdown is not None:
-        existing = args.markdown.read_text(encoding="utf-8") if args.markdown.exists() else ""
-        args.markdown.write_text(replace_section(existing, text, HEADING), encoding="utf-8")
-        print(f"wrote the section into {args.markdown}", file=sys.stderr)
+        publish_section(section(run_eval(Path(directory))), HEADING, args.markdown)
     return 0
 
 

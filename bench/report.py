@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,28 @@ def _git_head() -> str:
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--", "shared", "functions")
     return head + (" (with uncommitted changes in shared/ or functions/)" if dirty else "")
+
+
+def replace_section(document: str, text: str, heading: str) -> str:
+    """``document`` with its section under ``heading`` (up to the next ``## `` heading) replaced by ``text``, or
+    with ``text`` appended when it has none."""
+    lines = document.splitlines(keepends=True)
+    start = next((index for index, line in enumerate(lines) if line.rstrip() == heading), None)
+    if start is None:
+        return (document.rstrip("\n") + "\n\n" if document.strip() else "") + text
+    end = next((index for index in range(start + 1, len(lines)) if lines[index].startswith("## ")), len(lines))
+    rest = "".join(lines[end:])
+    return "".join(lines[:start]) + text + ("\n" + rest if rest else "")
+
+
+def publish_section(text: str, heading: str, markdown: Path | None) -> None:
+    """A measurement's markdown section printed, and written into ``markdown`` under ``heading`` when it is given
+    (the section there replaced, or appended to the file)."""
+    print(text)
+    if markdown is not None:
+        existing = markdown.read_text(encoding="utf-8") if markdown.exists() else ""
+        markdown.write_text(replace_section(existing, text, heading), encoding="utf-8")
+        print(f"wrote the section into {markdown}", file=sys.stderr)
 
 
 def machine_facts() -> dict[str, Any]:

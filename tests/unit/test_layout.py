@@ -237,15 +237,7 @@ def test_a_page_number_set_off_at_the_bottom_is_marked_or_dropped() -> None:
 def test_a_cell_whose_text_runs_across_the_white_between_columns_makes_an_html_table_with_its_span() -> None:
     # Given a table of a name and two figures per row, whose header "Test accuracy & more" runs across the white
     # between the two columns of figures
-    rows = [line("Classifier", 100, 124), line("Test accuracy & more", 400, 124, right=760)]
-    for index, (name, first, second) in enumerate(
-        (("Forest", "96.4", "62.4"), ("Tree", "65.4", "11.0"), ("LDA", "86.4", "46.8"))
-    ):
-        rows += [
-            line(name, 100, 148 + 24 * index),
-            line(first, 400, 148 + 24 * index),
-            line(second, 700, 148 + 24 * index),
-        ]
+    rows = [line("Classifier", 100, 124), line("Test accuracy & more", 400, 124, right=760), *_classifiers(148)]
 
     # When it is laid out
     lines = boxes_to_text(rows).splitlines()
@@ -263,15 +255,7 @@ def test_a_cell_whose_text_runs_across_the_white_between_columns_makes_an_html_t
 
 def test_a_header_within_its_column_keeps_the_table_in_markdown() -> None:
     # Given the same table, its header "Test" short enough to stand within the first column of figures
-    rows = [line("Classifier", 100, 100), line("Test", 400, 100), line("Other", 700, 100)]
-    for index, (name, first, second) in enumerate(
-        (("Forest", "96.4", "62.4"), ("Tree", "65.4", "11.0"), ("LDA", "86.4", "46.8"))
-    ):
-        rows += [
-            line(name, 100, 124 + 24 * index),
-            line(first, 400, 124 + 24 * index),
-            line(second, 700, 124 + 24 * index),
-        ]
+    rows = [line("Classifier", 100, 100), line("Test", 400, 100), line("Other", 700, 100), *_classifiers(124)]
 
     # When it is laid out
     # Then it is a markdown table
@@ -279,6 +263,16 @@ def test_a_header_within_its_column_keeps_the_table_in_markdown() -> None:
         "| Classifier | Test | Other |",
         "| --- | --- | --- |",
         "| Forest | 96.4 | 62.4 |",
+    ]
+
+
+def _classifiers(top: float) -> list[TextBox]:
+    """Three rows of a name and two figures, in columns at 100, 400 and 700 pixels, the first at ``top``."""
+    rows = (("Forest", "96.4", "62.4"), ("Tree", "65.4", "11.0"), ("LDA", "86.4", "46.8"))
+    return [
+        line(text, left, top + 24 * index)
+        for index, row in enumerate(rows)
+        for text, left in zip(row, (100, 400, 700), strict=True)
     ]
 
 
