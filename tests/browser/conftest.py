@@ -156,6 +156,11 @@ class Page:
         self.until(lambda d: len(self.all("#uploads li")) > before, "an upload row appears")
         return self.all("#uploads li")[0]
 
+    def open_first_page(self, link: WebElement) -> None:
+        """Follow a document's link and wait until its page 1 is shown."""
+        link.click()
+        self.until(lambda d: self.all("#page-view[data-page]") and self.shown_page() == 1, "page 1 is shown")
+
     def finished(self, row: WebElement) -> str:
         """Wait for an upload row to reach a final status; that status."""
         self.until(

@@ -124,8 +124,7 @@ def test_a_dropped_pdf_is_followed_listed_opened_and_its_flagged_page_re_run_and
     assert cells[4].startswith("$")
 
     # When it is opened from the list
-    page.find(f"{listed} a").click()
-    page.until(lambda d: page.all("#page-view[data-page]") and page.shown_page() == 1, "page 1 is shown")
+    page.open_first_page(page.find(f"{listed} a"))
     assert "pdflatex-4-pages.pdf" in page.find("#doc-title").text
     assert "j" in page.find(".keys").text and "k" in page.find(".keys").text
 
@@ -289,8 +288,7 @@ def test_a_correction_is_saved_and_is_in_the_downloaded_markdown(page: Page, sta
     page.sign_in(stack.api)
     row = page.drop(corpus / "minimal-document.pdf")
     assert page.finished(row) in FINISHED
-    row.find_element("css selector", "a").click()
-    page.until(lambda d: page.all("#page-view[data-page]") and page.shown_page() == 1, "page 1 is shown")
+    page.open_first_page(row.find_element("css selector", "a"))
 
     # When the reviewer presses e, writes the page's markdown anew and saves it
     press(page, "e")
@@ -317,8 +315,7 @@ def test_a_pages_kept_figures_are_shown_under_its_text(page: Page, stack: Stack,
     row = page.drop(corpus / "pdflatex-image.pdf")
     assert page.finished(row) in FINISHED
     # When it is opened on the review page
-    row.find_element("css selector", "a").click()
-    page.until(lambda d: page.all("#page-view[data-page]") and page.shown_page() == 1, "page 1 is shown")
+    page.open_first_page(row.find_element("css selector", "a"))
     # Then its kept figure is shown under the text, loaded from the API's short-lived link
     page.until(lambda d: page.find("#figures").is_displayed(), "the figures are shown")
     loaded = "return [...document.querySelectorAll('#figures img')].map((img) => img.complete && img.naturalWidth)"
