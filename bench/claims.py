@@ -1,20 +1,25 @@
-"""Benchmark 1: claim + fenced-complete pairs per second, 16 threads, Database vs the same SQL on raw psycopg."""
+"""Benchmark 1: claim + fenced-complete pairs per second, 16 threads, Database vs the same SQL on raw psycopg.
+
+Each job is claimed by its id, as the transcribe function claims the job an SQS message names."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from pagescribe.database import CLAIM_NEXT_QUEUED_JOBS, COMPLETE_JOB, Database, create_database_engine, fenced_write
 from pagescribe.domain import AttemptOutcome, ClaimedJob, NewDocument, PageOutcome
+from pagescribe.store.postgres import Database, create_database_engine
+from pagescribe.store.postgres.claims import PgClaims
+from pagescribe.store.postgres.ledger import PgLedger, fenced_write
 from psycopg import pq
 from sqlalchemy import Engine, text
 
@@ -38,8 +43,8 @@ OUTCOME = PageOutcome(
 
 
 # The very statements Database sends (psycopg's %(name)s placeholders).
-RAW_CLAIM = CLAIM_NEXT_QUEUED_JOBS
-RAW_COMPLETE = COMPLETE_JOB
+RAW_CLAIM = PgClaims.CLAIM_JOBS_BY_ID
+RAW_COMPLETE = PgLedger.COMPLETE_JOB
 
 
 def complete_params(claimed: tuple[Any, ...]) -> dict[str, Any]:
@@ -71,17 +76,20 @@ class RunResult:
         return self.jobs / self.seconds
 
 
-def _seed(db: Database, jobs: int, variant: str) -> None:
-    """Empty tables, then ``jobs`` QUEUED jobs in documents of 100 pages, as the upload function makes them."""
+def _seed(db: Database, jobs: int, variant: str) -> list[str]:
+    """Empty tables, then ``jobs`` QUEUED jobs in documents of 100 pages, as the upload function makes them: their
+    ids, oldest first."""
     with db.engine.begin() as conn:
         conn.execute(text("TRUNCATE documents, jobs, attempts, page_corrections, idempotency_keys"))
+    job_ids: list[str] = []
     for start in range(0, jobs, PAGES_PER_DOCUMENT):
         pages = list(range(1, min(PAGES_PER_DOCUMENT, jobs - start) + 1))
         new = NewDocument("bench", f"uploads/claims/{variant}/{start}.pdf", uuid.uuid4().hex, "", 1, "bench/model")
-        db.create_document(new, kind="pdf", pages=pages)
+        job_ids += db.create_document(new, kind="pdf", pages=pages).job_ids
     with db.engine.connect() as conn:
         conn.execute(text("COMMIT"))
         conn.execute(text("ANALYZE documents, jobs"))
+    return job_ids
 
 
 def _transactions(admin: psycopg.Connection[Any], database: str) -> int:
@@ -93,50 +101,38 @@ def _transactions(admin: psycopg.Connection[Any], database: str) -> int:
     return int(row[0])
 
 
-def _storage_worker(db: Database, barrier: threading.Barrier, tally: Tally) -> None:
+def _raw_claim_params(job_id: str) -> dict[str, Any]:
+    """The parameters Database.claim_jobs sends for one job."""
+    return {
+        "job_ids": [job_id],
+        "limit": 1,
+        "lease_token": str(uuid.uuid4()),
+        "lease_seconds": LEASE_SECONDS,
+        "max_attempts": MAX_ATTEMPTS,
+    }
+
+
+def _storage_worker(db: Database, job_ids: list[str], barrier: threading.Barrier, tally: Tally) -> None:
     try:
         barrier.wait()
-        while True:
-            jobs = db.claim_next_queued_jobs(limit=1, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS)
-            if not jobs:
-                return
-            job: ClaimedJob = jobs[0]
-            tally.claimed.append(job.job_id)
-            if db.complete_job(job, OUTCOME) is None:
-                tally.lost.append(job.job_id)
+        _storage_pairs(db, tally, iter(job_ids), len(job_ids))
     except BaseException as exc:
         tally.errors.append(exc)
 
 
-def _raw_worker(conn: psycopg.Connection[Any], barrier: threading.Barrier, tally: Tally) -> None:
+def _raw_worker(conn: psycopg.Connection[Any], job_ids: list[str], barrier: threading.Barrier, tally: Tally) -> None:
     """The same two statements, one transaction each: BEGIN (implicit, as psycopg and SQLAlchemy do it)
     … COMMIT, or one autocommitted statement on an autocommit connection."""
     try:
         barrier.wait()
-        with conn.cursor() as cur:
-            while True:
-                token = str(uuid.uuid4())
-                cur.execute(
-                    RAW_CLAIM,
-                    {"limit": 1, "lease_token": token, "lease_seconds": LEASE_SECONDS, "max_attempts": MAX_ATTEMPTS},
-                )
-                rows = cur.fetchall()
-                conn.commit()
-                if not rows:
-                    return
-                job_id = rows[0][0]
-                tally.claimed.append(str(job_id))
-                cur.execute(RAW_COMPLETE, complete_params(rows[0]))
-                done = cur.fetchall()
-                conn.commit()
-                if not done:
-                    tally.lost.append(str(job_id))
+        _raw_pairs(conn, tally, iter(job_ids), len(job_ids))
     except BaseException as exc:
         tally.errors.append(exc)
 
 
 def _run(variant: str, url: str, db: Database, admin: psycopg.Connection[Any], jobs: int, database: str) -> RunResult:
-    _seed(db, jobs, variant)
+    job_ids = _seed(db, jobs, variant)
+    shares = [job_ids[i::THREADS] for i in range(THREADS)]  # as SQS hands the messages out among environments
     tally = Tally()
     barrier = threading.Barrier(THREADS + 1)
     raw: list[psycopg.Connection[Any]] = []
@@ -147,12 +143,12 @@ def _run(variant: str, url: str, db: Database, admin: psycopg.Connection[Any], j
         for conn in warm:
             conn.close()
         target: Callable[..., None] = _storage_worker
-        args: list[tuple[Any, ...]] = [(subject, barrier, tally) for _ in range(THREADS)]
+        args: list[tuple[Any, ...]] = [(subject, share, barrier, tally) for share in shares]
     else:
         autocommit = variant == "raw-autocommit"
         raw = [psycopg.connect(plain_url(url), autocommit=autocommit, prepare_threshold=None) for _ in range(THREADS)]
         target = _raw_worker
-        args = [(connection, barrier, tally) for connection in raw]
+        args = [(connection, share, barrier, tally) for connection, share in zip(raw, shares, strict=True)]
     before = _transactions(admin, database)
     threads = [threading.Thread(target=target, args=a, daemon=True) for a in args]
     for thread in threads:
@@ -182,12 +178,12 @@ def _subject(variant: str, url: str, pool_size: int) -> tuple[Engine, Database]:
 def round_trips_per_pair(variant: str, url: str, db: Database, *, pairs: int = 20) -> float:
     """Client-server round trips (ReadyForQuery messages in libpq's protocol trace) per claim+complete pair,
     on one connection (pool of one), traced after a warm-up."""
-    _seed(db, pairs + 5, f"trace-{variant}")
+    job_ids = iter(_seed(db, pairs + 5, f"trace-{variant}"))
     engine: Engine | None = None
     if variant.startswith("database"):
         engine, subject = _subject(variant, url, 1)
         tally = Tally()
-        worker: Callable[[int], None] = functools.partial(_storage_pairs, subject, tally)
+        worker: Callable[[int], None] = functools.partial(_storage_pairs, subject, tally, job_ids)
         worker(5)  # connect and warm up
         pooled = engine.raw_connection()  # the pool's only connection
         traced = pooled.driver_connection
@@ -195,7 +191,7 @@ def round_trips_per_pair(variant: str, url: str, db: Database, *, pairs: int = 2
     else:
         traced = psycopg.connect(plain_url(url), autocommit=variant == "raw-autocommit", prepare_threshold=None)
         tally = Tally()
-        worker = functools.partial(_raw_pairs, traced, tally)
+        worker = functools.partial(_raw_pairs, traced, tally, job_ids)
         worker(5)
     assert isinstance(traced, psycopg.Connection)
     with tempfile.TemporaryFile() as trace:
@@ -212,23 +208,28 @@ def round_trips_per_pair(variant: str, url: str, db: Database, *, pairs: int = 2
     return trips / pairs
 
 
-def _storage_pairs(db: Database, tally: Tally, pairs: int) -> None:
-    for _ in range(pairs):
-        [job] = db.claim_next_queued_jobs(limit=1, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS)
+def _storage_pairs(db: Database, tally: Tally, job_ids: Iterator[str], pairs: int) -> None:
+    """Claim the next ``pairs`` jobs by id and complete each under its lease, through Database."""
+    for job_id in itertools.islice(job_ids, pairs):
+        job: ClaimedJob = db.claim_jobs([job_id], lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS).claimed[
+            job_id
+        ]
         tally.claimed.append(job.job_id)
-        db.complete_job(job, OUTCOME)
+        if db.complete_job(job, OUTCOME) is None:
+            tally.lost.append(job.job_id)
 
 
-def _raw_pairs(conn: psycopg.Connection[Any], tally: Tally, pairs: int) -> None:
+def _raw_pairs(conn: psycopg.Connection[Any], tally: Tally, job_ids: Iterator[str], pairs: int) -> None:
+    """The same, with the same statements on a raw psycopg connection."""
     with conn.cursor() as cur:
-        for _ in range(pairs):
-            token = str(uuid.uuid4())
-            params = {"limit": 1, "lease_token": token, "lease_seconds": LEASE_SECONDS, "max_attempts": MAX_ATTEMPTS}
-            cur.execute(RAW_CLAIM, params)
+        for job_id in itertools.islice(job_ids, pairs):
+            cur.execute(RAW_CLAIM, _raw_claim_params(job_id))
             [claimed] = cur.fetchall()
             conn.commit()
+            tally.claimed.append(str(claimed[0]))
             cur.execute(RAW_COMPLETE, complete_params(claimed))
-            cur.fetchall()
+            if not cur.fetchall():
+                tally.lost.append(str(claimed[0]))
             conn.commit()
 
 
@@ -317,7 +318,7 @@ def run(mode: Mode) -> Result:
             "no job claimed twice"
         ),
         rows=[
-            ("Database (claim_next_queued_jobs limit 1 + complete_job)", f"{database_rate:,.0f} pairs/s"),
+            ("Database (claim_jobs of one id + complete_job)", f"{database_rate:,.0f} pairs/s"),
             ("raw psycopg 3, same SQL, autocommit (as Database runs single statements)", f"{raw_rate:,.0f} pairs/s"),
             ("**Database / raw, judged** (median of the per-round ratios)", f"**{ratio:.2f}**"),
             ("Database / raw, from the totals", f"{database_rate / raw_rate:.2f}"),

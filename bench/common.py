@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import psycopg
-from pagescribe.database import Database
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "data" / "corpus"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pagescribe.database import Database, create_database_engine
 from pagescribe.settings import Settings
+from pagescribe.store.postgres import Database, create_database_engine
 from pagescribe.tenancy import KeyRing, create_key
 
 from bench.common import fresh_database, median, percentile

@@ -9,8 +9,8 @@ import time
 import uuid
 from pathlib import Path
 
-from pagescribe.database import Database
 from pagescribe.domain import NewDocument, PageOutcome
+from pagescribe.store.postgres import Database
 
 from bench.common import Mode, Result, StorageTimer, fresh_database, median, percentile, spread_ms, timed_async_method
 from bench.pdfs import build_pdf

@@ -14,10 +14,10 @@ from typing import Any
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
-from pagescribe.database import Database, create_database_engine
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database, create_database_engine
 from pagescribe_local.embedded import embedded_database_url as embedded_database_url_for
 from pagescribe_local.embedded import stop_embedded_database
 from sqlalchemy import text

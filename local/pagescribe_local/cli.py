@@ -31,7 +31,6 @@ import httpx
 from pagescribe.aws import ApiGatewayKeys, apigateway_client
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, ChunkingError, check_bounds
-from pagescribe.database import Database, create_database_engine
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import (
@@ -45,6 +44,7 @@ from pagescribe.service import (
 )
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
 from pagescribe.sources import InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.store.postgres import Database, create_database_engine
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 
 from pagescribe_local import evaluation

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pagescribe.aws import ObjectStore
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.chunking import chunk_transcript
-from pagescribe.database import Database
 from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.layout import is_page_number
 from pagescribe.settings import Settings
 from pagescribe.status import chunks_key
+from pagescribe.store.ports import Store
 
 if TYPE_CHECKING:
     from pagescribe.blocks import Block, Cell
@@ -476,7 +476,7 @@ _IMAGE_SUFFIXES = {"image/jpeg": "jpg", "image/png": "png"}
 
 
 class TranscriptWriter:
-    def __init__(self, settings: Settings, db: Database, objects: ObjectStore) -> None:
+    def __init__(self, settings: Settings, db: Store, objects: ObjectStore) -> None:
         self._settings = settings
         self._db = db
         self._objects = objects
@@ -521,7 +521,7 @@ class TranscriptWriter:
         when the files could not be brought up to date in REWRITE_ROUNDS rounds (the next save writes them).
 
         Two saves of one document rewrite at once, and S3 keeps the last PUT, so each writer reads the document at
-        one moment (``Database.transcript_state``: a share lock of the document's row held for the short read only,
+        one moment (``Store.transcript_state``: a share lock of the document's row held for the short read only,
         never across the PUTs), writes, then reads the version again: if a save, re-run or finish landed meanwhile,
         its files may be older than the database, so it writes again. The last PUT is always followed by a version
         read that found nothing new, so the files end showing the latest revision. One gap remains: a re-run that

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from pagescribe.database import Database
 from pagescribe.domain import CALLBACK_PORTS, DueCallback, callback_port_allowed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
+from pagescribe.store.ports import Store
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class _Outcome:
 
 
 class CallbackNotifier:
-    def __init__(self, settings: Settings, db: Database, secret: bytes | None, *, resolver: Resolver = resolve) -> None:
+    def __init__(self, settings: Settings, db: Store, secret: bytes | None, *, resolver: Resolver = resolve) -> None:
         self._settings = settings
         self._db = db
         self._secret = secret

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from pagescribe.database import Database
 from pagescribe.domain import ClaimedJob, RateBucket
 from pagescribe.settings import Settings
+from pagescribe.store.ports import SpendStore
 
 MAX_DELAY_SECONDS = 900  # SQS's longest message delay
 EARLY_SECONDS = 1.0  # a page back this much before its reserved slot calls anyway (SQS delays are whole seconds)
@@ -45,7 +45,7 @@ GO = Admission(0.0)
 
 
 class RateGovernor:
-    def __init__(self, settings: Settings, db: Database, provider: str) -> None:
+    def __init__(self, settings: Settings, db: SpendStore, provider: str) -> None:
         self._db = db
         self._bucket = (
             RateBucket(provider, settings.rate_limit_rpm, settings.rate_limit_tpm, settings.rate_limit_burst)

@@ -16,11 +16,11 @@ from urllib.parse import unquote_plus
 from aws_lambda_powertools.utilities.data_classes import S3Event
 
 from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
-from pagescribe.database import Database
 from pagescribe.domain import DocumentRecord, DocumentStatus, NewDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.sources import DocumentInfo, InvalidDocumentError
+from pagescribe.store.ports import Store
 from pagescribe.tenancy import TENANT_ID
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Ingestor:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        db: Store,
         objects: ObjectStore,
         queue: JobQueue,
         inspector: Inspector,

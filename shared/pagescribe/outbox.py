@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagescribe.aws import JobMessage, JobQueue
-from pagescribe.database import Database
+from pagescribe.store.ports import DocumentStore
 
 
 def send_committed(
-    queue: JobQueue, db: Database, messages: Sequence[JobMessage], *, delay_seconds: int = 0
+    queue: JobQueue, db: DocumentStore, messages: Sequence[JobMessage], *, delay_seconds: int = 0
 ) -> list[str]:
     """Send the messages of committed jobs, then stamp the ones SQS accepted as sent; their job ids."""
     sent = queue.send(messages, delay_seconds=delay_seconds)

@@ -36,12 +36,12 @@ from pagescribe.timebudget import TimeBudget
 if TYPE_CHECKING:
     from pagescribe.assembly import TranscriptWriter
     from pagescribe.callbacks import CallbackNotifier
-    from pagescribe.database import Database
     from pagescribe.ingestion import Ingestor
     from pagescribe.providers.base import TranscriptionProvider
     from pagescribe.rendering import RenderPool
     from pagescribe.secondread import SecondReader
     from pagescribe.service import DocumentService
+    from pagescribe.store.postgres import Database
     from pagescribe.sweeping import Sweeper
     from pagescribe.tenancy import KeyRing
     from pagescribe.transcription import SourceCache, Transcriber
@@ -89,7 +89,7 @@ class Runtime:
 
     @cached_property
     def db(self) -> Database:
-        from pagescribe.database import Database, create_database_engine
+        from pagescribe.store.postgres import Database, create_database_engine
 
         return Database(create_database_engine(self.database_url))
 

@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
 from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, ChunkingError, check_bounds, chunk_transcript
-from pagescribe.database import Database
 from pagescribe.domain import (
     DocumentListing,
     DocumentRecord,
@@ -30,6 +29,7 @@ from pagescribe.domain import (
 from pagescribe.outbox import send_committed
 from pagescribe.settings import CLEAN_PROMPT, Settings
 from pagescribe.status import describe_document
+from pagescribe.store.ports import Store
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Estimate:
         return asdict(self)
 
 
-def estimate_cost(db: Database, model: str, pages: int | None, tenant: str) -> Estimate:
+def estimate_cost(db: Store, model: str, pages: int | None, tenant: str) -> Estimate:
     """What ``pages`` pages would cost on ``model``, from the tenant's own calls of it (never another tenant's)."""
     price, calls = db.model_price(model, tenant)
     if price is None:
@@ -228,7 +228,7 @@ class DocumentService:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        db: Store,
         objects: ObjectStore,
         queue: JobQueue,
         rewrite: Callable[[str], bool],

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagescribe.database import Database
 from pagescribe.domain import DocumentRecord, JobStatus
+from pagescribe.store.ports import Store
 
 
-def describe_document(db: Database, document: DocumentRecord) -> dict[str, Any]:
+def describe_document(db: Store, document: DocumentRecord) -> dict[str, Any]:
     summary = db.page_summary(document.document_id)
     spend = db.spend(document.document_id)
     issues = db.page_issues(document.document_id)

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 from pagescribe.aws import FailedInvocations, JobMessage, JobQueue
 from pagescribe.callbacks import CallbackNotifier
-from pagescribe.database import Database
 from pagescribe.domain import DocumentStatus
 from pagescribe.settings import Settings
+from pagescribe.store.ports import Store
 
 if TYPE_CHECKING:  # the ingestion (and the file formats it reads) loads only when a failed upload is to be recorded
     from pagescribe.ingestion import Ingestor
@@ -39,7 +39,7 @@ class Sweeper:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        db: Store,
         queue: JobQueue,
         finish: Finish,
         notifier: CallbackNotifier,

@@ -20,8 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from pagescribe.database import Database
 from pagescribe.settings import Settings
+from pagescribe.store.ports import TenantStore
 
 KEY_PREFIX = "psk_"
 LABEL_LENGTH = 12  # the key's first characters, listed to tell keys apart
@@ -59,7 +59,7 @@ def key_label(key: str) -> str:
     return key[:LABEL_LENGTH]
 
 
-def create_key(db: Database, tenant_id: str) -> tuple[str, str]:
+def create_key(db: TenantStore, tenant_id: str) -> tuple[str, str]:
     """A new key for the tenant (created if new): (its id, the key itself, which is not stored)."""
     key = new_key()
     return db.add_api_key(check_tenant_id(tenant_id), key_hash(key), key_label(key)), key
@@ -72,7 +72,7 @@ def new_callback_secret() -> str:
 class KeyRing:
     """Which tenant a presented key belongs to, looked up once per API_KEY_CACHE_SECONDS in this environment."""
 
-    def __init__(self, settings: Settings, db: Database, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: Settings, db: TenantStore, clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
         self._db = db
         self._clock = clock

@@ -32,7 +32,6 @@ from pagescribe.checks import (
     merge_flags,
     usable_text_layer,
 )
-from pagescribe.database import Database
 from pagescribe.domain import (
     NO_OUTCOME,
     ClaimedJob,
@@ -59,6 +58,7 @@ from pagescribe.rendering import RenderPool, RenderWorkerError
 from pagescribe.secondread import PendingRead, SecondReader
 from pagescribe.settings import Settings
 from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage, crop_figures
+from pagescribe.store.ports import Store
 from pagescribe.timebudget import TimeBudget
 
 if TYPE_CHECKING:  # grounding (rapidfuzz, markdown-it) is loaded by the first answer grounded
@@ -320,7 +320,7 @@ class Transcriber:
     def __init__(
         self,
         settings: Settings,
-        db: Database,
+        db: Store,
         queue: JobQueue,
         provider: TranscriptionProvider,
         sources: SourceCache,

@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from pagescribe.webpage import ASSETS
 from sqlalchemy import text
 

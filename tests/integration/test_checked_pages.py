@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from pagescribe.checks import clean_answer
-from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
+from pagescribe.store.postgres import Database
 
 from tests.fakes.chat_server import PROMPT_TOKENS, Behaviour, FakeChatServer, Ok
 from tests.support.answers import captured

@@ -16,8 +16,8 @@ import boto3
 import httpx
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.database import Database
 from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe.store.postgres import Database
 from PIL import Image
 
 from tests.fakes.chat_server import FakeChatServer, Ok, expected_text

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from pagescribe.database import Database, create_database_engine
 from pagescribe.domain import ClaimedJob, DocumentStatus, JobStatus, NewDocument, PageOutcome
+from pagescribe.store.postgres import Database, create_database_engine
 from psycopg import pq
 from sqlalchemy import text
 
 from tests.conftest import both_servers
+from tests.support.database import claim_one
 
 pytestmark = pytest.mark.integration
 
@@ -102,39 +103,28 @@ def test_a_document_and_its_jobs_are_recorded_once(db: Database) -> None:
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
 
 
-def test_claim_next_returns_the_oldest_due_job_and_marks_it_processing(db: Database) -> None:
-    # Given two documents, the first recorded earlier
-    older = db.create_document(_new("uploads/old.pdf"), kind="pdf", pages=[1, 2])
-    db.create_document(_new("uploads/new.pdf"), kind="pdf", pages=[1])
-    # When one job is polled
-    [job] = db.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
-    # Then it is the first page of the older document, now PROCESSING with one attempt
-    assert (job.document_id, job.page_number, job.attempts) == (older.document_id, 1, 1)
-    assert _status(db, job.job_id) == ("PROCESSING", 1)
-
-
 def test_claim_by_id_hands_a_job_out_once(db: Database) -> None:
     created = db.create_document(_new("uploads/x.pdf"), kind="pdf", pages=[1])
     [job_id] = created.job_ids
     # When the same job is claimed twice (a duplicate delivery)
-    first = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
-    second = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    first = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
+    second = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     # Then only the first claim gets it
     assert first is not None and first.job_id == job_id
     assert second is None
     # And once completed, it is never handed out again
     assert db.complete_job(first, _outcome("done")) is not None
-    assert db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is None
+    assert claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3) is None
 
 
 def test_an_expired_lease_is_taken_over_and_the_zombie_write_is_refused(db: Database) -> None:
     # Given a job claimed by a worker whose lease then expired (the worker died or stalled)
     [job_id] = db.create_document(_new("uploads/z.pdf"), kind="pdf", pages=[1]).job_ids
-    zombie = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    zombie = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert zombie is not None
     _expire_lease(db, job_id)
     # When a redelivery claims it again and completes it
-    newer = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    newer = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert newer is not None and newer.attempts == 2 and newer.lease_token != zombie.lease_token
     assert db.complete_job(newer, _outcome("newer result")) is not None
     # Then the zombie's late result and late failure are both refused, and the newer result stands
@@ -147,26 +137,27 @@ def test_an_expired_lease_is_taken_over_and_the_zombie_write_is_refused(db: Data
 
 def test_claims_stop_at_max_attempts(db: Database) -> None:
     [job_id] = db.create_document(_new("uploads/m.pdf"), kind="pdf", pages=[1]).job_ids
-    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=1)
+    job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=1)
     assert job is not None
     _expire_lease(db, job_id)
-    assert db.claim_job(job_id, lease_seconds=LEASE, max_attempts=1) is None
+    assert claim_one(db, job_id, lease_seconds=LEASE, max_attempts=1) is None
 
 
-def test_requeue_makes_the_job_claimable_again_with_backoff_for_polling(db: Database) -> None:
+def test_requeue_makes_the_job_claimable_again_with_backoff_for_the_sweeper(db: Database) -> None:
     [job_id] = db.create_document(_new("uploads/r.pdf"), kind="pdf", pages=[1]).job_ids
-    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert job is not None
     assert db.requeue_job(job, "HTTP 503", delay_seconds=3600)
-    # The poll respects the backoff; a message naming the job (sent with that delay) may claim it
-    assert db.claim_next_queued_jobs(limit=10, lease_seconds=LEASE, max_attempts=3) == []
-    again = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    # The sweeper does not send it again before its backoff; a message naming the job (sent with that delay) may
+    # claim it
+    assert db.take_unsent_jobs(resend_after_seconds=0, limit=10) == []
+    again = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert again is not None and again.attempts == 2
 
 
 def test_the_last_page_is_seen_by_exactly_one_completion(db: Database) -> None:
     created = db.create_document(_new("uploads/d.pdf"), kind="pdf", pages=[1, 2, 3])
-    jobs = [db.claim_job(j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
+    jobs = [claim_one(db, j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
     assert all(jobs)
     claimed = [j for j in jobs if j is not None]
     progress = [
@@ -181,24 +172,30 @@ def test_the_last_page_is_seen_by_exactly_one_completion(db: Database) -> None:
     assert not db.finish_document(created.document_id, status=DocumentStatus.PARTIAL, error=None, transcript_key="t.md")
 
 
-def test_sixteen_threads_racing_over_two_thousand_jobs_claim_each_once(db: Database) -> None:
-    # Given 2,000 queued jobs
-    for i in range(20):
-        db.create_document(_new(f"uploads/race-{i}.pdf"), kind="pdf", pages=range(1, 101))
+def test_sixteen_threads_claiming_overlapping_batches_of_two_thousand_jobs_claim_each_once(db: Database) -> None:
+    # Given 2,000 queued jobs, each delivered twice: in sixteen shares, each thread taking its own share and the next
+    # thread's, ten ids to a batch as SQS hands them out
+    job_ids = [
+        job_id
+        for i in range(20)
+        for job_id in db.create_document(_new(f"uploads/race-{i}.pdf"), kind="pdf", pages=range(1, 101)).job_ids
+    ]
+    shares = [job_ids[i::16] for i in range(16)]
     claims: list[ClaimedJob] = []
     lock = threading.Lock()
     start = threading.Barrier(16)
 
-    def worker() -> None:
+    def worker(mine: list[str]) -> None:
         start.wait()
-        while batch := db.claim_next_queued_jobs(limit=5, lease_seconds=LEASE, max_attempts=3):
+        for at in range(0, len(mine), 10):
+            batch = db.claim_jobs(mine[at : at + 10], lease_seconds=LEASE, max_attempts=3).claimed.values()
             for job in batch:
                 assert db.complete_job(job, _outcome(job.job_id)) is not None
             with lock:
                 claims.extend(batch)
 
-    # When 16 threads poll, claim and complete until nothing is left
-    threads = [threading.Thread(target=worker) for _ in range(16)]
+    # When 16 threads claim their batches and complete what they claimed, all at once
+    threads = [threading.Thread(target=worker, args=(shares[i] + shares[(i + 1) % 16],)) for i in range(16)]
     for t in threads:
         t.start()
     for t in threads:
@@ -220,7 +217,7 @@ def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(db: Database) 
 
     def worker(share: list[str]) -> None:
         for job_id in share:
-            if db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is not None:
+            if claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3) is not None:
                 with lock:
                     won.append(job_id)
 
@@ -233,21 +230,17 @@ def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(db: Database) 
     assert sorted(won) == sorted(job_ids)
 
 
-def test_claim_and_poll_are_each_one_limited_statement_without_joins(db: Database) -> None:
-    # Given two queued jobs
+def test_a_batch_claim_is_one_limited_statement_without_joins(db: Database) -> None:
+    # Given three queued jobs
     job_ids = db.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3]).job_ids
-    # When a batch's jobs are claimed by id, and then the oldest is claimed by polling
-    with _on_the_wire(db) as (traced, by_id):
+    # When a batch's two jobs are claimed by id
+    with _on_the_wire(db) as (traced, wire):
         claimed = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3).claimed
-    with _on_the_wire(db) as (traced, poll):
-        [polled] = traced.claim_next_queued_jobs(limit=1, lease_seconds=LEASE, max_attempts=3)
-    # Then both jobs were claimed together, and the poll took the third
-    assert sorted(claimed) == sorted(job_ids[:2]) and polled.job_id == job_ids[2]
-    # And each claim was one statement, sent and answered in one round trip (no ping, no BEGIN/COMMIT)
-    for wire in (by_id, poll):
-        assert (len(wire.queries), wire.round_trips) == (1, 1), wire
-        sql = wire.queries[0].upper()
-        assert "LIMIT" in sql and "JOIN" not in sql and "FOR UPDATE SKIP LOCKED" in sql
+    # Then both were claimed together, in one statement sent and answered in one round trip (no ping, no BEGIN/COMMIT)
+    assert sorted(claimed) == sorted(job_ids[:2])
+    assert (len(wire.queries), wire.round_trips) == (1, 1), wire
+    sql = wire.queries[0].upper()
+    assert "LIMIT" in sql and "JOIN" not in sql and "FOR UPDATE SKIP LOCKED" in sql
 
 
 def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_more(db: Database) -> None:
@@ -265,10 +258,10 @@ def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_
     with db.engine.connect() as admin:
         admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": connection.info.backend_pid})
     # Then the next call finds it dead, replaces it and succeeds, and the job is claimed exactly once
-    claimed = survivor.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    claimed = claim_one(survivor, job_id, lease_seconds=LEASE, max_attempts=3)
     assert claimed is not None and connection.closed
     assert _status(db, job_id) == ("PROCESSING", 1)
-    assert survivor.claim_job(job_id, lease_seconds=LEASE, max_attempts=3) is None
+    assert claim_one(survivor, job_id, lease_seconds=LEASE, max_attempts=3) is None
     engine.dispose()
 
 
@@ -301,10 +294,10 @@ def _flagged(text_: str, *flags: dict[str, object], cost: float = 0.001) -> Page
 def test_the_zombies_paid_call_is_recorded_and_counted_although_its_write_is_refused(db: Database) -> None:
     # Given a page taken over from a worker whose lease expired, and completed by the newer claim
     [job_id] = db.create_document(_new("uploads/paid.pdf"), kind="pdf", pages=[1]).job_ids
-    zombie = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    zombie = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert zombie is not None
     _expire_lease(db, job_id)
-    newer = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    newer = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert newer is not None and db.complete_job(newer, _flagged("newer", cost=0.002)) is not None
     # When the zombie's answer, paid for, arrives late
     assert db.complete_job(zombie, _flagged("zombie", cost=0.003)) is None
@@ -322,7 +315,7 @@ def test_a_page_escalates_once_and_its_failure_without_an_answer_keeps_the_answe
 ) -> None:
     # Given a claimed page whose answer is hard-flagged
     [job_id] = db.create_document(_new("uploads/esc.pdf"), kind="pdf", pages=[1]).job_ids
-    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert job is not None
     # When it escalates, and the same claim (or a stale one) tries to escalate it again
     assert db.escalate_job(job, _flagged("loop loop loop", REPETITION))
@@ -350,11 +343,11 @@ def test_a_page_escalates_once_and_its_failure_without_an_answer_keeps_the_answe
 def test_a_pending_escalation_survives_a_requeue_and_is_claimed_with_its_flags(db: Database) -> None:
     # Given a page that escalated but had no time left for the second call
     [job_id] = db.create_document(_new("uploads/later.pdf"), kind="pdf", pages=[1]).job_ids
-    job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert job is not None and db.escalate_job(job, _flagged("loop", REPETITION))
     assert db.requeue_job(job, "escalated; only 1.0 s left for its call", delay_seconds=0)
     # When it is claimed again
-    again = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    again = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     # Then the claim says it waits for the escalation model, with the flags it escalated on
     assert again is not None and again.escalation_pending and again.flags == (REPETITION,)
     # And a user's retry of a failed page starts its answer afresh but never its escalation
@@ -368,7 +361,7 @@ def test_concurrent_retries_of_a_document_requeue_its_pages_once_and_count_once(
     # Given a document with three failed pages
     created = db.create_document(_new("uploads/retry.pdf"), kind="pdf", pages=[1, 2, 3])
     for job_id in created.job_ids:
-        job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+        job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
         assert job is not None and db.fail_job(job, "refused") is not None
 
     # When eight callers retry it at once
@@ -396,7 +389,7 @@ def test_a_document_that_used_its_retries_is_not_requeued(db: Database) -> None:
     created = db.create_document(_new("uploads/limit.pdf"), kind="pdf", pages=[1])
     [job_id] = created.job_ids
     for _ in range(2):
-        job = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=9)
+        job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=9)
         assert job is not None and db.fail_job(job, "refused") is not None
         retried = db.retry_failed_pages(created.document_id, max_retries=1)
 
@@ -412,10 +405,10 @@ def test_a_stale_write_is_refused_by_its_lease_token_while_the_newer_claim_is_st
     # Given a job whose first claim's lease expired, and a newer claim of it still in flight (PROCESSING): the row's
     # status is what the stale worker last saw, so only the lease token tells the two claims apart
     [job_id] = db.create_document(_new("uploads/fence.pdf"), kind="pdf", pages=[1]).job_ids
-    stale = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    stale = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert stale is not None
     _expire_lease(db, job_id)
-    newer = db.claim_job(job_id, lease_seconds=LEASE, max_attempts=3)
+    newer = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
     assert newer is not None and newer.lease_token != stale.lease_token
 
     # When the stale worker writes before the newer one has answered

@@ -13,10 +13,10 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import migrate as migrate_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from sqlalchemy import create_engine, inspect
 
 from tests.fakes.chat_server import FakeChatServer

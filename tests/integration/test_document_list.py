@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from pagescribe.tenancy import create_key
 from sqlalchemy import text
 

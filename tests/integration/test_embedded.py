@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pagescribe.database import Database, create_database_engine
 from pagescribe.domain import NewDocument
 from pagescribe.migrate import upgrade_database
+from pagescribe.store.postgres import Database, create_database_engine
 from pagescribe_local.embedded import EmbeddedDatabaseError, stop_embedded_database
 from pagescribe_local.embedded import embedded_database_url as start_embedded
 from sqlalchemy import create_engine, inspect, text
+
+from tests.support.database import claim_one
 
 pytestmark = pytest.mark.integration
 
@@ -179,8 +181,8 @@ def test_the_claim_statement_runs_on_the_embedded_server(data_dir: Path) -> None
     assert len(created.job_ids) == 3
 
     # When one job is claimed twice
-    first = db.claim_job(created.job_ids[0], lease_seconds=60, max_attempts=3)
-    second = db.claim_job(created.job_ids[0], lease_seconds=60, max_attempts=3)
+    first = claim_one(db, created.job_ids[0], lease_seconds=60, max_attempts=3)
+    second = claim_one(db, created.job_ids[0], lease_seconds=60, max_attempts=3)
 
     # Then the first claim takes it and the second finds it taken
     assert first is not None

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.sources import DocumentKind, read_text_layer, render_page
+from pagescribe.store.postgres import Database
 from pagescribe_local.stack import sqs_event
 
 from tests.fakes.chat_server import FakeChatServer, Ok

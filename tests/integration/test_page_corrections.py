@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore, s3_client
-from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import get_runtime, shutdown_runtime
 from pagescribe.service import CorrectionAnswer, DocumentService, RetryLimitError
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from pagescribe.tenancy import create_key
 from sqlalchemy import text
 

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.domain import DEFAULT_TENANT
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import get_runtime, shutdown_runtime
 from pagescribe.service import RetryLimitError
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from pagescribe.database import Database, create_database_engine
+from pagescribe.store.postgres import Database, create_database_engine
 from pagescribe.tenancy import create_key
 from sqlalchemy import text
 

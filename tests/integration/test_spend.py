@@ -14,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.domain import NewDocument, PageOutcome, RateBucket
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Gate, Ok, Status
 from tests.integration.test_api import upload_through_presigned_url
 from tests.support.aws_events import LambdaContext, api_event, sqs_event
+from tests.support.database import claim_one
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -281,7 +282,7 @@ def _paid_page(db: Database, tenant_id: str, *, cost: float, prompt_tokens: int,
     """One page of ``tenant_id`` answered by test/model at ``cost``, with the tokens the provider reported."""
     new = NewDocument("bucket", f"uploads/{uuid.uuid4()}.png", "etag", "", 10, "test/model", tenant_id=tenant_id)
     [job_id] = db.create_document(new, kind="image", pages=[1]).job_ids
-    job = db.claim_job(job_id, lease_seconds=300, max_attempts=3)
+    job = claim_one(db, job_id, lease_seconds=300, max_attempts=3)
     assert job is not None
     answer = PageOutcome("text", "stop", prompt_tokens, completion_tokens, cost, "test/model", "fake", "gen-1", 100)
     assert db.complete_job(job, answer) is not None
@@ -296,7 +297,7 @@ def _capped_call(db: Database, *, max_cost_usd: float, prompt: str | None = None
             text("UPDATE documents SET max_cost_usd = :usd WHERE id = (SELECT document_id FROM jobs WHERE id = :j)"),
             {"usd": max_cost_usd, "j": job_id},
         )
-    job = db.claim_job(job_id, lease_seconds=300, max_attempts=3)
+    job = claim_one(db, job_id, lease_seconds=300, max_attempts=3)
     assert job is not None
     return db.admit_spend(job, "test/model", daily_budget_usd=None, max_output_tokens=100)
 

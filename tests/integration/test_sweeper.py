@@ -12,19 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.domain import PageOutcome
 from pagescribe.handlers import api as api_app
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from pagescribe_local.stack import SCHEDULED_EVENT, UPLOAD_INVOCATIONS, LambdaService, LocalResources
 from sqlalchemy import text
 
 from tests.conftest import both_servers
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok
 from tests.support.aws_events import LambdaContext, api_event, sqs_event
-from tests.support.database import page_rows
+from tests.support.database import claim_one, page_rows
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ def test_a_lease_expired_on_the_last_attempt_fails_the_page_and_finishes_the_doc
     _reconfigure(monkeypatch, MAX_ATTEMPTS="1")
     [doc] = pipeline.upload("uploads/last.png", corpus / "smile.png")["documents"]
     [page] = page_rows(db, doc["document_id"])
-    job = db.claim_job(str(page["id"]), lease_seconds=0.2, max_attempts=1)
+    job = claim_one(db, str(page["id"]), lease_seconds=0.2, max_attempts=1)
     assert job is not None
     time.sleep(0.5)
     report = pipeline.sweep()
@@ -140,7 +140,7 @@ def test_a_document_whose_finisher_died_is_finished(
     _reconfigure(monkeypatch, FINISH_GRACE_SECONDS="0")
     [doc] = pipeline.upload("uploads/orphan.png", corpus / "smile.png")["documents"]
     [page] = page_rows(db, doc["document_id"])
-    job = db.claim_job(str(page["id"]), lease_seconds=60, max_attempts=3)
+    job = claim_one(db, str(page["id"]), lease_seconds=60, max_attempts=3)
     assert job is not None
     outcome = PageOutcome("hello", "stop", 1, 1, 0.0, "m", "fake", "gen-9")
     progress = db.complete_job(job, outcome)

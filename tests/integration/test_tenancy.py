@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 
 import boto3
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import get_runtime, shutdown_runtime
 from pagescribe.settings import Settings, get_settings
+from pagescribe.store.postgres import Database
 from pagescribe.tenancy import KeyRefused, KeyRing, create_key, key_hash
 from sqlalchemy import text
 

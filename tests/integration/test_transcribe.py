@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.settings import get_settings
 from pagescribe.sources import DocumentKind, render_page
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok, Status, Truncated, expected_text

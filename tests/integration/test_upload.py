@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 from tests.support.aws_events import LambdaContext

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from pagescribe.database import Database
+from pagescribe.store.postgres import Database
 from sqlalchemy import create_engine, text
 
 from tests.support.pipeline import REPO, Pipeline

@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 from tests.support.aws_events import LambdaContext, api_event

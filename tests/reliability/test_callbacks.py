@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import pytest
 from pagescribe.callbacks import MAX_ANSWER_BYTES, CallbackNotifier, public_address
-from pagescribe.database import Database
 from pagescribe.domain import NewDocument
 from pagescribe.settings import Settings
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 pytestmark = pytest.mark.integration

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from psycopg import OperationalError
 from sqlalchemy import make_url, text
 

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import transcribe as transcribe_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 from tests.fakes.chat_server import (

@@ -16,10 +16,10 @@ from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.database import Database
 from pagescribe.handlers import upload as upload_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
+from pagescribe.store.postgres import Database
 from PIL import Image, TiffImagePlugin
 from sqlalchemy import text
 

@@ -9,8 +9,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from pagescribe.database import Database
+from pagescribe.domain import ClaimedJob
 from pagescribe.migrate import upgrade_database
+from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
 ADMIN_URL = os.environ.get("PAGESCRIBE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -39,3 +40,8 @@ def page_rows(db: Database, document_id: str) -> list[dict[str, Any]]:
             text("SELECT * FROM jobs WHERE document_id = :id ORDER BY page_number"), {"id": document_id}
         ).mappings()
         return [dict(r) for r in rows]
+
+
+def claim_one(db: Database, job_id: str, *, lease_seconds: float, max_attempts: int) -> ClaimedJob | None:
+    """Claim one job as the transcribe function claims a batch of one: the job, or None when it was not claimable."""
+    return db.claim_jobs([job_id], lease_seconds=lease_seconds, max_attempts=max_attempts).claimed.get(job_id)

@@ -1,0 +1,290 @@
+"""The ports of the data-access layer: what each concern keeps, as the use cases see it.
+
+One ``Protocol`` per concern; ``pagescribe.store.postgres`` implements them all on PostgreSQL (``Database``), and the
+tests' in-memory store (``tests/support/memory_store``) implements them in the process, held to the same contract
+(``tests/contract``). A use case asks for the ports it uses; ``Store`` is all of them, what a function holds.
+
+Every write that ends a page is fenced: it takes effect only for the holder of the page's current lease (the token
+of its latest claim), and reports whether it did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from pagescribe.domain import (
+    NO_OUTCOME,
+    ApiKeyRecord,
+    AttemptRecord,
+    ClaimedJob,
+    Claims,
+    CorrectionSave,
+    CreatedDocument,
+    DocumentListing,
+    DocumentProgress,
+    DocumentRecord,
+    DocumentStatus,
+    DueCallback,
+    FailedCall,
+    NewDocument,
+    PageImageRecord,
+    PageIssue,
+    PageOutcome,
+    PageRecord,
+    PageRerunState,
+    PageSummary,
+    PendingDocument,
+    RateBucket,
+    RateGrant,
+    Spend,
+    SpendVerdict,
+    TenantDay,
+    TranscriptState,
+    TranscriptVersion,
+)
+
+
+class DocumentStore(Protocol):
+    """Documents and their jobs: recorded once per object, read, listed, finished."""
+
+    def create_document(
+        self,
+        new: NewDocument,
+        *,
+        kind: str | None,
+        pages: Sequence[int],
+        source_page_count: int | None = None,
+        error: str | None = None,
+        pending_id: str | None = None,
+        donor_id: str | None = None,
+    ) -> CreatedDocument:
+        """Record a document and one QUEUED job per page in one transaction; with ``error``, a FAILED
+        document and no jobs. The same object (bucket, key, etag, version) is recorded once. With
+        ``pending_id``, the document the API created for this upload is the one recorded. ``source_page_count``
+        is the file's own page count (``pages`` may be a selection of them). With ``donor_id`` (a finished document
+        of the same bytes and request) the jobs are that document's answers, COMPLETED, and nothing is queued."""
+
+    def create_pending_document(self, pending: PendingDocument) -> None: ...
+
+    def find_document(self, new: NewDocument) -> str | None:
+        """The id of the document already recorded for this exact object, if any."""
+
+    def find_reusable_document(self, new: NewDocument, pages: Sequence[int]) -> str | None:
+        """The tenant's latest finished document of the same bytes, model, escalation model, prompt and pages."""
+
+    def mark_enqueued(self, job_ids: Sequence[str]) -> None: ...
+
+    def get_document(self, document_id: str) -> DocumentRecord | None: ...
+
+    def get_documents(self, document_ids: Sequence[str]) -> dict[str, DocumentRecord]:
+        """The records of these documents, in one statement: {document id: record}; unknown ids are absent."""
+
+    def list_documents(
+        self, tenant_id: str, *, limit: int, before: tuple[datetime, str] | None = None
+    ) -> list[DocumentListing]:
+        """The tenant's documents, newest first, up to ``limit``, after ``before`` (created_at, id) if given."""
+
+    def load_pages(self, document_id: str) -> list[PageRecord]:
+        """The document's pages in order, each with its current correction, if any."""
+
+    def load_attempts(self, document_id: str) -> list[AttemptRecord]:
+        """Every call of the document, answered or failed, by page and in the order they were made."""
+
+    def transcript_version(self, document_id: str) -> TranscriptVersion | None: ...
+
+    def transcript_state(self, document_id: str) -> TranscriptState | None:
+        """The finished document, its pages and its calls, read in one short transaction under a share lock of the
+        document's row (so at one moment); None when it is not finished (or does not exist)."""
+
+    def finish_document(
+        self, document_id: str, *, status: DocumentStatus, error: str | None, transcript_key: str
+    ) -> bool:
+        """Mark a document whose pages are all terminal as finished; False if it was already finished."""
+
+    def take_unfinished_documents(self, *, grace_seconds: float, limit: int) -> list[str]: ...
+
+    def expire_awaiting_uploads(self, *, after_seconds: float, error: str, limit: int) -> list[str]:
+        """End as FAILED with ``error`` the documents still awaiting their upload ``after_seconds`` after creation."""
+
+
+class PageStore(Protocol):
+    """A document's pages: what they show, and the user's retry and re-run."""
+
+    def page_summary(self, document_id: str) -> list[PageSummary]: ...
+
+    def page_issues(self, document_id: str, *, limit: int = 1000) -> list[PageIssue]: ...
+
+    def retry_failed_pages(self, document_id: str, *, max_retries: int) -> list[tuple[str, int]]:
+        """Requeue the FAILED pages of a document retried fewer than ``max_retries`` times: (job id, page) of each, to
+        be sent after this commit; none when it has none or has used its retries."""
+
+    def rerun_page(
+        self, document_id: str, page_number: int, *, model: str | None, max_retries: int, max_page_reruns: int
+    ) -> str | None:
+        """Queue a finished page again (on ``model``, or the document's), reopening its document and counting one of
+        its retries and one of the page's re-runs; its job id, to be sent after this commit, or None when the page
+        is not finished (or does not exist), or the document or the page has used its limit."""
+
+    def page_rerun_state(self, document_id: str, page_number: int) -> PageRerunState | None:
+        """The page's status, re-runs so far and error; None for no such page."""
+
+    def keep_page_image(self, job: ClaimedJob, image_key: str) -> None: ...
+
+    def keep_figures(self, job: ClaimedJob, figures: list[dict[str, Any]]) -> None: ...
+
+    def page_image(self, document_id: str, page_number: int) -> PageImageRecord | None:
+        """The page's status and the key of its kept image (None when none was kept); None for no such page."""
+
+    def page_figures(self, document_id: str, page_number: int) -> list[dict[str, Any]] | None:
+        """The figures kept from the page (key, bbox), in order; None for no such page."""
+
+
+class ClaimStore(Protocol):
+    """Claims and leases: who may work on a page, for how long; the resend of lost messages."""
+
+    def claim_jobs(self, job_ids: Sequence[str], *, lease_seconds: float, max_attempts: int) -> Claims:
+        """Claim the claimable ones of these jobs (an SQS batch's) in one statement. A job already claimed, finished,
+        out of attempts or unknown is not claimed; a job named twice is claimed once. A job whose row another
+        transaction held is claimed once more, waiting for its row (CLAIM_JOB_WAITING); one still held after that
+        wait is ``busy``: neither claimed nor a duplicate."""
+
+    def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
+        """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""
+
+    def defer_job(
+        self, job: ClaimedJob, reason: str, *, delay_seconds: float, slot_at: datetime | None, keep_slot: bool
+    ) -> bool:
+        """Put a page held back before its call back to QUEUED, due after ``delay_seconds``, giving back its attempt,
+        with the governor slot it reserved (``slot_at``; or the one it had, ``keep_slot``); False when the lease was
+        lost."""
+
+    def requeue_expired_leases(self, *, max_attempts: int, limit: int) -> int: ...
+
+    def fail_expired_leases(self, *, max_attempts: int, limit: int) -> tuple[int, list[DocumentProgress]]:
+        """FAIL the expired leases that used their last attempt: (jobs failed, progress of their documents)."""
+
+    def take_unsent_jobs(self, *, resend_after_seconds: float, limit: int) -> list[tuple[str, str, int]]:
+        """(job id, document id, page) of due QUEUED jobs never sent, or sent long ago; stamped as sent."""
+
+    def release_unsent_jobs(self, job_ids: Sequence[str]) -> None: ...
+
+
+class Ledger(Protocol):
+    """The fenced writes that end a page, and every model call recorded with its cost."""
+
+    def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
+        """Store a page's transcription if this worker still holds the lease; None when the lease was lost. The call
+        that produced it is recorded either way."""
+
+    def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
+        """Mark a page FAILED with its reason (keeping any text) if this worker holds the lease; the call that
+        produced ``outcome`` is recorded either way."""
+
+    def escalate_job(self, job: ClaimedJob, outcome: PageOutcome) -> bool:
+        """Record a page's one escalation, keeping the hard-flagged answer it escalates from; False when the lease was
+        lost (or the page had escalated already). The call that produced ``outcome`` is recorded either way."""
+
+    def skip_job(self, job: ClaimedJob, reason: str) -> DocumentProgress | None:
+        """End a page SKIPPED (not started: a cost cap or a daily budget) if this worker holds the lease."""
+
+    def record_failed_call(self, job: ClaimedJob, failed: FailedCall) -> None:
+        """Record a model call that failed (no answer came back), whatever became of the page."""
+
+    def spend(self, document_id: str) -> Spend: ...
+
+
+class SpendStore(Protocol):
+    """The cost gate, the price estimate and the rate governor's shared buckets."""
+
+    def admit_spend(
+        self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None, max_output_tokens: int
+    ) -> SpendVerdict:
+        """The cost gate before a model call (see ADMIT_SPEND): GO, DEFER, CAP or DAILY_BUDGET, with the figures.
+        One short transaction of two statements; no lock outlives it."""
+
+    def model_price(self, model: str, tenant_id: str) -> tuple[float | None, int]:
+        """The mean cost per call of the model's latest (up to 100) calls for the tenant's documents that reported
+        one, and how many."""
+
+    def set_daily_budget(self, tenant_id: str, usd: float | None) -> bool: ...
+
+    def tenant_day(self, tenant_id: str) -> TenantDay | None:
+        """A tenant's daily budget and what it spent today (UTC); None for an unknown tenant."""
+
+    def take_rate_slot(self, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
+        """The governor's take for one call of ``model`` (see TAKE_RATE_SLOT); the bucket is made on first use."""
+
+    def pause_rate_bucket(self, bucket: RateBucket, model: str, seconds: float) -> None:
+        """Hold every environment's calls to ``model`` for ``seconds`` (a 429's Retry-After)."""
+
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None: ...
+
+
+class TenantStore(Protocol):
+    """Tenants, their API keys, callback secrets and idempotent answers."""
+
+    def ensure_tenant(self, tenant_id: str) -> None: ...
+
+    def tenant_exists(self, tenant_id: str) -> bool: ...
+
+    def add_api_key(self, tenant_id: str, key_hash: bytes, label: str) -> str:
+        """Record a key (its hash only) for the tenant, creating the tenant; the key's id."""
+
+    def list_api_keys(self, tenant_id: str | None = None) -> list[ApiKeyRecord]: ...
+
+    def revoke_api_key(self, key: str, tenant_id: str | None = None) -> list[ApiKeyRecord]:
+        """Revoke the live keys whose id or label is ``key``; the keys revoked."""
+
+    def find_api_key(self, key_hash: bytes) -> tuple[str, bool] | None:
+        """The tenant of the key with this hash and whether it was revoked; None for an unknown key."""
+
+    def any_tenant_key(self) -> bool:
+        """Whether any tenant holds a key that is not revoked."""
+
+    def set_callback_secret(self, tenant_id: str, secret: str) -> bool: ...
+
+    def callback_secret(self, tenant_id: str) -> str | None: ...
+
+    def idempotent_answer(self, tenant_id: str, key: str) -> tuple[bytes, dict[str, Any]] | None:
+        """The request digest and the answer first given for this Idempotency-Key of the tenant, if any."""
+
+    def remember_answer(
+        self, tenant_id: str, key: str, request: bytes, document_id: str, answer: dict[str, Any]
+    ) -> bool:
+        """Keep the first answer for the key; False when another request with it was first."""
+
+
+class CallbackStore(Protocol):
+    """The callbacks of finished documents and their delivery state."""
+
+    def take_due_callbacks(self, *, limit: int, max_attempts: int, per_tenant: int) -> list[DueCallback]:
+        """Take the callbacks due and tried fewer than ``max_attempts`` times, at most ``per_tenant`` of each
+        tenant's."""
+
+    def release_callback(self, document_id: str) -> None:
+        """Give back a callback taken for a round that could not start it: due again, its attempt not counted."""
+
+    def abandon_callbacks(self, *, max_attempts: int) -> None:
+        """End as FAILED the callbacks taken ``max_attempts`` times whose last delivery ran out unrecorded."""
+
+    def record_callback(
+        self, document_id: str, *, status: str, error: str | None, retry_in_seconds: float = 0
+    ) -> None: ...
+
+
+class CorrectionStore(Protocol):
+    """People's corrections of finished pages, as numbered revisions."""
+
+    def save_correction(
+        self, document_id: str, page_number: int, markdown: str, *, max_revisions: int
+    ) -> CorrectionSave:
+        """Save a person's text for a page of a finished document as the page's next revision, unless it has
+        ``max_revisions`` already; the model's answer and the page's attempts are left as they are."""
+
+
+class Store(
+    DocumentStore, PageStore, ClaimStore, Ledger, SpendStore, TenantStore, CallbackStore, CorrectionStore, Protocol
+):
+    """Every port at once: what a function holds and hands to its use cases."""

@@ -1,0 +1,95 @@
+"""The engine and the one way every statement runs: on the pool's psycopg connection, run again once on a fresh
+connection when the server had closed the one it was given.
+
+PostgreSQL only, in every mode (RDS/Aurora behind RDS Proxy, CI's server, the embedded server of the local
+commands). Nothing here pins a proxied session: psycopg's automatic prepared statements are off, no ``SET``,
+no advisory locks, no temporary tables. Every transaction is one short unit of work; none is ever open
+while a model call runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.pool import QueuePool
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def create_database_engine(url: str, *, pool_size: int = 1) -> Engine:
+    """A tiny pool suited to Lambda behind RDS Proxy: autocommit connections, no prepared statements.
+
+    SQLAlchemy keeps the pool (and Alembic the migrations); ``Database`` runs its statements on the pooled
+    psycopg connections directly. Connections are not pinged before use: a connection found dead is replaced
+    and its statement run once more (see ``Database._rows``), which costs a round trip only when one died."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_pre_ping=False,
+        pool_recycle=300,
+        pool_timeout=30,
+        isolation_level="AUTOCOMMIT",
+        connect_args={"prepare_threshold": None, "connect_timeout": 10, "application_name": "pagescribe"},
+    )
+
+
+_Work = Callable[[psycopg.Connection[Any]], T]
+
+
+class Connected:
+    """What every store of the data-access layer shares: each of its methods is one statement (one round trip,
+    autocommitted) or one short transaction.
+
+    Statements run on the pool's psycopg connection itself: SQLAlchemy's statement layer would cost more
+    client CPU than the database spends on a claim. A connection the server closed (a restart, a failover,
+    RDS Proxy's idle timeout while the environment was frozen) is found on use, not by a ping before every
+    call: it is dropped from the pool and the work runs once more on a fresh connection. Running it again is
+    safe for every statement here: the connection died before the answer came back, so either nothing was
+    done, or it was done and the repeat finds the rows already moved (a claim finds the job leased, a fenced
+    write finds the lease gone, an insert finds the row) and changes nothing."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _with_connection(self, work: _Work[T]) -> T:
+        # A pool of n may hold n dead connections (a restarted server killed them all): each is found and
+        # dropped in turn, then a fresh one is made. Failing to connect raises at once.
+        pool = self.engine.pool
+        attempts = (pool.size() if isinstance(pool, QueuePool) else 1) + 1
+        for attempt in range(1, attempts + 1):
+            pooled = self.engine.raw_connection()
+            try:
+                connection = pooled.driver_connection
+                assert isinstance(connection, psycopg.Connection)
+                try:
+                    return work(connection)
+                except psycopg.OperationalError as exc:
+                    if not connection.broken or attempt == attempts:
+                        raise
+                    pooled.invalidate(exc)
+                    log.warning("database connection lost (%s); running the statement on a new connection", exc)
+            finally:
+                pooled.close()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _rows(self, statement: str, params: dict[str, Any]) -> list[Any]:
+        """Run one statement in autocommit: its rows (none for a statement that returns none)."""
+
+        def run(connection: psycopg.Connection[Any]) -> list[Any]:
+            with connection.cursor(row_factory=namedtuple_row) as cursor:
+                cursor.execute(statement, params)
+                return cursor.fetchall() if cursor.description is not None else []
+
+        return self._with_connection(run)
+
+    def _row(self, statement: str, params: dict[str, Any]) -> Any | None:
+        rows = self._rows(statement, params)
+        return rows[0] if rows else None

@@ -1,0 +1,263 @@
+"""The ledger of model calls and the fenced writes that end a page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from pagescribe.domain import (
+    NO_OUTCOME,
+    AttemptOutcome,
+    ClaimedJob,
+    DocumentProgress,
+    FailedCall,
+    PageOutcome,
+    Spend,
+)
+from pagescribe.store.postgres.connection import Connected
+from pagescribe.store.postgres.rows import (
+    progress_of,
+)
+
+
+def fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome) -> dict[str, Any]:
+    """The parameters of a fenced result write (COMPLETE_JOB, FAIL_JOB, ESCALATE_JOB): the lease that must still
+    hold, what the model answered, and how its call is recorded."""
+    return {
+        "job_id": job.job_id,
+        "document_id": job.document_id,
+        "lease_token": job.lease_token,
+        "claim": job.attempts,
+        "answered": outcome.text is not None,
+        "called": outcome.called,
+        "outcome": recorded_as.value,
+        "result_text": outcome.text,
+        "finish_reason": outcome.finish_reason,
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "cost": outcome.cost,
+        "model": outcome.model,
+        "provider": outcome.provider,
+        "provider_request_id": outcome.provider_request_id,
+        "latency_ms": outcome.latency_ms,
+        "confidence": outcome.confidence,
+        "grounding": Jsonb(outcome.grounding) if outcome.grounding is not None else None,
+        "second_read": Jsonb(outcome.second_read) if outcome.second_read is not None else None,
+        "flags": Jsonb(list(outcome.page_flags if outcome.page_flags is not None else outcome.flags)),
+        "attempt_flags": Jsonb(list(outcome.flags)),
+    }
+
+
+class PgLedger(Connected):
+    """The ledger: a page's end written by the holder of its lease, and every model call recorded, kept or not, with
+    its cost."""
+
+    # The end of a page (COMPLETE_JOB, FAIL_JOB), written by the holder of the current lease only. A write that carries
+    # an answer replaces the page's answer and flags; one that does not (a failure before or without an answer) keeps
+    # the answer the page has (the one it escalated from) and adds its flags to that answer's.
+    #
+    # A model call that answered is recorded whether or not its result may be written (recorded AS, in COMPLETE_JOB,
+    # FAIL_JOB and ESCALATE_JOB): it was paid for. Its outcome is the one asked for when the fenced write it travels
+    # with succeeds, LEASE_LOST when the write found the lease gone. A page answered without a call (its own text
+    # layer) records nothing. The call's cost counts in its tenant's day at once (counted AS).
+    #
+    # Fenced completion: only the holder of the current lease may write; the document's counter moves in the
+    # same statement, so exactly one completion sees the last page land.
+    COMPLETE_JOB = """
+    WITH written AS (
+        UPDATE jobs
+        SET status = 'COMPLETED', error = NULL,
+            result_text = CASE WHEN %(answered)s THEN %(result_text)s ELSE result_text END,
+            finish_reason = CASE WHEN %(answered)s THEN %(finish_reason)s ELSE finish_reason END,
+            prompt_tokens = CASE WHEN %(answered)s THEN %(prompt_tokens)s ELSE prompt_tokens END,
+            completion_tokens = CASE WHEN %(answered)s THEN %(completion_tokens)s ELSE completion_tokens END,
+            cost = CASE WHEN %(answered)s THEN %(cost)s ELSE cost END,
+            model = CASE WHEN %(answered)s THEN %(model)s ELSE model END,
+            provider = CASE WHEN %(answered)s THEN %(provider)s ELSE provider END,
+            provider_request_id = CASE WHEN %(answered)s THEN %(provider_request_id)s ELSE provider_request_id END,
+            latency_ms = CASE WHEN %(answered)s THEN %(latency_ms)s ELSE latency_ms END,
+            confidence = CASE WHEN %(answered)s THEN %(confidence)s ELSE confidence END,
+            grounding = CASE WHEN %(answered)s THEN %(grounding)s ELSE grounding END,
+            flags = CASE WHEN %(answered)s THEN %(flags)s ELSE flags || %(flags)s END,
+            escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END, rate_slot_at = NULL, reserved_usd = NULL,
+            lease_expires_at = NULL, completed_at = now(), updated_at = now()
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+        RETURNING document_id
+    ),
+    recorded AS (
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
+                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence, second_read)
+        SELECT %(job_id)s, %(document_id)s, %(claim)s,
+               CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
+               %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
+               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(second_read)s
+        WHERE %(called)s
+    ),
+    counted AS (
+        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        FROM documents WHERE id = %(document_id)s AND %(called)s
+        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    )
+    UPDATE documents
+    SET pages_completed = pages_completed + 1, updated_at = now()
+    WHERE id IN (SELECT document_id FROM written)
+    RETURNING id, page_count, pages_completed, pages_failed
+    """
+
+    def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
+        return progress_of(self._row(self.COMPLETE_JOB, fenced_write(job, outcome, AttemptOutcome.KEPT)))
+
+    # A failed page keeps the text of its last answer (a truncated or hard-flagged one, or the answer before an
+    # escalation that did not answer).
+    FAIL_JOB = """
+    WITH written AS (
+        UPDATE jobs
+        SET status = 'FAILED', error = %(error)s,
+            result_text = CASE WHEN %(answered)s THEN %(result_text)s ELSE result_text END,
+            finish_reason = CASE WHEN %(answered)s THEN %(finish_reason)s ELSE finish_reason END,
+            prompt_tokens = CASE WHEN %(answered)s THEN %(prompt_tokens)s ELSE prompt_tokens END,
+            completion_tokens = CASE WHEN %(answered)s THEN %(completion_tokens)s ELSE completion_tokens END,
+            cost = CASE WHEN %(answered)s THEN %(cost)s ELSE cost END,
+            model = CASE WHEN %(answered)s THEN %(model)s ELSE model END,
+            provider = CASE WHEN %(answered)s THEN %(provider)s ELSE provider END,
+            provider_request_id = CASE WHEN %(answered)s THEN %(provider_request_id)s ELSE provider_request_id END,
+            latency_ms = CASE WHEN %(answered)s THEN %(latency_ms)s ELSE latency_ms END,
+            confidence = CASE WHEN %(answered)s THEN %(confidence)s ELSE confidence END,
+            grounding = CASE WHEN %(answered)s THEN %(grounding)s ELSE grounding END,
+            flags = CASE WHEN %(answered)s THEN %(flags)s ELSE flags || %(flags)s END,
+            escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END, rate_slot_at = NULL, reserved_usd = NULL,
+            lease_expires_at = NULL, completed_at = now(), updated_at = now()
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+        RETURNING document_id
+    ),
+    recorded AS (
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
+                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence, second_read)
+        SELECT %(job_id)s, %(document_id)s, %(claim)s,
+               CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
+               %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
+               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(second_read)s
+        WHERE %(called)s
+    ),
+    counted AS (
+        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        FROM documents WHERE id = %(document_id)s AND %(called)s
+        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    )
+    UPDATE documents
+    SET pages_failed = pages_failed + 1, updated_at = now()
+    WHERE id IN (SELECT document_id FROM written)
+    RETURNING id, page_count, pages_completed, pages_failed
+    """
+
+    def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
+        params = {**fenced_write(job, outcome, AttemptOutcome.REJECTED), "error": error}
+        return progress_of(self._row(self.FAIL_JOB, params))
+
+    # The one escalation of a page: its hard-flagged answer is kept on the page (the text to fail with if the escalation
+    # does not do better) and the page, still under the same lease, goes to the escalation model. A page escalates once:
+    # a later claim finds it PENDING and asks the escalation model directly; DONE never escalates again.
+    ESCALATE_JOB = """
+    WITH written AS (
+        UPDATE jobs
+        SET escalation = 'PENDING', flags = %(flags)s, updated_at = now(),
+            result_text = %(result_text)s,
+            finish_reason = %(finish_reason)s,
+            prompt_tokens = %(prompt_tokens)s,
+            completion_tokens = %(completion_tokens)s,
+            cost = %(cost)s,
+            model = %(model)s,
+            provider = %(provider)s,
+            provider_request_id = %(provider_request_id)s,
+            latency_ms = %(latency_ms)s,
+            confidence = %(confidence)s,
+            grounding = %(grounding)s
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s AND escalation IS NULL
+        RETURNING document_id
+    ),
+    recorded AS (
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
+                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence, second_read)
+        SELECT %(job_id)s, %(document_id)s, %(claim)s,
+               CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
+               %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
+               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(second_read)s
+        WHERE %(called)s
+    ),
+    counted AS (
+        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        FROM documents WHERE id = %(document_id)s AND %(called)s
+        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    )
+    SELECT document_id FROM written
+    """
+
+    def escalate_job(self, job: ClaimedJob, outcome: PageOutcome) -> bool:
+        return self._row(self.ESCALATE_JOB, fenced_write(job, outcome, AttemptOutcome.ESCALATED)) is not None
+
+    # A page whose call would exceed its document's cost cap or its tenant's daily budget ends without being started.
+    # It keeps any answer it has (one it escalated from) and counts with the pages that ended without one.
+    SKIP_JOB = """
+    WITH written AS (
+        UPDATE jobs
+        SET status = 'SKIPPED', error = %(error)s, rate_slot_at = NULL, reserved_usd = NULL,
+            escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END,
+            lease_expires_at = NULL, completed_at = now(), updated_at = now()
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+        RETURNING document_id
+    )
+    UPDATE documents
+    SET pages_failed = pages_failed + 1, updated_at = now()
+    WHERE id IN (SELECT document_id FROM written)
+    RETURNING id, page_count, pages_completed, pages_failed
+    """
+
+    def skip_job(self, job: ClaimedJob, reason: str) -> DocumentProgress | None:
+        return progress_of(
+            self._row(self.SKIP_JOB, {"job_id": job.job_id, "lease_token": job.lease_token, "error": reason})
+        )
+
+    # A model call that failed (an HTTP error, a timeout, a 429) is recorded too: it was made, and a 429 is the rate the
+    # dashboard shows. A provider reports no usage for a failed call; when it does, the cost counts.
+    RECORD_FAILED_CALL = """
+    WITH recorded AS (
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, latency_ms, status_code, error)
+        VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(latency_ms)s,
+                %(status_code)s, %(error)s)
+    )
+    INSERT INTO tenant_days AS t (tenant_id, day, calls)
+    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), 1 FROM documents WHERE id = %(document_id)s
+    ON CONFLICT (tenant_id, day) DO UPDATE SET calls = t.calls + 1
+    """
+
+    def record_failed_call(self, job: ClaimedJob, failed: FailedCall) -> None:
+        self._rows(
+            self.RECORD_FAILED_CALL,
+            {
+                "job_id": job.job_id,
+                "document_id": job.document_id,
+                "claim": job.attempts,
+                "outcome": "RATE_LIMITED" if failed.status_code == 429 else "ERROR",
+                "model": failed.model,
+                "provider": failed.provider,
+                "latency_ms": failed.latency_ms,
+                "status_code": failed.status_code,
+                "error": failed.error[:1000],
+            },
+        )
+
+    # What a document has cost: every call that answered, kept or not.
+    DOCUMENT_SPEND = """
+    SELECT count(*) AS calls, coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost
+    FROM attempts WHERE document_id = %(document_id)s
+    """
+
+    def spend(self, document_id: str) -> Spend:
+        row = self._row(self.DOCUMENT_SPEND, {"document_id": document_id})
+        assert row is not None, "an aggregate always returns a row"
+        return Spend(row.calls, row.prompt_tokens, row.completion_tokens, float(row.cost))

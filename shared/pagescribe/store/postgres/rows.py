@@ -1,0 +1,137 @@
+"""Rows into the domain's records: the mappings more than one store reads with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pagescribe.domain import (
+    AttemptRecord,
+    ClaimedJob,
+    DocumentProgress,
+    DocumentRecord,
+    DocumentStatus,
+    JobStatus,
+    PageCorrection,
+    PageRecord,
+)
+
+
+def float_or_none(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def progress_of(row: Any | None) -> DocumentProgress | None:
+    if row is None:
+        return None
+    return DocumentProgress(str(row.id), row.page_count, row.pages_completed, row.pages_failed)
+
+
+def claimed_jobs(rows: Sequence[Any]) -> list[ClaimedJob]:
+    return [
+        ClaimedJob(
+            str(r.id),
+            str(r.document_id),
+            r.page_number,
+            r.attempts,
+            str(r.lease_token),
+            r.escalation,
+            tuple(r.flags),
+            float(r.slot_in_seconds) if r.slot_in_seconds is not None else None,
+            r.requested_model,
+        )
+        for r in rows
+    ]
+
+
+def document_record(row: Any) -> DocumentRecord:
+    return DocumentRecord(
+        document_id=str(row.id),
+        bucket=row.bucket,
+        object_key=row.object_key,
+        etag=row.etag,
+        version_id=row.version_id,
+        size_bytes=row.size_bytes,
+        kind=row.kind,
+        page_count=row.page_count,
+        status=DocumentStatus(row.status),
+        error=row.error,
+        model=row.model,
+        escalation_model=row.escalation_model,
+        source_page_count=row.source_page_count,
+        prompt=row.prompt,
+        pages_completed=row.pages_completed,
+        pages_failed=row.pages_failed,
+        transcript_key=row.transcript_key,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        filename=row.filename,
+        requested_pages=tuple(row.requested_pages) if row.requested_pages is not None else None,
+        callback_url=row.callback_url,
+        callback_status=row.callback_status,
+        callback_error=row.callback_error,
+        retries=row.retries,
+        tenant_id=row.tenant_id,
+        reuse=row.reuse,
+        reused_from=str(row.reused_from) if row.reused_from else None,
+        max_cost_usd=float_or_none(row.max_cost_usd),
+        tenant_daily_budget_usd=float_or_none(row.tenant_daily_budget_usd),
+        second_read=row.second_read,
+        chunks=row.chunks,
+        merge_tables=row.merge_tables,
+        furniture=row.furniture,
+    )
+
+
+def page_records(rows: Sequence[Any]) -> list[PageRecord]:
+    return [
+        PageRecord(
+            page_number=r.page_number,
+            status=JobStatus(r.status),
+            attempts=r.attempts,
+            text=r.result_text,
+            finish_reason=r.finish_reason,
+            error=r.error,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            cost=float(r.cost) if r.cost is not None else None,
+            model=r.model,
+            provider=r.provider,
+            provider_request_id=r.provider_request_id,
+            flags=r.flags,
+            escalation=r.escalation,
+            confidence=r.confidence,
+            correction=(
+                PageCorrection(r.corrected_revision, r.corrected_markdown, r.corrected_at)
+                if r.corrected_revision is not None
+                else None
+            ),
+            grounding=r.grounding,
+            figures=r.figures or (),
+        )
+        for r in rows
+    ]
+
+
+def attempt_records(rows: Sequence[Any]) -> list[AttemptRecord]:
+    return [
+        AttemptRecord(
+            page_number=r.page_number,
+            claim=r.claim,
+            outcome=r.outcome,
+            model=r.model,
+            provider=r.provider,
+            finish_reason=r.finish_reason,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            cost=float(r.cost) if r.cost is not None else None,
+            latency_ms=r.latency_ms,
+            provider_request_id=r.provider_request_id,
+            flags=r.flags,
+            confidence=r.confidence,
+            status_code=r.status_code,
+            error=r.error,
+            second_read=r.second_read,
+        )
+        for r in rows
+    ]

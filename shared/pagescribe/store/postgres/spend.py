@@ -1,0 +1,251 @@
+"""Spend and rate buckets: what may be spent on a call, and when it may start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import namedtuple_row
+
+from pagescribe.domain import (
+    ClaimedJob,
+    RateBucket,
+    RateGrant,
+    SpendVerdict,
+    TenantDay,
+)
+from pagescribe.store.postgres.connection import Connected
+from pagescribe.store.postgres.rows import (
+    float_or_none,
+)
+
+
+class PgSpend(Connected):
+    """Money and rate: the cost gate before a call (a document's cap, a tenant's daily budget), the price estimate,
+    and the rate governor's buckets shared by every environment."""
+
+    # The gate before a model call: LOCK_SPENDERS, then ADMIT_SPEND, in one short transaction. The document's and
+    # the tenant's rows are locked first, so calls of one tenant pass the gate one at a time, and ADMIT_SPEND, a
+    # statement of its own, reads what the gates before it committed (in one statement, the reads of the other
+    # tables would keep the snapshot taken before the lock was granted, and miss the price a concurrent gate had
+    # just held).
+    #
+    # A call is held at its worst case (reserve), priced on the tenant's own latest calls of the model, never on
+    # other tenants': each call's cost is at least its prompt tokens times the price of a prompt token, and at least
+    # its completion tokens times the price of a completion token, so the least cost per prompt token and the least
+    # cost per completion token seen are upper bounds of those prices. The worst case is the largest prompt seen
+    # (plus the document's own prompt text, never more tokens than bytes) at the one, and the output limit
+    # (MAX_OUTPUT_TOKENS) at the other; where the calls reported no tokens, the dearest call seen. While a call runs
+    # its reserve is held on its page (reserved_usd) and it is settled by the real cost when the call is recorded
+    # with the page's end.
+    #
+    # A page ends SKIPPED when what its tenant spent today plus the reserve would pass the daily budget, or what its
+    # document spent plus the reserve would pass the document's cap (max_cost_usd): spend only grows, so no wait
+    # helps. A page that would fit once the calls in flight settle waits (DEFER). Before the tenant's first call of
+    # the model that reported a cost the reserve is unknown: a capped document, or a tenant with a budget, makes one
+    # call at a time.
+    LOCK_SPENDERS = """
+    SELECT 1 FROM documents d JOIN tenants t ON t.id = d.tenant_id WHERE d.id = %(document_id)s FOR UPDATE OF d, t
+    """
+
+    ADMIT_SPEND = """
+    WITH doc AS (
+        SELECT d.id, d.tenant_id, d.max_cost_usd, octet_length(coalesce(d.prompt, '')) AS prompt_bytes,
+               coalesce(t.daily_budget_usd, CAST(%(daily_budget)s AS numeric)) AS budget,
+               coalesce((SELECT spent_usd FROM tenant_days
+                         WHERE tenant_id = d.tenant_id AND day = CAST(now() AT TIME ZONE 'UTC' AS date)), 0) AS today
+        FROM documents d JOIN tenants t ON t.id = d.tenant_id
+        WHERE d.id = %(document_id)s
+    ),
+    history AS (
+        SELECT a.cost, a.prompt_tokens, a.completion_tokens
+        FROM attempts a JOIN documents d ON d.id = a.document_id
+        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND d.tenant_id = (SELECT tenant_id FROM doc)
+        ORDER BY a.id DESC LIMIT 100
+    ),
+    price AS (
+        SELECT avg(cost) AS usd,
+               coalesce(min(cost / nullif(prompt_tokens, 0)) FILTER (WHERE cost > 0)
+                          * (max(prompt_tokens) + (SELECT prompt_bytes FROM doc))
+                        + min(cost / nullif(completion_tokens, 0)) FILTER (WHERE cost > 0) * %(max_output_tokens)s,
+                        max(cost)) AS reserve
+        FROM history
+    ),
+    spent AS (SELECT coalesce(sum(cost), 0) AS usd FROM attempts WHERE document_id = %(document_id)s),
+    in_flight AS (
+        SELECT j.document_id, j.reserved_usd FROM jobs j JOIN documents d ON d.id = j.document_id
+        WHERE j.reserved_usd IS NOT NULL AND j.status = 'PROCESSING' AND j.lease_expires_at > now()
+          AND j.id <> %(job_id)s AND d.tenant_id = (SELECT tenant_id FROM doc)
+    ),
+    held AS (
+        SELECT coalesce(sum(reserved_usd) FILTER (WHERE document_id = %(document_id)s), 0) AS doc_usd,
+               count(*) FILTER (WHERE document_id = %(document_id)s) AS doc_calls,
+               coalesce(sum(reserved_usd), 0) AS tenant_usd, count(*) AS tenant_calls
+        FROM in_flight
+    ),
+    verdict AS (
+        SELECT CASE
+                 WHEN doc.budget IS NOT NULL
+                      AND (doc.today >= doc.budget OR doc.today + coalesce(price.reserve, 0) > doc.budget)
+                   THEN 'DAILY_BUDGET'
+                 WHEN doc.max_cost_usd IS NOT NULL
+                      AND (spent.usd >= doc.max_cost_usd OR spent.usd + coalesce(price.reserve, 0) > doc.max_cost_usd)
+                   THEN 'CAP'
+                 WHEN doc.budget IS NULL AND doc.max_cost_usd IS NULL THEN 'GO'
+                 WHEN price.reserve IS NULL
+                      AND ((doc.budget IS NOT NULL AND held.tenant_calls > 0)
+                           OR (doc.max_cost_usd IS NOT NULL AND held.doc_calls > 0))
+                   THEN 'DEFER'
+                 WHEN doc.today + held.tenant_usd + coalesce(price.reserve, 0) > doc.budget THEN 'DEFER'
+                 WHEN spent.usd + held.doc_usd + coalesce(price.reserve, 0) > doc.max_cost_usd THEN 'DEFER'
+                 ELSE 'GO'
+               END AS verdict,
+               doc.budget IS NOT NULL OR doc.max_cost_usd IS NOT NULL AS capped,
+               price.usd AS price, price.reserve, spent.usd AS spent, doc.max_cost_usd, doc.budget, doc.today
+        FROM doc, price, spent, held
+    ),
+    held_now AS (
+        UPDATE jobs SET reserved_usd = coalesce((SELECT reserve FROM verdict), 0)
+        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
+          AND (SELECT verdict = 'GO' AND capped FROM verdict)
+        RETURNING id
+    )
+    SELECT verdict, price, reserve, spent, max_cost_usd, budget, today FROM verdict
+    """
+
+    def admit_spend(
+        self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None, max_output_tokens: int
+    ) -> SpendVerdict:
+        params = {
+            "document_id": job.document_id,
+            "job_id": job.job_id,
+            "lease_token": job.lease_token,
+            "model": model,
+            "daily_budget": daily_budget_usd,
+            "max_output_tokens": max_output_tokens,
+        }
+
+        def gate(connection: psycopg.Connection[Any]) -> Any:
+            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
+                cursor.execute(self.LOCK_SPENDERS, params)
+                cursor.execute(self.ADMIT_SPEND, params)
+                return cursor.fetchone()
+
+        row = self._with_connection(gate)
+        if row is None:  # the document is gone (deleted by hand): nothing to hold the call against
+            return SpendVerdict("GO", None, None, 0.0, None, None, 0.0)
+        return SpendVerdict(
+            row.verdict,
+            float_or_none(row.price),
+            float_or_none(row.reserve),
+            float(row.spent),
+            float_or_none(row.max_cost_usd),
+            float_or_none(row.budget),
+            float(row.today),
+        )
+
+    # The estimate of a document before it starts: the mean cost per page of the model's latest calls.
+    # A tenant's own price history only: an estimate must not tell one tenant how much, or how dearly, others call.
+    MODEL_PRICE = """
+    SELECT avg(cost) AS usd, count(*) AS calls FROM (
+        SELECT a.cost FROM attempts a JOIN documents d ON d.id = a.document_id
+        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND d.tenant_id = %(tenant_id)s
+        ORDER BY a.id DESC LIMIT 100
+    ) latest
+    """
+
+    def model_price(self, model: str, tenant_id: str) -> tuple[float | None, int]:
+        row = self._row(self.MODEL_PRICE, {"model": model, "tenant_id": tenant_id})
+        return (float_or_none(row.usd), int(row.calls)) if row is not None else (None, 0)
+
+    SET_TENANT_BUDGET = "UPDATE tenants SET daily_budget_usd = %(usd)s WHERE id = %(tenant_id)s RETURNING id"
+
+    def set_daily_budget(self, tenant_id: str, usd: float | None) -> bool:
+        return self._row(self.SET_TENANT_BUDGET, {"tenant_id": tenant_id, "usd": usd}) is not None
+
+    TENANT_DAY = """
+    SELECT t.daily_budget_usd, d.spent_usd, d.calls FROM tenants t
+    LEFT JOIN tenant_days d ON d.tenant_id = t.id AND d.day = CAST(now() AT TIME ZONE 'UTC' AS date)
+    WHERE t.id = %(tenant_id)s
+    """
+
+    def tenant_day(self, tenant_id: str) -> TenantDay | None:
+        row = self._row(self.TENANT_DAY, {"tenant_id": tenant_id})
+        if row is None:
+            return None
+        return TenantDay(float_or_none(row.daily_budget_usd), float(row.spent_usd or 0), int(row.calls or 0))
+
+    # The rate governor's take, one statement: the bucket is refilled for the time since it was last touched, then a
+    # call may start now (wait 0), or reserves the next free slot ahead (requests goes below zero by the slots reserved)
+    # and waits for it off the Lambda clock, in the queue. During a 429's pause nothing is reserved: the wait is the
+    # pause. A page back for the slot it reserved (prepaid) takes nothing more; only a pause holds it back.
+    TAKE_RATE_SLOT = """
+    WITH bucket AS (
+        SELECT provider, model,
+               least(%(burst)s, requests + extract(epoch FROM now() - refilled_at) * %(requests_per_second)s)
+                   AS requests,
+               least(%(token_burst)s, tokens + extract(epoch FROM now() - refilled_at) * %(tokens_per_second)s)
+                   AS tokens,
+               coalesce(mean_tokens, 0) AS mean_tokens,
+               greatest(0, coalesce(extract(epoch FROM paused_until - now()), 0)) AS paused
+        FROM rate_buckets WHERE provider = %(provider)s AND model = %(model)s
+        FOR UPDATE
+    ),
+    decision AS (
+        SELECT provider, model, requests, tokens, paused, mean_tokens,
+               CASE
+                 WHEN paused > 0 THEN paused
+                 WHEN %(prepaid)s THEN 0
+                 ELSE greatest(0, (1 - requests) / %(requests_per_second)s,
+                               (least(mean_tokens, %(token_burst)s) - tokens) / nullif(%(tokens_per_second)s, 0))
+               END AS wait
+        FROM bucket
+    ),
+    reserve AS (
+        SELECT *, paused = 0 AND NOT %(prepaid)s AND wait <= %(max_wait)s AS takes FROM decision
+    )
+    UPDATE rate_buckets b
+    SET requests = r.requests - CASE WHEN r.takes THEN 1 ELSE 0 END,
+        tokens = r.tokens - CASE WHEN r.takes AND %(tokens_per_second)s > 0 THEN r.mean_tokens ELSE 0 END,
+        refilled_at = now()
+    FROM reserve r
+    WHERE b.provider = r.provider AND b.model = r.model
+    RETURNING r.wait, r.takes AS reserved, r.paused > 0 AS paused, r.mean_tokens,
+              now() + make_interval(secs => r.wait) AS slot_at
+    """
+
+    CREATE_RATE_BUCKET = """
+    INSERT INTO rate_buckets (provider, model, requests, tokens)
+    VALUES (%(provider)s, %(model)s, %(burst)s, %(token_burst)s)
+    ON CONFLICT (provider, model) DO NOTHING
+    """
+
+    def take_rate_slot(self, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
+        params = {**bucket.params(model), "prepaid": prepaid, "max_wait": max_wait}
+        row = self._row(self.TAKE_RATE_SLOT, params)
+        if row is None:
+            self._rows(self.CREATE_RATE_BUCKET, params)
+            row = self._row(self.TAKE_RATE_SLOT, params)
+            assert row is not None, "the bucket was just made"
+        return RateGrant(float(row.wait), row.reserved, row.paused, float(row.mean_tokens), row.slot_at)
+
+    # A 429: every environment holds its calls to this model until the provider's Retry-After has passed.
+    PAUSE_RATE_BUCKET = """
+    UPDATE rate_buckets
+    SET paused_until = greatest(coalesce(paused_until, now()), now() + make_interval(secs => %(seconds)s))
+    WHERE provider = %(provider)s AND model = %(model)s
+    """
+
+    def pause_rate_bucket(self, bucket: RateBucket, model: str, seconds: float) -> None:
+        self._rows(self.PAUSE_RATE_BUCKET, {**bucket.params(model), "seconds": seconds})
+
+    # A call's real tokens against the estimate it took: the bucket owes or is owed the difference, and learns the mean.
+    SETTLE_RATE_USAGE = """
+    UPDATE rate_buckets
+    SET tokens = tokens - (%(actual)s - %(estimate)s),
+        mean_tokens = CASE WHEN mean_tokens IS NULL THEN %(actual)s ELSE 0.9 * mean_tokens + 0.1 * %(actual)s END
+    WHERE provider = %(provider)s AND model = %(model)s
+    """
+
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None:
+        self._rows(self.SETTLE_RATE_USAGE, {**bucket.params(model), "estimate": estimate, "actual": actual})

@@ -1,0 +1,462 @@
+"""One contract, two stores: what each port of ``pagescribe.store.ports`` promises, held on PostgreSQL and in memory.
+
+PostgreSQL-only behaviour (row locks, SKIP LOCKED between connections, a lost connection) is tested in
+tests/integration/test_database.py; this suite is what the use cases rely on, so that their unit tests on the
+in-memory store mean what they say.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import pytest
+from pagescribe.domain import (
+    ClaimedJob,
+    DocumentStatus,
+    FailedCall,
+    JobStatus,
+    NewDocument,
+    PageOutcome,
+    PendingDocument,
+    RateBucket,
+)
+from pagescribe.store.ports import Store
+
+LEASE = 300.0
+FLAG = {"check": "repetition", "severity": "hard"}
+
+
+def _new(tenant_id: str = "default", *, prompt: str | None = None, sha: bytes | None = None) -> NewDocument:
+    key = f"uploads/{uuid.uuid4()}.pdf"
+    return NewDocument("bucket", key, "etag", "", 10, "test/model", prompt=prompt, tenant_id=tenant_id, sha256=sha)
+
+
+def _answer(text: str = "text", *, cost: float = 0.01, flags: tuple[dict[str, str], ...] = ()) -> PageOutcome:
+    return PageOutcome(text, "stop", 1000, 100, cost, "test/model", "fake", "gen-1", 50, flags=flags)
+
+
+def _claim(store: Store, job_id: str, *, lease: float = LEASE, max_attempts: int = 3) -> ClaimedJob:
+    job = store.claim_jobs([job_id], lease_seconds=lease, max_attempts=max_attempts).claimed.get(job_id)
+    assert job is not None
+    return job
+
+
+def _document(store: Store, pages: int = 1, **kwargs: object) -> tuple[str, list[str]]:
+    created = store.create_document(_new(**kwargs), kind="pdf", pages=range(1, pages + 1))  # type: ignore[arg-type]
+    return created.document_id, list(created.job_ids)
+
+
+pytestmark = pytest.mark.integration
+
+
+# --- documents ------------------------------------------------------------------------------------------------
+
+
+def test_a_document_of_an_unknown_tenant_is_refused(store: Store) -> None:
+    with pytest.raises(Exception, match="tenant"):
+        store.create_document(_new("nobody"), kind="pdf", pages=[1])
+
+
+def test_an_object_is_recorded_once_with_one_queued_job_per_page(store: Store) -> None:
+    # Given an object recorded with three pages
+    new = _new()
+    first = store.create_document(new, kind="pdf", pages=[1, 2, 3])
+    # When the same object is recorded again (a duplicate S3 event)
+    again = store.create_document(new, kind="pdf", pages=[1, 2, 3])
+    # Then the second is the first, with nothing queued, and the first has its three QUEUED pages in order
+    assert (again.document_id, again.job_ids, again.duplicate) == (first.document_id, (), True)
+    pages = store.load_pages(first.document_id)
+    assert [(p.page_number, p.status) for p in pages] == [(n, JobStatus.QUEUED) for n in (1, 2, 3)]
+    assert store.find_document(new) == first.document_id
+
+
+def test_a_document_recorded_with_an_error_is_failed_and_finished_with_no_pages(store: Store) -> None:
+    created = store.create_document(_new(), kind=None, pages=[1], error="not a PDF")
+    record = store.get_document(created.document_id)
+    assert record is not None and created.job_ids == ()
+    assert (record.status, record.error, record.page_count, record.finished_at is not None) == (
+        DocumentStatus.FAILED, "not a PDF", 0, True,
+    )  # fmt: skip
+
+
+def test_a_pending_document_is_activated_by_its_upload_once(store: Store) -> None:
+    # Given a document the API created, awaiting its upload
+    pending_id = str(uuid.uuid4())
+    pending = PendingDocument(pending_id, "bucket", f"uploads/{pending_id}", "a.pdf", "test/model", None, (1,), None)
+    store.create_pending_document(pending)
+    assert store.get_document(pending_id).status is DocumentStatus.AWAITING_UPLOAD  # type: ignore[union-attr]
+    # When its upload arrives, twice
+    new = _new()
+    first = store.create_document(new, kind="pdf", pages=[1], pending_id=pending_id)
+    second = store.create_document(new, kind="pdf", pages=[1], pending_id=pending_id)
+    # Then it became PROCESSING with one page once; the second arrival is a duplicate
+    assert (first.document_id, len(first.job_ids), first.duplicate) == (pending_id, 1, False)
+    assert (second.job_ids, second.duplicate) == ((), True)
+    record = store.get_document(pending_id)
+    assert record is not None and (record.status, record.filename, record.page_count) == (
+        DocumentStatus.PROCESSING, "a.pdf", 1,
+    )  # fmt: skip
+
+
+def test_documents_are_listed_newest_first_a_page_at_a_time_per_tenant(store: Store) -> None:
+    store.ensure_tenant("acme")
+    ids = [_document(store, tenant_id="acme")[0] for _ in range(3)]
+    _document(store)  # another tenant's
+    first = store.list_documents("acme", limit=2)
+    rest = store.list_documents("acme", limit=2, before=(first[-1].created_at, first[-1].document_id))
+    assert [d.document_id for d in first + rest] == list(reversed(ids))
+
+
+def test_a_document_finishes_once_and_only_when_every_page_ended(store: Store) -> None:
+    document_id, [one, two] = _document(store, pages=2)
+    store.complete_job(_claim(store, one), _answer())
+    assert not store.finish_document(document_id, status=DocumentStatus.COMPLETED, error=None, transcript_key="t")
+    progress = store.fail_job(_claim(store, two), "broken")
+    assert progress is not None and progress.all_pages_done
+    assert store.finish_document(document_id, status=DocumentStatus.PARTIAL, error="1 failed", transcript_key="t")
+    assert not store.finish_document(document_id, status=DocumentStatus.PARTIAL, error=None, transcript_key="t")
+    state = store.transcript_state(document_id)
+    assert state is not None and state.document.status is DocumentStatus.PARTIAL
+    assert [p.status for p in state.pages] == [JobStatus.COMPLETED, JobStatus.FAILED]
+    assert [a.outcome for a in state.attempts] == ["KEPT"]
+
+
+def test_a_finished_document_of_the_same_bytes_and_request_is_reused_without_calls(store: Store) -> None:
+    # Given a finished document of some bytes
+    sha = hashlib.sha256(b"same bytes").digest()
+    donor_id, [job_id] = _document(store, sha=sha)
+    store.complete_job(_claim(store, job_id), _answer("the donor's answer"))
+    store.finish_document(donor_id, status=DocumentStatus.COMPLETED, error=None, transcript_key="t")
+    # When the same bytes come again with the same request
+    new = _new(sha=sha)
+    donor = store.find_reusable_document(new, [1])
+    created = store.create_document(new, kind="pdf", pages=[1], donor_id=donor)
+    # Then the donor's answers stand, completed, with nothing spent
+    assert donor == donor_id and created.reused
+    [page] = store.load_pages(created.document_id)
+    assert (page.status, page.text, page.cost) == (JobStatus.COMPLETED, "the donor's answer", 0)
+    assert store.find_reusable_document(_new(sha=sha, prompt="another prompt"), [1]) is None
+
+
+# --- claims and leases ----------------------------------------------------------------------------------------
+
+
+def test_a_job_is_claimed_once_and_a_job_named_twice_is_claimed_once(store: Store) -> None:
+    _, [job_id] = _document(store)
+    claims = store.claim_jobs([job_id, job_id], lease_seconds=LEASE, max_attempts=3)
+    again = store.claim_jobs([job_id], lease_seconds=LEASE, max_attempts=3)
+    assert list(claims.claimed) == [job_id] and claims.claimed[job_id].attempts == 1
+    assert (again.claimed, again.busy) == ({}, frozenset())
+
+
+def test_unknown_and_exhausted_jobs_are_not_claimed(store: Store) -> None:
+    _, [job_id] = _document(store)
+    store.requeue_job(_claim(store, job_id, max_attempts=1), "HTTP 503", delay_seconds=0)
+    assert store.claim_jobs([job_id, str(uuid.uuid4())], lease_seconds=LEASE, max_attempts=1).claimed == {}
+
+
+def test_a_lost_lease_fences_every_write_of_its_holder(store: Store) -> None:
+    # Given a claim whose lease expired, and the page claimed again
+    _, [job_id] = _document(store)
+    zombie = _claim(store, job_id, lease=0.001)
+    _wait_past(store, 0.01)
+    newer = _claim(store, job_id)
+    # Then the old holder's writes are refused, and its call is still recorded as LEASE_LOST
+    assert store.complete_job(zombie, _answer("late")) is None
+    assert store.fail_job(zombie, "late") is None
+    assert not store.escalate_job(zombie, _answer("late"))
+    assert not store.requeue_job(zombie, "late", delay_seconds=0)
+    assert not store.defer_job(zombie, "late", delay_seconds=0, slot_at=None, keep_slot=False)
+    assert store.skip_job(zombie, "late") is None
+    assert store.complete_job(newer, _answer("newer")) is not None
+    [page] = store.load_pages(newer.document_id)
+    assert (page.text, page.attempts) == ("newer", 2)
+    assert sorted(a.outcome for a in store.load_attempts(newer.document_id)) == ["KEPT", "LEASE_LOST", "LEASE_LOST"]
+
+
+def _wait_past(store: Store, seconds: float) -> None:
+    """Let ``seconds`` pass for the store: the in-memory clock moves on; PostgreSQL's is the real one."""
+    clock = getattr(getattr(store, "state", None), "clock", None)
+    if clock is not None:
+        clock.advance(seconds)
+    else:
+        import time
+
+        time.sleep(seconds)
+
+
+def test_a_deferred_page_gives_back_its_attempt_and_a_requeued_one_does_not(store: Store) -> None:
+    _, [deferred, requeued] = _document(store, pages=2)
+    assert store.defer_job(_claim(store, deferred), "rate", delay_seconds=0, slot_at=None, keep_slot=False)
+    assert store.requeue_job(_claim(store, requeued), "HTTP 503", delay_seconds=0)
+    assert _claim(store, deferred).attempts == 1
+    assert _claim(store, requeued).attempts == 2
+
+
+def test_the_sweeper_requeues_expired_leases_and_fails_those_out_of_attempts(store: Store) -> None:
+    # Given two pages whose holders died: one on its first attempt, one on its second and last
+    document_id, [spare, last] = _document(store, pages=2)
+    _claim(store, spare, lease=0.001)
+    store.requeue_job(_claim(store, last), "HTTP 503", delay_seconds=0)
+    _claim(store, last, lease=0.001)
+    _wait_past(store, 0.01)
+    # When the sweeper runs
+    requeued = store.requeue_expired_leases(max_attempts=2, limit=10)
+    failed, progress = store.fail_expired_leases(max_attempts=2, limit=10)
+    # Then the first goes back to the queue and the second fails, counted on its document
+    assert (requeued, failed) == (1, 1)
+    assert [(p.document_id, p.pages_failed) for p in progress] == [(document_id, 1)]
+    first, second = store.load_pages(document_id)
+    assert first.status is JobStatus.QUEUED and first.error == (
+        "the lease of attempt 1 expired: the worker stopped before finishing"
+    )
+    assert second.status is JobStatus.FAILED and second.error == (
+        "attempts exhausted (2 of 2): the lease expired; the worker stopped before finishing"
+    )
+
+
+def test_an_expired_lease_with_attempts_left_goes_back_to_the_queue_to_be_sent_again(store: Store) -> None:
+    document_id, [job_id] = _document(store)
+    store.mark_enqueued([job_id])
+    _claim(store, job_id, lease=0.001)
+    _wait_past(store, 0.01)
+    assert store.requeue_expired_leases(max_attempts=3, limit=10) == 1
+    assert store.fail_expired_leases(max_attempts=3, limit=10) == (0, [])
+    assert store.take_unsent_jobs(resend_after_seconds=60, limit=10) == [(job_id, document_id, 1)]
+    assert store.take_unsent_jobs(resend_after_seconds=60, limit=10) == []
+    store.release_unsent_jobs([job_id])
+    assert store.take_unsent_jobs(resend_after_seconds=60, limit=10) == [(job_id, document_id, 1)]
+
+
+def test_a_page_sent_recently_or_held_back_is_not_sent_again(store: Store) -> None:
+    _, [sent, held] = _document(store, pages=2)
+    store.mark_enqueued([sent])
+    store.requeue_job(_claim(store, held), "HTTP 503", delay_seconds=3600)
+    assert store.take_unsent_jobs(resend_after_seconds=60, limit=10) == []
+
+
+# --- the ledger -----------------------------------------------------------------------------------------------
+
+
+def test_an_escalated_page_keeps_its_answer_and_ends_once(store: Store) -> None:
+    document_id, [job_id] = _document(store)
+    job = _claim(store, job_id)
+    assert store.escalate_job(job, _answer("looping", flags=(FLAG,)))
+    assert not store.escalate_job(job, _answer("again"))  # a page escalates once
+    progress = store.fail_job(job, "still looping", _answer("worse", flags=(FLAG,)))
+    assert progress is not None and progress.pages_failed == 1
+    [page] = store.load_pages(document_id)
+    assert (page.status, page.text, page.escalation) == (JobStatus.FAILED, "worse", "DONE")
+    calls = store.load_attempts(document_id)
+    assert [a.outcome for a in calls] == ["ESCALATED", "LEASE_LOST", "REJECTED"]
+
+
+def test_a_failure_without_an_answer_keeps_the_answer_it_escalated_from(store: Store) -> None:
+    document_id, [job_id] = _document(store)
+    job = _claim(store, job_id)
+    store.escalate_job(job, _answer("kept text", flags=(FLAG,)))
+    store.fail_job(job, "the escalation model did not answer")
+    [page] = store.load_pages(document_id)
+    assert (page.text, list(page.flags)) == ("kept text", [FLAG])
+
+
+def test_every_call_counts_in_the_documents_spend_and_its_tenants_day(store: Store) -> None:
+    store.ensure_tenant("acme")
+    document_id, [job_id] = _document(store, tenant_id="acme")
+    job = _claim(store, job_id)
+    store.record_failed_call(job, FailedCall("test/model", "fake", 429, "slow down", 10))
+    store.complete_job(job, _answer(cost=0.25))
+    spend = store.spend(document_id)
+    assert (spend.calls, spend.prompt_tokens, spend.completion_tokens, spend.cost) == (2, 1000, 100, 0.25)
+    day = store.tenant_day("acme")
+    assert day is not None and (day.spent_usd, day.calls) == (0.25, 2)
+    assert [a.outcome for a in store.load_attempts(document_id)] == ["RATE_LIMITED", "KEPT"]
+
+
+def test_a_skipped_page_counts_with_those_that_ended_without_an_answer(store: Store) -> None:
+    document_id, [job_id] = _document(store)
+    progress = store.skip_job(_claim(store, job_id), "the daily budget is spent")
+    assert progress is not None and (progress.pages_completed, progress.pages_failed) == (0, 1)
+    assert store.page_issues(document_id)[0].status is JobStatus.SKIPPED
+
+
+# --- pages ----------------------------------------------------------------------------------------------------
+
+
+def test_failed_pages_are_retried_within_the_documents_retries(store: Store) -> None:
+    document_id, [ok, bad] = _document(store, pages=2)
+    store.complete_job(_claim(store, ok), _answer())
+    store.fail_job(_claim(store, bad), "broken", _answer("half", flags=(FLAG,)))
+    store.finish_document(document_id, status=DocumentStatus.PARTIAL, error="1 failed", transcript_key="t")
+    assert store.retry_failed_pages(document_id, max_retries=1) == [(bad, 2)]
+    assert store.retry_failed_pages(document_id, max_retries=1) == []
+    record = store.get_document(document_id)
+    assert record is not None and (record.status, record.pages_failed, record.retries) == (
+        DocumentStatus.PROCESSING, 0, 1,
+    )  # fmt: skip
+    page = store.load_pages(document_id)[1]
+    assert (page.status, page.text, list(page.flags), page.attempts) == (JobStatus.QUEUED, None, [], 0)
+
+
+def test_a_finished_page_is_rerun_on_another_model_within_its_limits(store: Store) -> None:
+    document_id, [job_id] = _document(store)
+    store.complete_job(_claim(store, job_id), _answer())
+    store.finish_document(document_id, status=DocumentStatus.COMPLETED, error=None, transcript_key="t")
+    assert store.rerun_page(document_id, 1, model="big/model", max_retries=5, max_page_reruns=1) == job_id
+    assert store.rerun_page(document_id, 1, model=None, max_retries=5, max_page_reruns=1) is None  # not finished
+    assert _claim(store, job_id).requested_model == "big/model"
+    state = store.page_rerun_state(document_id, 1)
+    assert state is not None and (state.status, state.reruns) == (JobStatus.PROCESSING, 1)
+    assert store.page_rerun_state(document_id, 2) is None
+
+
+def test_a_pages_image_figures_summary_and_issues(store: Store) -> None:
+    document_id, [one, _] = _document(store, pages=2)
+    job = _claim(store, one)
+    store.keep_page_image(job, "images/1.png")
+    store.keep_figures(job, [{"key": "f/1.png", "bbox": [0, 0, 1, 1]}])
+    store.complete_job(job, _answer(flags=(FLAG,)))
+    image = store.page_image(document_id, 1)
+    assert image is not None and (image.image_key, image.status) == ("images/1.png", JobStatus.COMPLETED)
+    assert store.page_figures(document_id, 1) == [{"key": "f/1.png", "bbox": [0, 0, 1, 1]}]
+    assert store.page_figures(document_id, 2) == [] and store.page_image(document_id, 3) is None
+    summary = {s.status: (s.pages, s.flagged, s.corrected) for s in store.page_summary(document_id)}
+    assert summary == {JobStatus.COMPLETED: (1, 1, 0), JobStatus.QUEUED: (1, 0, 0)}
+    assert [i.page_number for i in store.page_issues(document_id)] == [1]
+
+
+# --- corrections ----------------------------------------------------------------------------------------------
+
+
+def test_corrections_are_numbered_revisions_of_a_finished_document_up_to_a_limit(store: Store) -> None:
+    document_id, [job_id] = _document(store)
+    assert store.save_correction(document_id, 1, "early", max_revisions=2).saved is None  # not finished
+    store.complete_job(_claim(store, job_id), _answer())
+    store.finish_document(document_id, status=DocumentStatus.COMPLETED, error=None, transcript_key="t")
+    first = store.save_correction(document_id, 1, "one", max_revisions=2)
+    second = store.save_correction(document_id, 1, "two", max_revisions=2)
+    third = store.save_correction(document_id, 1, "three", max_revisions=2)
+    assert [s.saved.revision if s.saved else None for s in (first, second, third)] == [1, 2, None]
+    assert third.revisions == 2 and store.save_correction(str(uuid.uuid4()), 1, "x", max_revisions=2).status is None
+    [page] = store.load_pages(document_id)
+    assert page.current_text == "two"
+    version = store.transcript_version(document_id)
+    assert version is not None and version.corrections == 2
+    [summary] = store.page_summary(document_id)
+    assert summary.corrected == 1
+
+
+# --- spend and rate buckets -----------------------------------------------------------------------------------
+
+
+def test_the_cost_gate_lets_uncapped_calls_go_and_stops_a_spent_budget(store: Store) -> None:
+    store.ensure_tenant("acme")
+    _, [paid, next_page] = _document(store, pages=2, tenant_id="acme")
+    assert (
+        store.admit_spend(_claim(store, paid), "test/model", daily_budget_usd=None, max_output_tokens=100).verdict
+        == "GO"
+    )
+    store.complete_job(_claim(store, paid, max_attempts=9), _answer(cost=0.5)) if False else None
+    store.set_daily_budget("acme", 0.0)
+    verdict = store.admit_spend(_claim(store, next_page), "test/model", daily_budget_usd=None, max_output_tokens=100)
+    assert (verdict.verdict, verdict.daily_budget_usd) == ("DAILY_BUDGET", 0.0)
+
+
+def test_a_call_is_held_at_its_worst_case_on_the_tenants_own_prices(store: Store) -> None:
+    # Given a tenant's one paid call of 1000 prompt and 100 completion tokens for $0.01
+    store.ensure_tenant("acme")
+    _, [first] = _document(store, tenant_id="acme")
+    store.complete_job(_claim(store, first), _answer(cost=0.01))
+    # When a page of the tenant, with a daily budget of $1, asks to call, with an output limit of 1000 tokens
+    _, [second] = _document(store, tenant_id="acme")
+    store.set_daily_budget("acme", 1.0)
+    verdict = store.admit_spend(_claim(store, second), "test/model", daily_budget_usd=None, max_output_tokens=1000)
+    # Then it goes, held at 1000 prompt tokens at $0.00001 plus 1000 completion tokens at $0.0001: $0.11
+    assert verdict.verdict == "GO" and verdict.price == pytest.approx(0.01)
+    assert verdict.reserve == pytest.approx(0.11)
+    price, calls = store.model_price("test/model", "acme")
+    assert price == pytest.approx(0.01) and calls == 1
+    assert store.model_price("test/model", "default") == (None, 0)
+
+
+def test_the_rate_bucket_grants_its_burst_then_reserves_slots_ahead(store: Store) -> None:
+    bucket = RateBucket("fake", requests_per_minute=60, tokens_per_minute=0, burst=2)
+    grants = [store.take_rate_slot(bucket, "m", prepaid=False, max_wait=10) for _ in range(3)]
+    assert [g.wait == 0 for g in grants] == [True, True, False]
+    assert grants[2].reserved and 0.5 < grants[2].wait <= 1.0
+    store.pause_rate_bucket(bucket, "m", 30)
+    paused = store.take_rate_slot(bucket, "m", prepaid=True, max_wait=10)
+    assert paused.paused and not paused.reserved and paused.wait > 29
+    store.settle_rate_tokens(bucket, "m", estimate=0, actual=500)
+    assert store.take_rate_slot(bucket, "m", prepaid=True, max_wait=10).mean_tokens == 500
+
+
+# --- tenants, keys, callbacks ---------------------------------------------------------------------------------
+
+
+def test_keys_are_found_by_hash_listed_and_revoked_by_label(store: Store) -> None:
+    key_hash = hashlib.sha256(b"ps_secret").digest()
+    assert not store.tenant_exists("acme") and not store.any_tenant_key()
+    key_id = store.add_api_key("acme", key_hash, "ps_sec")
+    assert store.tenant_exists("acme") and store.any_tenant_key()
+    assert store.find_api_key(key_hash) == ("acme", False)
+    assert [k.key_id for k in store.list_api_keys("acme")] == [key_id] and store.list_api_keys("other") == []
+    assert [k.key_id for k in store.revoke_api_key("ps_sec", "other")] == []
+    assert [k.key_id for k in store.revoke_api_key("ps_sec", "acme")] == [key_id]
+    assert store.find_api_key(key_hash) == ("acme", True) and not store.any_tenant_key()
+    assert store.find_api_key(b"unknown") is None
+
+
+def test_the_first_answer_of_an_idempotency_key_stands(store: Store) -> None:
+    document_id, _ = _document(store)
+    assert store.idempotent_answer("default", "k") is None
+    assert store.remember_answer("default", "k", b"digest", document_id, {"document_id": document_id})
+    assert not store.remember_answer("default", "k", b"other", document_id, {"document_id": "other"})
+    assert store.idempotent_answer("default", "k") == (b"digest", {"document_id": document_id})
+
+
+def test_callback_secrets_belong_to_known_tenants(store: Store) -> None:
+    assert not store.set_callback_secret("nobody", "s")
+    assert store.set_callback_secret("default", "s") and store.callback_secret("default") == "s"
+
+
+def test_a_finished_documents_callback_is_taken_recorded_and_given_up_after_its_attempts(store: Store) -> None:
+    # Given a finished document with a callback URL
+    pending_id = str(uuid.uuid4())
+    url = "https://example.com/hook"
+    pending = PendingDocument(pending_id, "b", f"uploads/{pending_id}", "a.pdf", "test/model", None, None, url)
+    store.create_pending_document(pending)
+    _, [job_id] = store.create_document(_new(), kind="pdf", pages=[1], pending_id=pending_id)[:2]
+    store.complete_job(_claim(store, job_id), _answer())
+    store.finish_document(pending_id, status=DocumentStatus.COMPLETED, error=None, transcript_key="t")
+    # When it is taken, it is nobody else's for a while; given back, it is due again
+    [due] = store.take_due_callbacks(limit=10, max_attempts=2, per_tenant=5)
+    assert (due.document_id, due.url, due.attempts) == (pending_id, url, 1)
+    assert store.take_due_callbacks(limit=10, max_attempts=2, per_tenant=5) == []
+    store.release_callback(pending_id)
+    [again] = store.take_due_callbacks(limit=10, max_attempts=2, per_tenant=5)
+    assert again.attempts == 1
+    # And a failed delivery due again at once, taken once more, then never recorded: given up with its last error
+    store.record_callback(pending_id, status="PENDING", error="HTTP 500", retry_in_seconds=0)
+    [last] = store.take_due_callbacks(limit=10, max_attempts=2, per_tenant=5)
+    assert last.attempts == 2
+    store.record_callback(pending_id, status="PENDING", error="HTTP 502", retry_in_seconds=0)
+    store.abandon_callbacks(max_attempts=2)
+    record = store.get_document(pending_id)
+    assert record is not None and record.callback_status == "FAILED"
+    assert record.callback_error == "no delivery recorded after 2 attempts; last error: HTTP 502"
+
+
+def test_a_tenants_stalled_callbacks_fill_no_more_than_their_share_of_a_round(store: Store) -> None:
+    for tenant in ("slow", "fast"):
+        store.ensure_tenant(tenant)
+        for _ in range(3 if tenant == "slow" else 1):
+            pending_id = str(uuid.uuid4())
+            key = f"uploads/{pending_id}"
+            pending = PendingDocument(pending_id, "b", key, "a.pdf", "m", None, None, "https://x", tenant_id=tenant)
+            store.create_pending_document(pending)
+            store.expire_awaiting_uploads(after_seconds=-1, error="never uploaded", limit=10)
+    taken = store.take_due_callbacks(limit=10, max_attempts=3, per_tenant=2)
+    tenants = [store.get_document(t.document_id).tenant_id for t in taken]  # type: ignore[union-attr]
+    assert sorted(tenants) == ["fast", "slow", "slow"]
