@@ -33,8 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pagescribe.grounding import EvidenceWord
-from pagescribe.scoring import cer
 from pagescribe.sources import DocumentKind, extract_text_layer, render_page, text_layer_words
+from pagescribe_local.scoring import cer
 
 from bench.common import REPO
 from bench.ocr import (
@@ -185,7 +185,7 @@ def section(scored: list[Scored], engine: str, tesseract: str | None) -> str:
         "reading scored against that order with every leader dot counted, for information: what a first try "
         "measures. A dot leader is one `...` in the truth and in the reading alike (its "
         "length is the font's dot spacing, not text). An HTML table's tags are markup and cost nothing, as a "
-        "markdown table's pipes do (`pagescribe.scoring.plain`).",
+        "markdown table's pipes do (`pagescribe_local.scoring.plain`).",
         "",
         "| measure | pagescribe (offline) | tesseract |",
         "| --- | --- | --- |",

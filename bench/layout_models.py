@@ -32,9 +32,9 @@ from typing import Any
 
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.offline import RapidOcrProvider
-from pagescribe.scoring import cer
 from pagescribe.sources import DocumentKind, render_page
 from pagescribe_local.evaluation import text_layer_truth
+from pagescribe_local.scoring import cer
 from PIL import Image
 
 from bench.common import CORPUS

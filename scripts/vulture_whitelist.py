@@ -37,3 +37,10 @@ binary_location
 
 # http.server's BaseHTTPRequestHandler calls this for each request it answers (pagescribe_local/cli.py: serve)
 log_request
+
+# Shipped, read only by tests and benchmarks: each says why it ships.
+RETIRED_FLAGS  # checks.py: the flags kept in the enum for answers recorded before they were retired; the metrics test
+# holds the dashboard to showing none of them
+engine_loads  # providers/offline.py: how often the engine was built (lazily, once): what the tests observe of it
+pids  # rendering.py: the render workers' processes, whose memory the benchmarks measure and the tests kill
+table_shapes  # pagescribe_local/scoring.py: the tables a reading holds, scored by bench.ocr beside its CER

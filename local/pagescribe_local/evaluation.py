@@ -3,13 +3,13 @@
 The truth of a document, in this order:
 
 1. a truth file: ``<name>.md`` or ``<name>.txt`` in ``--truth DIR``, else beside the input; pages split by form feed or
-   ``<!-- page N -->`` markers (:func:`pagescribe.scoring.split_pages`);
+   ``<!-- page N -->`` markers (:func:`pagescribe_local.scoring.split_pages`);
 2. for a born-digital PDF without one, its own text layer, page by page where it is usable (the pipeline then sends
    the page to the model as an image only: the model is what is measured);
 3. with ``--olmocr-bench DIR``, olmOCR-bench's own JSONL tests, for the PDFs and pages they name.
 
-A page without truth is transcribed and reported, not scored. Scores are those of :mod:`pagescribe.scoring`, and the
-olmOCR-bench rule pass rates of :mod:`pagescribe_local.olmocr_bench`.
+A page without truth is transcribed and reported, not scored. Scores are those of :mod:`pagescribe_local.scoring`,
+and the olmOCR-bench rule pass rates of :mod:`pagescribe_local.olmocr_bench`.
 
 Every page is also reported as the pipeline grounded its answer (the JSON transcript's ``grounding``): its source
 (``text_layer``, ``second_read``, ``engine``) and the share of the answer's characters grounded; on a born-digital PDF
@@ -31,7 +31,6 @@ from pagescribe.assembly import running_furniture
 from pagescribe.blocks import BlockType, parse_blocks
 from pagescribe.checks import usable_text_layer
 from pagescribe.grounding import Box, GroundingSource
-from pagescribe.scoring import cer, percentile, recall_precision, split_pages, wer
 from pagescribe.sources import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
 
 from pagescribe_local.olmocr_bench import (
@@ -44,6 +43,7 @@ from pagescribe_local.olmocr_bench import (
     pass_rates,
     with_baselines,
 )
+from pagescribe_local.scoring import cer, percentile, recall_precision, split_pages, wer
 from pagescribe_local.true_boxes import true_boxes
 
 TRUTH_SUFFIXES = (".md", ".txt")

@@ -107,10 +107,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pagescribe.scoring import percentile, substring_distances
 from rapidfuzz import fuzz
 
 from pagescribe_local.olmocr_math import KatexRenderer, MathUnavailableError, check_math
+from pagescribe_local.scoring import percentile, substring_distances
 
 SUPPORTED_TYPES = frozenset({"present", "absent", "order", "table", "baseline", "format", "footnote", "math"})
 

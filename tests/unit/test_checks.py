@@ -27,10 +27,10 @@ from pagescribe.checks import (
     remove_non_characters,
     repetition,
 )
-from pagescribe.scoring import recall_precision
 from pagescribe.settings import Settings
 from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
 from pagescribe.transcription import thresholds as configured_thresholds
+from pagescribe_local.scoring import recall_precision
 
 from tests.support import CORPUS
 from tests.support.answers import captured, captured_file, index

@@ -12,11 +12,11 @@ import pytest
 from pagescribe.blocks import BlockType, parse_blocks
 from pagescribe.checks import Thresholds, usable_text_layer
 from pagescribe.grounding import GroundingSource, PageText
-from pagescribe.scoring import words
 from pagescribe.settings import Settings
 from pagescribe.sources import read_text_layer, text_layer_words
 from pagescribe_local import faults
 from pagescribe_local.evaluation import EvalDocument, plan
+from pagescribe_local.scoring import words
 from pagescribe_local.true_boxes import squashed
 
 from tests.support import CORPUS

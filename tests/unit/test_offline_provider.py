@@ -18,9 +18,9 @@ from pagescribe.checks import BLANK_PAGE, Answer, Flag, PageEvidence, Thresholds
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider, _engine_params, _import_rapidocr, _read_upright
-from pagescribe.scoring import recall_precision
 from pagescribe.settings import ConfigurationError
 from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe_local.scoring import recall_precision
 from PIL import Image
 
 from tests.support import CORPUS

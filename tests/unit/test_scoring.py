@@ -7,7 +7,7 @@ import random
 from collections.abc import Hashable, Sequence
 
 import pytest
-from pagescribe.scoring import (
+from pagescribe_local.scoring import (
     cer,
     edit_distance,
     normalize,

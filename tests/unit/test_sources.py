@@ -14,7 +14,6 @@ from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.scoring import recall_precision
 from pagescribe.sources import (
     DocumentInfo,
     DocumentKind,
@@ -26,6 +25,7 @@ from pagescribe.sources import (
     read_text_layer,
     render_page,
 )
+from pagescribe_local.scoring import recall_precision
 from PIL import Image, ImageDraw, ImageStat, TiffImagePlugin
 
 from tests.support import CORPUS

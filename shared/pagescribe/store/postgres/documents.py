@@ -94,6 +94,29 @@ class PgDocuments(Connected):
         donor_id: str | None = None,
     ) -> CreatedDocument:
         document_id = pending_id or str(uuid.uuid4())
+        statement, params = self._document_row(new, document_id, kind, pages, source_page_count, error, pending_id)
+
+        def record(connection: psycopg.Connection[Any]) -> CreatedDocument:
+            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
+                if cursor.execute(statement, params).fetchone() is None:
+                    return CreatedDocument(pending_id or self._recorded(cursor, new), (), duplicate=True)
+                job_ids = () if error else self._queue_pages(cursor, document_id, pages, donor_id)
+            return CreatedDocument(document_id, job_ids, duplicate=False, reused=donor_id is not None and not error)
+
+        return self._with_connection(record)
+
+    def _document_row(
+        self,
+        new: NewDocument,
+        document_id: str,
+        kind: str | None,
+        pages: Sequence[int],
+        source_page_count: int | None,
+        error: str | None,
+        pending_id: str | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The statement that records the document (ACTIVATE_DOCUMENT for a document the API created, else
+        INSERT_DOCUMENT) and its parameters."""
         params: dict[str, Any] = {
             "id": document_id,
             "etag": new.etag,
@@ -107,51 +130,35 @@ class PgDocuments(Connected):
             "sha256": new.sha256,
         }
         if pending_id is not None:
-            statement, insert_params = self.ACTIVATE_DOCUMENT, params
-        else:
-            statement = self.INSERT_DOCUMENT
-            insert_params = {**params, "bucket": new.bucket, "object_key": new.object_key}
-            insert_params |= {
-                "model": new.model,
-                "escalation_model": new.escalation_model,
-                "prompt": new.prompt,
-                "tenant_id": new.tenant_id,
-                "chunks": new.chunks,
-                "merge_tables": new.merge_tables,
-                "furniture": new.furniture,
-            }
+            return self.ACTIVATE_DOCUMENT, params
+        return self.INSERT_DOCUMENT, params | {
+            "bucket": new.bucket,
+            "object_key": new.object_key,
+            "model": new.model,
+            "escalation_model": new.escalation_model,
+            "prompt": new.prompt,
+            "tenant_id": new.tenant_id,
+            "chunks": new.chunks,
+            "merge_tables": new.merge_tables,
+            "furniture": new.furniture,
+        }
 
-        def record(connection: psycopg.Connection[Any]) -> CreatedDocument:
-            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
-                row = cursor.execute(statement, insert_params).fetchone()
-                if row is None and pending_id is not None:
-                    return CreatedDocument(document_id, (), duplicate=True)
-                if row is None:
-                    existing: Any = cursor.execute(
-                        self.FIND_DOCUMENT_BY_OBJECT,
-                        {
-                            "bucket": new.bucket,
-                            "object_key": new.object_key,
-                            "etag": new.etag,
-                            "version_id": new.version_id,
-                        },
-                    ).fetchone()
-                    assert existing is not None, "ON CONFLICT skipped the insert, so the row exists"
-                    return CreatedDocument(str(existing.id), (), duplicate=True)
-                job_ids: tuple[str, ...] = ()
-                if not error:
-                    pages_params = {"document_id": document_id, "pages": list(pages), "donor_id": donor_id}
-                    jobs: list[Any] = cursor.execute(
-                        self.COPY_JOBS if donor_id else self.INSERT_JOBS, pages_params
-                    ).fetchall()
-                    job_ids = tuple(str(j.id) for j in sorted(jobs, key=lambda j: j.page_number))
-                    if donor_id:
-                        cursor.execute(
-                            self.MARK_REUSED, {"document_id": document_id, "donor_id": donor_id, "pages": len(jobs)}
-                        )
-            return CreatedDocument(document_id, job_ids, duplicate=False, reused=donor_id is not None and not error)
+    def _recorded(self, cursor: psycopg.Cursor[Any], new: NewDocument) -> str:
+        """The document recorded before for this object (ON CONFLICT skipped the insert, so the row exists)."""
+        params = {"bucket": new.bucket, "object_key": new.object_key, "etag": new.etag, "version_id": new.version_id}
+        existing: Any = cursor.execute(self.FIND_DOCUMENT_BY_OBJECT, params).fetchone()
+        assert existing is not None, "ON CONFLICT skipped the insert, so the row exists"
+        return str(existing.id)
 
-        return self._with_connection(record)
+    def _queue_pages(
+        self, cursor: psycopg.Cursor[Any], document_id: str, pages: Sequence[int], donor_id: str | None
+    ) -> tuple[str, ...]:
+        """One QUEUED job per page (INSERT_JOBS), or the donor's answers (COPY_JOBS, MARK_REUSED): their ids."""
+        params = {"document_id": document_id, "pages": list(pages), "donor_id": donor_id}
+        jobs: list[Any] = cursor.execute(self.COPY_JOBS if donor_id else self.INSERT_JOBS, params).fetchall()
+        if donor_id:
+            cursor.execute(self.MARK_REUSED, {"document_id": document_id, "donor_id": donor_id, "pages": len(jobs)})
+        return tuple(str(j.id) for j in sorted(jobs, key=lambda j: j.page_number))
 
     INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,

@@ -1,9 +1,9 @@
 """Page scoring against a ground truth: text normalisation, edit distances, CER, WER, word recall and precision.
 
-Pure standard library (it runs in AWS Lambda, where numpy is not available). Edit distances use the bit-parallel
-algorithm of Myers (1999) in Hyyrö's (2003) formulation, with Python ints as bit vectors of any length: one int per
-symbol of the alphabet is that symbol's match mask over the pattern, and each symbol of the other sequence costs a
-dozen big-int operations, so two 5,000-character pages compare in milliseconds.
+Pure standard library. The evaluation, olmOCR-bench and the benchmarks score with it; the Lambda layer does not ship
+it. Edit distances use the bit-parallel algorithm of Myers (1999) in Hyyrö's (2003) formulation, with Python ints as
+bit vectors of any length: one int per symbol of the alphabet is that symbol's match mask over the pattern, and each
+symbol of the other sequence costs a dozen big-int operations, so two 5,000-character pages compare in milliseconds.
 """
 
 from __future__ import annotations
