@@ -20,7 +20,7 @@ from pagescribe.database import Database
 from pagescribe.domain import DocumentRecord, DocumentStatus, NewDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
-from pagescribe.sources import DocumentInfo, InvalidDocumentError
+from pagescribe.sources.documents import DocumentInfo, InvalidDocumentError
 from pagescribe.tenancy import TENANT_ID
 
 log = logging.getLogger(__name__)

@@ -32,16 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-from pagescribe.sources import (
-    DocumentInfo,
-    DocumentKind,
-    InvalidDocumentError,
-    RenderedPage,
-    TextLayer,
-    inspect_document,
-    read_text_layer,
-    render_page,
-)
+from pagescribe.sources.documents import DocumentInfo, DocumentKind, InvalidDocumentError, inspect_document
+from pagescribe.sources.pages import RenderedPage, render_page
+from pagescribe.sources.textlayer import TextLayer, read_text_layer
 
 if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second read, not with the upload function
     from pagescribe.grounding import PageText
@@ -161,7 +154,7 @@ def _usable(text_layer: str) -> bool:
 def _words(path: Path, request: dict[str, Any]) -> dict[str, Any]:
     """A born-digital page's words placed on its render: the evidence its answer is grounded to."""
     from pagescribe.grounding import evidence_as_json
-    from pagescribe.sources import text_layer_words
+    from pagescribe.sources.textlayer import text_layer_words
 
     words = text_layer_words(path, request["page_number"], dpi=request["dpi"], max_long_edge=request["max_long_edge"])
     return evidence_as_json(words)

@@ -17,7 +17,9 @@ import httpx
 import pypdfium2 as pdfium
 import pytest
 from pagescribe.database import Database
-from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer
 from PIL import Image
 
 from tests.fakes.chat_server import FakeChatServer, Ok, expected_text

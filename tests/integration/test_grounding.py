@@ -13,7 +13,9 @@ import pytest
 from pagescribe.database import Database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.sources import DocumentKind, read_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import read_text_layer
 from pagescribe_local.stack import sqs_event
 
 from tests.fakes.chat_server import FakeChatServer, Ok

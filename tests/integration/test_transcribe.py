@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from pagescribe.database import Database
 from pagescribe.settings import get_settings
-from pagescribe.sources import DocumentKind, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Hang, Ok, Status, Truncated, expected_text

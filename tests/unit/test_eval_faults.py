@@ -14,7 +14,7 @@ from pagescribe.checks import Thresholds, usable_text_layer
 from pagescribe.grounding import GroundingSource, PageText
 from pagescribe.scoring import words
 from pagescribe.settings import Settings
-from pagescribe.sources import read_text_layer, text_layer_words
+from pagescribe.sources.textlayer import read_text_layer, text_layer_words
 from pagescribe_local import faults
 from pagescribe_local.evaluation import EvalDocument, plan
 from pagescribe_local.true_boxes import squashed

@@ -37,7 +37,9 @@ from pagescribe.grounding import (
 )
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.scoring import plain
-from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_words
 from pagescribe_local.true_boxes import squashed
 from pagescribe_local.true_boxes import true_boxes as blocks_true_boxes
 from PIL import Image, ImageChops, ImageDraw

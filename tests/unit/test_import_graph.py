@@ -57,14 +57,18 @@ NOT_AT_COLD_START = {
     "sweeper": {
         "pagescribe.assembly",
         "pagescribe.ingestion",
-        "pagescribe.sources",
+        "pagescribe.sources.documents",
+        "pagescribe.sources.pages",
+        "pagescribe.sources.textlayer",
         "pagescribe.rendering",
         "pagescribe.service",
     },
     "api": {
         "pagescribe.assembly",  # built on the first correction, to write the transcript files again
         "pagescribe.ingestion",
-        "pagescribe.sources",
+        "pagescribe.sources.documents",
+        "pagescribe.sources.pages",
+        "pagescribe.sources.textlayer",
         "pagescribe.rendering",
         "pagescribe.transcription",
     },

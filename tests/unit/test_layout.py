@@ -15,7 +15,8 @@ import pytest
 from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
 from pagescribe.scoring import table_shapes
-from pagescribe.sources import DocumentKind, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
 
 from tests.support import CORPUS
 from tests.support.offline import offline

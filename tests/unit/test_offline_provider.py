@@ -20,7 +20,9 @@ from pagescribe.providers.base import PageImage, ProviderError, Transcription, T
 from pagescribe.providers.offline import RapidOcrProvider, _engine_params, _import_rapidocr, _read_upright
 from pagescribe.scoring import recall_precision
 from pagescribe.settings import ConfigurationError
-from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer
 from PIL import Image
 
 from tests.support import CORPUS
