@@ -61,6 +61,7 @@ NOT_AT_COLD_START = {
         "pagescribe.sources.pages",
         "pagescribe.sources.textlayer",
         "pagescribe.rendering",
+        "pagescribe.render_worker",
         "pagescribe.service",
     },
     "api": {
@@ -70,6 +71,7 @@ NOT_AT_COLD_START = {
         "pagescribe.sources.pages",
         "pagescribe.sources.textlayer",
         "pagescribe.rendering",
+        "pagescribe.render_worker",
         "pagescribe.transcription",
     },
     "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's
