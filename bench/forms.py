@@ -33,7 +33,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pagescribe.grounding import EvidenceWord
-from pagescribe.sources import DocumentKind, extract_text_layer, render_page, text_layer_words
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer, text_layer_words
 from pagescribe_local.scoring import cer
 
 from bench.common import REPO
@@ -81,8 +83,8 @@ PAGES = (
 
 
 def reading_truth(path: Path, page: int, columns: Sequence[float] = ()) -> str:
-    """The page's text layer read line by line: its words (:func:`pagescribe.sources.text_layer_words`) in each
-    column of text (divided at ``columns``, shares of the width, left to right), a word on the line whose band
+    """The page's text layer read line by line: its words (:func:`pagescribe.sources.textlayer.text_layer_words`) in
+    each column of text (divided at ``columns``, shares of the width, left to right), a word on the line whose band
     holds its middle, top to bottom, each line left to right."""
     text = text_layer_words(path, page)
     edges = [0.0, *(share * text.width for share in columns), float("inf")]

@@ -32,7 +32,8 @@ from typing import Any
 
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.offline import RapidOcrProvider
-from pagescribe.sources import DocumentKind, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
 from pagescribe_local.evaluation import text_layer_truth
 from pagescribe_local.scoring import cer
 from PIL import Image

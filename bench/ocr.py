@@ -33,7 +33,8 @@ from typing import Any
 from pagescribe.providers.base import PageImage, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.settings import Settings
-from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage, inspect_document, render_page
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
+from pagescribe.sources.pages import RenderedPage, render_page
 from pagescribe_local.evaluation import text_layer_truth
 from pagescribe_local.scoring import cer, table_shapes
 from PIL import Image

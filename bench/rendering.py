@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pagescribe.sources import DocumentKind, InvalidDocumentError, inspect_document, render_page
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
+from pagescribe.sources.pages import render_page
 
 from bench.common import CORPUS, Mode, Result, median
 

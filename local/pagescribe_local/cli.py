@@ -43,7 +43,7 @@ from pagescribe.service import (
     parse_page_selection,
 )
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
-from pagescribe.sources import InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.sources.documents import InvalidDocumentError, detect_kind, inspect_document
 from pagescribe.store.postgres import Database, create_database_engine
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 

@@ -31,7 +31,8 @@ from pagescribe.assembly import running_furniture
 from pagescribe.blocks import BlockType, parse_blocks
 from pagescribe.checks import usable_text_layer
 from pagescribe.grounding import Box, GroundingSource
-from pagescribe.sources import DocumentKind, InvalidDocumentError, detect_kind, extract_text_layer
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, detect_kind
+from pagescribe.sources.textlayer import extract_text_layer
 
 from pagescribe_local.olmocr_bench import (
     SUPPORTED_TYPES,

@@ -44,15 +44,9 @@ from pagescribe.checks import (
 )
 from pagescribe.grounding import GroundingSource, PageGrounding, PageText, words_from_boxes
 from pagescribe.settings import ConfigurationError, Settings
-from pagescribe.sources import (
-    DocumentKind,
-    InvalidDocumentError,
-    detect_kind,
-    inspect_document,
-    read_text_layer,
-    render_page,
-    text_layer_words,
-)
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import read_text_layer, text_layer_words
 
 from pagescribe_local.evaluation import MISSED_SWEEP, UNGROUNDED_SWEEP, EvalDocument
 from pagescribe_local.true_boxes import squashed, true_boxes

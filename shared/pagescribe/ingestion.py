@@ -19,7 +19,7 @@ from pagescribe.aws import JobMessage, JobQueue, ObjectMissingError, ObjectStore
 from pagescribe.domain import DocumentRecord, DocumentStatus, NewDocument
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
-from pagescribe.sources import DocumentInfo, InvalidDocumentError
+from pagescribe.sources.documents import DocumentInfo, InvalidDocumentError
 from pagescribe.store.ports import Store
 from pagescribe.tenancy import TENANT_ID
 

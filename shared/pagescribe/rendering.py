@@ -3,14 +3,14 @@
 Why processes: pdfium allocates whatever a page asks for. A content stream that inflates from a few MB to gigabytes
 (a decompression bomb) would take the whole function down with it, over and over on every redelivery; and pdfium is not
 thread-safe, so in one process pages render one at a time. A worker here is a long-lived ``python -m
-pagescribe.rendering`` whose address space is capped with ``RLIMIT_AS``: a hostile page makes *it* fail (pdfium aborts
-when an allocation fails, Python raises MemoryError), the parent turns that into an InvalidDocumentError naming the
-limit, and the next page gets a fresh worker. Each worker has its own pdfium, so the pool renders in parallel.
+pagescribe.render_worker`` whose address space is capped with ``RLIMIT_AS``: a hostile page makes *it* fail (pdfium
+aborts when an allocation fails, Python raises MemoryError), the parent turns that into an InvalidDocumentError naming
+the limit, and the next page gets a fresh worker. Each worker has its own pdfium, so the pool renders in parallel.
 
 Why not multiprocessing: its queues and locks need POSIX semaphores in /dev/shm, which AWS Lambda does not have. The
 protocol is plain pipes instead: requests on the worker's stdin, replies on a pipe of their own (the worker's stdout
 goes to the parent's stderr, so a stray print can never corrupt a reply). A frame is two big-endian lengths, then a
-JSON object, then raw bytes (the encoded image).
+JSON object, then raw bytes (the encoded image): :mod:`pagescribe.render_worker` writes and reads both ends' frames.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import selectors
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -30,18 +28,12 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pagescribe.sources import (
-    DocumentInfo,
-    DocumentKind,
-    InvalidDocumentError,
-    RenderedPage,
-    TextLayer,
-    inspect_document,
-    read_text_layer,
-    render_page,
-)
+from pagescribe.render_worker import FRAME_HEADER, SEEN_FIELDS, encode_frame
+from pagescribe.sources.documents import DocumentInfo, DocumentKind, InvalidDocumentError
+from pagescribe.sources.pages import RenderedPage
+from pagescribe.sources.textlayer import TextLayer
 
 if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second read, not with the upload function
     from pagescribe.grounding import PageText
@@ -51,11 +43,8 @@ if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second
 # their only source of defaults.
 MIN_RENDER_MEMORY_LIMIT_MB = 128  # below this an idle worker has too little room left to render anything
 _STARTUP_TIMEOUT_SECONDS = 30.0
-_FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
 _MAX_META_BYTES = 16 << 20
 _MAX_BLOB_BYTES = 1 << 30
-# what RenderedPage says of the page besides its pixels
-_SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation", "laid_out_text", "points_per_pixel", "figures")
 
 
 @dataclass(frozen=True)
@@ -86,132 +75,6 @@ class _WorkerGone(Exception):
 
 class _WorkerTimedOut(Exception):
     """No complete reply before the deadline."""
-
-
-# Framing, shared by both ends
-
-
-def _encode_frame(meta: dict[str, Any], blob: bytes = b"") -> bytes:
-    body = json.dumps(meta).encode()
-    return _FRAME_HEADER.pack(len(body), len(blob)) + body + blob
-
-
-def _read_frame_blocking(stream: BinaryIO) -> tuple[dict[str, Any], bytes] | None:
-    """The next frame from a blocking stream, or None at a clean end of stream (the parent closed the pipe)."""
-    header = stream.read(_FRAME_HEADER.size)
-    if not header:
-        return None
-    if len(header) < _FRAME_HEADER.size:
-        raise EOFError("the request stream ended inside a frame header")
-    meta_size, blob_size = _FRAME_HEADER.unpack(header)
-    body = stream.read(meta_size)
-    blob = stream.read(blob_size) if blob_size else b""
-    if len(body) < meta_size or len(blob) < blob_size:
-        raise EOFError("the request stream ended inside a frame")
-    meta: dict[str, Any] = json.loads(body)
-    return meta, blob
-
-
-# The worker side (python -m pagescribe.rendering REPLY_FD MEMORY_LIMIT_MB)
-
-
-def _limit_memory(memory_limit_mb: int) -> None:
-    limit = memory_limit_mb << 20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    _, core_hard = resource.getrlimit(resource.RLIMIT_CORE)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, core_hard))  # an abort() under the limit must not dump a core
-
-
-def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-    if request["op"] == "read":
-        return {"ok": _read(blob, request["language"])}, b""
-    path = Path(request["path"])
-    if request["op"] == "render":
-        page = render_page(
-            path,
-            DocumentKind(request["kind"]),
-            request["page_number"],
-            dpi=request["dpi"],
-            max_long_edge=request["max_long_edge"],
-            image_format=request["image_format"],
-            jpeg_quality=request["jpeg_quality"],
-            max_image_pixels=request["max_image_pixels"],
-            orient=request["orient"],
-            blank_below=request["blank_below"],
-        )
-        seen = {field: getattr(page, field) for field in _SEEN_FIELDS}
-        words = _words(path, request) if request.get("words") and _usable(page.text_layer) else None
-        size = {"media_type": page.media_type, "width": page.width, "height": page.height}
-        return {"ok": {**size, **seen, "words": words}}, page.data
-    if request["op"] == "text":
-        layer = read_text_layer(path, request["page_number"])
-        return {"ok": {"text": layer.text, "laid_out": layer.laid_out}}, b""
-    if request["op"] == "inspect":
-        info = inspect_document(path, max_pages=request["max_pages"], max_image_pixels=request["max_image_pixels"])
-        return {"ok": {"kind": info.kind.value, "page_count": info.page_count}}, b""
-    raise ValueError(f"unknown request {request['op']!r}")
-
-
-def _usable(text_layer: str) -> bool:
-    from pagescribe.checks import usable_text_layer
-
-    return usable_text_layer(text_layer)
-
-
-def _words(path: Path, request: dict[str, Any]) -> dict[str, Any]:
-    """A born-digital page's words placed on its render: the evidence its answer is grounded to."""
-    from pagescribe.grounding import evidence_as_json
-    from pagescribe.sources import text_layer_words
-
-    words = text_layer_words(path, request["page_number"], dpi=request["dpi"], max_long_edge=request["max_long_edge"])
-    return evidence_as_json(words)
-
-
-def _read(image: bytes, language: str) -> dict[str, Any]:
-    """The second read of a page image by the offline engine: its lines (text, box, score), their mean confidence,
-    and the CPU time it took (the whole process's: the engine's threads too)."""
-    from pagescribe.layout import mean_confidence
-    from pagescribe.providers.offline import read_lines
-
-    started = time.process_time()
-    lines = read_lines(image, language)
-    return {
-        "lines": [[line.text, line.left, line.top, line.right, line.bottom, line.score] for line in lines],
-        "confidence": mean_confidence(lines),
-        "cpu_seconds": round(time.process_time() - started, 3),
-    }
-
-
-def serve(reply_fd: int, memory_limit_mb: int, niceness: int = 0) -> int:
-    """The worker loop: one request at a time from stdin, one reply each on ``reply_fd``, until stdin closes. A
-    worker with a ``niceness`` runs at that lower priority: it takes only the CPU the rest of the function leaves."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes or kills the workers
-    if niceness:
-        os.nice(niceness)
-    requests = sys.stdin.buffer
-    with os.fdopen(reply_fd, "wb") as replies:
-        try:
-            _limit_memory(memory_limit_mb)
-        except (ValueError, OSError) as exc:
-            replies.write(_encode_frame({"startup_error": f"RENDER_MEMORY_LIMIT_MB={memory_limit_mb}: {exc}"}))
-            return 1
-        replies.write(_encode_frame({"ready": os.getpid()}))
-        replies.flush()
-        while (frame := _read_frame_blocking(requests)) is not None:
-            try:
-                reply = _handle(*frame)
-            except InvalidDocumentError as exc:
-                reply = {"invalid": exc.reason}, b""
-            except MemoryError:
-                reply = {"memory": True}, b""
-            except Exception as exc:
-                reply = {"error": f"{type(exc).__name__}: {exc}"}, b""
-            replies.write(_encode_frame(*reply))
-            replies.flush()
-    return 0
-
-
-# The parent side
 
 
 def _describe_exit(returncode: int | None) -> str:
@@ -251,7 +114,7 @@ class _Worker:
         try:
             env = {**os.environ, "PYTHONPATH": _child_path()}
             self.process = subprocess.Popen(  # noqa: S603 (our own interpreter and module; no shell, no user input)
-                [sys.executable, "-P", "-m", "pagescribe.rendering", str(reply_write), str(memory_limit_mb)]
+                [sys.executable, "-P", "-m", "pagescribe.render_worker", str(reply_write), str(memory_limit_mb)]
                 + ([str(niceness)] if niceness else []),
                 stdin=subprocess.PIPE,
                 stdout=_child_stdout(),
@@ -279,7 +142,7 @@ class _Worker:
         assert self.process.stdin is not None
         try:
             # a request is a few hundred bytes, or an image the idle worker reads at once: it never blocks for long
-            self.process.stdin.write(_encode_frame(request, blob))
+            self.process.stdin.write(encode_frame(request, blob))
         except (BrokenPipeError, ValueError) as exc:
             raise _WorkerGone from exc
 
@@ -297,7 +160,7 @@ class _Worker:
         return data
 
     def receive(self, deadline: float) -> tuple[dict[str, Any], bytes]:
-        meta_size, blob_size = _FRAME_HEADER.unpack(self._read(_FRAME_HEADER.size, deadline))
+        meta_size, blob_size = FRAME_HEADER.unpack(self._read(FRAME_HEADER.size, deadline))
         if meta_size > _MAX_META_BYTES or blob_size > _MAX_BLOB_BYTES:
             raise _WorkerGone  # not a frame this protocol writes: treat the worker as broken
         meta: dict[str, Any] = json.loads(self._read(meta_size, deadline))
@@ -415,7 +278,7 @@ class RenderPool:
             str(result["media_type"]),
             int(result["width"]),
             int(result["height"]),
-            **{field: result[field] for field in _SEEN_FIELDS if field != "figures"},
+            **{field: result[field] for field in SEEN_FIELDS if field != "figures"},
             figures=tuple((box[0], box[1], box[2], box[3]) for box in result["figures"]),
             words=_evidence(result.get("words")),
         )
@@ -608,7 +471,3 @@ class RenderPool:
             self._all.discard(worker)
             self._changed.notify()
         return worker.close()
-
-
-if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2]), *(int(arg) for arg in sys.argv[3:4])))

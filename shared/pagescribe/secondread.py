@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pagescribe.sources import InvalidDocumentError
+from pagescribe.sources.documents import InvalidDocumentError
 
 if TYPE_CHECKING:
     from pagescribe.grounding import PageText
     from pagescribe.layout import TextBox
     from pagescribe.rendering import RenderPool, SecondRead
-    from pagescribe.sources import RenderedPage
+    from pagescribe.sources.pages import RenderedPage
 
 log = logging.getLogger(__name__)
 

@@ -5,16 +5,13 @@
 
 import json
 import os
-import types
 from functools import lru_cache
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, get_args
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
-    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SecretsSettingsSource,
     SettingsConfigDict,
@@ -22,6 +19,7 @@ from pydantic_settings import (
 from sqlalchemy import URL
 
 from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, MAX_MAX_TOKENS, MIN_MAX_TOKENS
+from pagescribe.settings_environment import ScalarEnvironment
 
 # The offline engine's recognition models by language: those that ship inside the rapidocr wheel (3.10: one). Others
 # (RapidOCR's latin, cyrillic, arabic... models) are downloaded by RapidOCR at run time, which pagescribe never does.
@@ -417,10 +415,10 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The default sources, made cheaper at cold start: the environment read by :class:`_ScalarEnvironment`,
+        """The default sources, made cheaper at cold start: the environment read by :class:`ScalarEnvironment`,
         and no .env file or secrets directory unless one is configured (never, as deployed): those sources would
         read nothing, yet each would still walk every field."""
-        sources = [init_settings, _ScalarEnvironment.replacing(env_settings)]
+        sources = [init_settings, ScalarEnvironment.replacing(env_settings)]
         if not isinstance(dotenv_settings, DotEnvSettingsSource) or dotenv_settings.env_file is not None:
             sources.append(dotenv_settings)
         if not isinstance(file_secret_settings, SecretsSettingsSource) or file_secret_settings.secrets_dir is not None:
@@ -504,55 +502,6 @@ class Settings(BaseSettings):
         if not value:
             raise ConfigurationError(f"{name.upper()} is not set; it is required here")
         return value
-
-
-def _is_scalar(annotation: Any) -> bool:
-    """str, int, float, bool, SecretStr, a Literal of strings, or a union of these (with None)."""
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return all(isinstance(arg, str) for arg in get_args(annotation))
-    if origin is Union or origin is types.UnionType:
-        return all(_is_scalar(arg) for arg in get_args(annotation))
-    return annotation in (str, int, float, bool, SecretStr, type(None))
-
-
-class _ScalarEnvironment(PydanticBaseSettingsSource):
-    """The environment source, for settings whose fields are all scalars: each field's variable as the string it
-    is, for pydantic to validate; the values pydantic-settings' own source gives for such fields.
-
-    That source first asks of every field's type whether it is a container to decode from JSON, by ``issubclass``
-    against ``Mapping``, ``Sequence``, ``Set`` and ``BaseModel``, and Python caches each negative answer in every
-    subclass of those classes. At cold start, with boto3, SQLAlchemy and Powertools loaded, that is about 2,600
-    long-lived objects and several milliseconds: enough to set off one more full garbage collection (some 50 ms
-    in the migrate function)."""
-
-    def __init__(self, environment: EnvSettingsSource) -> None:
-        super().__init__(environment.settings_cls)
-        self._environment = environment
-
-    @classmethod
-    def replacing(cls, source: PydanticBaseSettingsSource) -> PydanticBaseSettingsSource:
-        """This source in place of pydantic-settings' environment source where it gives the same values."""
-        if (
-            type(source) is not EnvSettingsSource
-            or source.env_parse_none_str is not None
-            or source.env_parse_enums
-            or not all(
-                _is_scalar(field.annotation) and field.alias is None and field.validation_alias is None
-                for field in source.settings_cls.model_fields.values()
-            )
-        ):
-            return source
-        return cls(source)
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        environment = self._environment
-        name = environment.env_prefix + field_name
-        return environment.env_vars.get(name if environment.case_sensitive else name.lower()), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        values = {name: self.get_field_value(field, name)[0] for name, field in self.settings_cls.model_fields.items()}
-        return {name: value for name, value in values.items() if value is not None}
 
 
 def to_sqlalchemy_url(url: str) -> str:

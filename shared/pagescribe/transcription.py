@@ -57,7 +57,8 @@ from pagescribe.providers.base import (
 from pagescribe.rendering import RenderPool, RenderWorkerError
 from pagescribe.secondread import PendingRead, SecondReader
 from pagescribe.settings import Settings
-from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage, crop_figures
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError
+from pagescribe.sources.pages import RenderedPage, crop_figures
 from pagescribe.store.ports import Store
 from pagescribe.timebudget import TimeBudget
 

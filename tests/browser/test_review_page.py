@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.remote.webelement import WebElement
 

@@ -17,7 +17,9 @@ from pagescribe.checks import clean_answer
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
 from pagescribe.store.postgres import Database
 
 from tests.fakes.chat_server import PROMPT_TOKENS, Behaviour, FakeChatServer, Ok

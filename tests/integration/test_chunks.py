@@ -12,7 +12,7 @@ import pytest
 from pagescribe.chunking import estimate_tokens
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.sources import extract_text_layer
+from pagescribe.sources.textlayer import extract_text_layer
 
 from tests.fakes.chat_server import FakeChatServer
 from tests.integration.test_api import call, upload_through_presigned_url

@@ -16,7 +16,9 @@ import boto3
 import httpx
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer
 from pagescribe.store.postgres import Database
 from PIL import Image
 

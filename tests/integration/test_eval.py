@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
 
 from tests.fakes.chat_server import FakeChatServer, Ok
 from tests.support.commands import command_environment, pagescribe

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.sources import DocumentKind, read_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import read_text_layer
 from pagescribe.store.postgres import Database
 from pagescribe_local.stack import sqs_event
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from pagescribe.settings import get_settings
-from pagescribe.sources import DocumentKind, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
 from pagescribe.store.postgres import Database
 from sqlalchemy import text
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
-from pagescribe.sources import extract_text_layer
+from pagescribe.sources.textlayer import extract_text_layer
 
 from tests.support import CORPUS
 

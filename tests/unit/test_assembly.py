@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pagescribe.assembly import render_markdown, running_furniture, transcript_json
 from pagescribe.domain import DocumentRecord, DocumentStatus, JobStatus, PageCorrection, PageRecord
-from pagescribe.sources import extract_text_layer
+from pagescribe.sources.textlayer import extract_text_layer
 
 from tests.support import CORPUS
 

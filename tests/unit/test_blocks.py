@@ -15,7 +15,7 @@ from pagescribe.assembly import running_furniture
 from pagescribe.blocks import BLANK_PAGE, Block, BlockType, Cell, parse_blocks
 from pagescribe.checks import BLANK_PAGE as CHECKS_BLANK_PAGE
 from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text
-from pagescribe.sources import extract_text_layer
+from pagescribe.sources.textlayer import extract_text_layer
 
 from tests.support import CORPUS
 from tests.support.answers import ANSWERS, captured_file, index

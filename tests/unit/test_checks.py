@@ -28,7 +28,9 @@ from pagescribe.checks import (
     repetition,
 )
 from pagescribe.settings import Settings
-from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_words
 from pagescribe.transcription import thresholds as configured_thresholds
 from pagescribe_local.scoring import recall_precision
 

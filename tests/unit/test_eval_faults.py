@@ -13,7 +13,7 @@ from pagescribe.blocks import BlockType, parse_blocks
 from pagescribe.checks import Thresholds, usable_text_layer
 from pagescribe.grounding import GroundingSource, PageText
 from pagescribe.settings import Settings
-from pagescribe.sources import read_text_layer, text_layer_words
+from pagescribe.sources.textlayer import read_text_layer, text_layer_words
 from pagescribe_local import faults
 from pagescribe_local.evaluation import EvalDocument, plan
 from pagescribe_local.scoring import words

@@ -7,13 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pypdfium2 as pdfium
-from pagescribe.sources import (
-    FIGURE_MAX_EDGE,
-    MAX_FIGURES_PER_PAGE,
-    DocumentKind,
-    crop_figures,
-    render_page,
-)
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import FIGURE_MAX_EDGE, MAX_FIGURES_PER_PAGE, crop_figures, render_page
 from PIL import Image
 
 from tests.support import CORPUS

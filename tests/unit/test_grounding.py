@@ -36,7 +36,9 @@ from pagescribe.grounding import (
     words_from_boxes,
 )
 from pagescribe.layout import TextBox, boxes_to_text
-from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_words
 from pagescribe_local.scoring import plain
 from pagescribe_local.true_boxes import squashed
 from pagescribe_local.true_boxes import true_boxes as blocks_true_boxes

@@ -57,15 +57,21 @@ NOT_AT_COLD_START = {
     "sweeper": {
         "pagescribe.assembly",
         "pagescribe.ingestion",
-        "pagescribe.sources",
+        "pagescribe.sources.documents",
+        "pagescribe.sources.pages",
+        "pagescribe.sources.textlayer",
         "pagescribe.rendering",
+        "pagescribe.render_worker",
         "pagescribe.service",
     },
     "api": {
         "pagescribe.assembly",  # built on the first correction, to write the transcript files again
         "pagescribe.ingestion",
-        "pagescribe.sources",
+        "pagescribe.sources.documents",
+        "pagescribe.sources.pages",
+        "pagescribe.sources.textlayer",
         "pagescribe.rendering",
+        "pagescribe.render_worker",
         "pagescribe.transcription",
     },
     "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
-from pagescribe.sources import DocumentKind, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
 from pagescribe_local.scoring import table_shapes
 
 from tests.support import CORPUS

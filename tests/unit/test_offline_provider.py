@@ -19,7 +19,9 @@ from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider, _engine_params, _import_rapidocr, _read_upright
 from pagescribe.settings import ConfigurationError
-from pagescribe.sources import DocumentKind, extract_text_layer, render_page
+from pagescribe.sources.documents import DocumentKind
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import extract_text_layer
 from pagescribe_local.scoring import recall_precision
 from PIL import Image
 

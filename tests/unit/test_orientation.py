@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from pagescribe.orientation import Orientation, detect_orientation, upright
-from pagescribe.sources import DocumentKind, inspect_document, render_page
+from pagescribe.sources.documents import DocumentKind, inspect_document
+from pagescribe.sources.pages import render_page
 from PIL import Image
 
 from tests.support import CORPUS, CORPUS_NOTES

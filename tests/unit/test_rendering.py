@@ -16,15 +16,9 @@ from typing import Any
 
 import pytest
 from pagescribe.rendering import RenderPool, RenderWorkerError
-from pagescribe.sources import (
-    DocumentKind,
-    InvalidDocumentError,
-    RenderedPage,
-    extract_text_layer,
-    inspect_document,
-    read_text_layer,
-    render_page,
-)
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
+from pagescribe.sources.pages import RenderedPage, render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
 
 from tests.support import CORPUS, CORPUS_NOTES
 from tests.support.hostile import bilevel_png, decompression_bomb, page_with_contents
@@ -352,7 +346,7 @@ BOMB_SCENARIO = """
 import asyncio, json, sys
 from pathlib import Path
 from typing import Any
-from pagescribe.sources import DocumentKind, InvalidDocumentError
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError
 from pagescribe.rendering import RenderPool
 
 async def main(bomb, page):

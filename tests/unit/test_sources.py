@@ -14,17 +14,9 @@ from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.sources import (
-    DocumentInfo,
-    DocumentKind,
-    InvalidDocumentError,
-    RenderedPage,
-    detect_kind,
-    extract_text_layer,
-    inspect_document,
-    read_text_layer,
-    render_page,
-)
+from pagescribe.sources.documents import DocumentInfo, DocumentKind, InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.sources.pages import RenderedPage, render_page
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
 from pagescribe_local.scoring import recall_precision
 from PIL import Image, ImageDraw, ImageStat, TiffImagePlugin
 
@@ -532,9 +524,9 @@ def test_a_page_that_renders_blank_comes_with_its_text_layer_laid_out() -> None:
 
 def test_a_page_of_more_runs_of_text_than_the_layout_takes_keeps_pdfiums_order(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a layout limit below the runs of text of a real two-column page
-    import pagescribe.sources
+    import pagescribe.sources.textlayer
 
-    monkeypatch.setattr(pagescribe.sources, "LAYOUT_MAX_BOXES", 10)
+    monkeypatch.setattr(pagescribe.sources.textlayer, "LAYOUT_MAX_BOXES", 10)
     # When its text layer is read
     layer = read_text_layer(CORPUS / "multicolumn.pdf", 1)
     # Then the text that stands in for the page is pdfium's own, not laid out (its time would grow past the render's)

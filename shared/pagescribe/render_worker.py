@@ -1,0 +1,144 @@
+"""The render worker process (``python -m pagescribe.render_worker REPLY_FD MEMORY_LIMIT_MB [NICENESS]``), run by
+:class:`pagescribe.rendering.RenderPool`, and the frames both ends exchange: two big-endian lengths, then a JSON
+object, then raw bytes (the encoded image). Why processes, and why plain pipes, is told in :mod:`pagescribe.rendering`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
+from pagescribe.sources.pages import render_page
+from pagescribe.sources.textlayer import read_text_layer, text_layer_words
+
+FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
+# what RenderedPage says of the page besides its pixels
+SEEN_FIELDS = ("ink", "marked", "draws", "text_layer", "rotation", "laid_out_text", "points_per_pixel", "figures")
+
+
+def encode_frame(meta: dict[str, Any], blob: bytes = b"") -> bytes:
+    body = json.dumps(meta).encode()
+    return FRAME_HEADER.pack(len(body), len(blob)) + body + blob
+
+
+def _read_frame_blocking(stream: BinaryIO) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame from a blocking stream, or None at a clean end of stream (the parent closed the pipe)."""
+    header = stream.read(FRAME_HEADER.size)
+    if not header:
+        return None
+    if len(header) < FRAME_HEADER.size:
+        raise EOFError("the request stream ended inside a frame header")
+    meta_size, blob_size = FRAME_HEADER.unpack(header)
+    body = stream.read(meta_size)
+    blob = stream.read(blob_size) if blob_size else b""
+    if len(body) < meta_size or len(blob) < blob_size:
+        raise EOFError("the request stream ended inside a frame")
+    meta: dict[str, Any] = json.loads(body)
+    return meta, blob
+
+
+def _limit_memory(memory_limit_mb: int) -> None:
+    limit = memory_limit_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    _, core_hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, core_hard))  # an abort() under the limit must not dump a core
+
+
+def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+    if request["op"] == "read":
+        return {"ok": _read(blob, request["language"])}, b""
+    path = Path(request["path"])
+    if request["op"] == "render":
+        page = render_page(
+            path,
+            DocumentKind(request["kind"]),
+            request["page_number"],
+            dpi=request["dpi"],
+            max_long_edge=request["max_long_edge"],
+            image_format=request["image_format"],
+            jpeg_quality=request["jpeg_quality"],
+            max_image_pixels=request["max_image_pixels"],
+            orient=request["orient"],
+            blank_below=request["blank_below"],
+        )
+        seen = {field: getattr(page, field) for field in SEEN_FIELDS}
+        words = _words(path, request) if request.get("words") and _usable(page.text_layer) else None
+        size = {"media_type": page.media_type, "width": page.width, "height": page.height}
+        return {"ok": {**size, **seen, "words": words}}, page.data
+    if request["op"] == "text":
+        layer = read_text_layer(path, request["page_number"])
+        return {"ok": {"text": layer.text, "laid_out": layer.laid_out}}, b""
+    if request["op"] == "inspect":
+        info = inspect_document(path, max_pages=request["max_pages"], max_image_pixels=request["max_image_pixels"])
+        return {"ok": {"kind": info.kind.value, "page_count": info.page_count}}, b""
+    raise ValueError(f"unknown request {request['op']!r}")
+
+
+def _usable(text_layer: str) -> bool:
+    from pagescribe.checks import usable_text_layer
+
+    return usable_text_layer(text_layer)
+
+
+def _words(path: Path, request: dict[str, Any]) -> dict[str, Any]:
+    """A born-digital page's words placed on its render: the evidence its answer is grounded to."""
+    from pagescribe.grounding import evidence_as_json
+
+    words = text_layer_words(path, request["page_number"], dpi=request["dpi"], max_long_edge=request["max_long_edge"])
+    return evidence_as_json(words)
+
+
+def _read(image: bytes, language: str) -> dict[str, Any]:
+    """The second read of a page image by the offline engine: its lines (text, box, score), their mean confidence,
+    and the CPU time it took (the whole process's: the engine's threads too)."""
+    from pagescribe.layout import mean_confidence
+    from pagescribe.providers.offline import read_lines
+
+    started = time.process_time()
+    lines = read_lines(image, language)
+    return {
+        "lines": [[line.text, line.left, line.top, line.right, line.bottom, line.score] for line in lines],
+        "confidence": mean_confidence(lines),
+        "cpu_seconds": round(time.process_time() - started, 3),
+    }
+
+
+def serve(reply_fd: int, memory_limit_mb: int, niceness: int = 0) -> int:
+    """The worker loop: one request at a time from stdin, one reply each on ``reply_fd``, until stdin closes. A
+    worker with a ``niceness`` runs at that lower priority: it takes only the CPU the rest of the function leaves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes or kills the workers
+    if niceness:
+        os.nice(niceness)
+    requests = sys.stdin.buffer
+    with os.fdopen(reply_fd, "wb") as replies:
+        try:
+            _limit_memory(memory_limit_mb)
+        except (ValueError, OSError) as exc:
+            replies.write(encode_frame({"startup_error": f"RENDER_MEMORY_LIMIT_MB={memory_limit_mb}: {exc}"}))
+            return 1
+        replies.write(encode_frame({"ready": os.getpid()}))
+        replies.flush()
+        while (frame := _read_frame_blocking(requests)) is not None:
+            try:
+                reply = _handle(*frame)
+            except InvalidDocumentError as exc:
+                reply = {"invalid": exc.reason}, b""
+            except MemoryError:
+                reply = {"memory": True}, b""
+            except Exception as exc:
+                reply = {"error": f"{type(exc).__name__}: {exc}"}, b""
+            replies.write(encode_frame(*reply))
+            replies.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1]), int(sys.argv[2]), *(int(arg) for arg in sys.argv[3:4])))
