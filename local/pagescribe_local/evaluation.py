@@ -156,24 +156,26 @@ def plan(
     paths: Sequence[Path], *, truth_dir: Path | None = None, olmocr_bench: Path | None = None
 ) -> list[EvalDocument]:
     """The documents to run and the truth of each."""
-    documents: list[EvalDocument] = []
-    for path in collect_inputs(paths):
-        found = truth_file(path, truth_dir)
-        if found is not None:
-            try:
-                pages = split_pages(found.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError) as exc:
-                raise EvaluationError(f"the truth file {found} cannot be read: {exc}") from exc
-            documents.append(EvalDocument(path, dict(enumerate(pages, start=1)), f"truth file {found.name}"))
-        else:
-            layer = text_layer_truth(path)
-            documents.append(EvalDocument(path, layer, "text layer" if layer else "none"))
+    documents = [_document(path, truth_dir) for path in collect_inputs(paths)]
     if olmocr_bench is not None:
         documents += _olmocr_documents(olmocr_bench)
     if not documents:
         raise EvaluationError("nothing to evaluate: name documents (files or directories) or --olmocr-bench DIR")
     names = Counter(document.path.name for document in documents)
     return [replace(d, label=str(d.path)) if names[d.path.name] > 1 else d for d in documents]
+
+
+def _document(path: Path, truth_dir: Path | None) -> EvalDocument:
+    """A document named as input, with the truth of its truth file, else of its own text layer (if any)."""
+    found = truth_file(path, truth_dir)
+    if found is None:
+        layer = text_layer_truth(path)
+        return EvalDocument(path, layer, "text layer" if layer else "none")
+    try:
+        pages = split_pages(found.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EvaluationError(f"the truth file {found} cannot be read: {exc}") from exc
+    return EvalDocument(path, dict(enumerate(pages, start=1)), f"truth file {found.name}")
 
 
 def _olmocr_documents(bench: Path) -> list[EvalDocument]:
@@ -317,20 +319,37 @@ def summarize(scores: Sequence[PageScore]) -> dict[str, Any]:
     """The figures of a run: error rates over scored pages, flags, spend, latency, olmOCR-bench pass rates, and how
     the answers were grounded."""
     scored = [s for s in scores if s.cer is not None]
-    latencies = [float(s.latency_ms) for s in scores if s.model_calls]
-    cost = sum(s.cost for s in scores)
     rules = [rule for s in scores for rule in s.rules]
     return {
         "documents": len({s.document for s in scores}),
         "pages": len(scores),
         "pages_scored": len(scored),
         "pages_failed": sum(s.status == "FAILED" for s in scores),
+        **_error_rates(scored),
+        "flags": dict(sorted(Counter(flag for s in scores for flag in s.flags).items())),
+        "pages_flagged": sum(bool(s.flags) for s in scores),
+        **_spend(scores),
+        "olmocr_bench": {kind: {"passed": p, "scored": n} for kind, (p, n) in pass_rates(rules).items()},
+        "olmocr_bench_score": _bench_score(rules),
+        "grounding": grounding_summary(scores),
+    }
+
+
+def _error_rates(scored: Sequence[PageScore]) -> dict[str, Any]:
+    """The scored pages' character and word error rates, and their word recall and precision."""
+    return {
         "cer": _stats([s.cer for s in scored if s.cer is not None]),
         "wer": _stats([s.wer for s in scored if s.wer is not None]),
         "recall_mean": _mean([s.recall for s in scored if s.recall is not None]),
         "precision_mean": _mean([s.precision for s in scored if s.precision is not None]),
-        "flags": dict(sorted(Counter(flag for s in scores for flag in s.flags).items())),
-        "pages_flagged": sum(bool(s.flags) for s in scores),
+    }
+
+
+def _spend(scores: Sequence[PageScore]) -> dict[str, Any]:
+    """What the run's model calls took: calls, tokens, cost (in all and per 1,000 pages) and latency."""
+    latencies = [float(s.latency_ms) for s in scores if s.model_calls]
+    cost = sum(s.cost for s in scores)
+    return {
         "model_calls": sum(s.model_calls for s in scores),
         "prompt_tokens": sum(s.prompt_tokens for s in scores),
         "completion_tokens": sum(s.completion_tokens for s in scores),
@@ -338,9 +357,6 @@ def summarize(scores: Sequence[PageScore]) -> dict[str, Any]:
         "cost_per_1000_pages": round(cost / len(scores) * 1000, 6) if scores else None,
         "latency_ms_p50": percentile(latencies, 50) if latencies else None,
         "latency_ms_p95": percentile(latencies, 95) if latencies else None,
-        "olmocr_bench": {kind: {"passed": p, "scored": n} for kind, (p, n) in pass_rates(rules).items()},
-        "olmocr_bench_score": _bench_score(rules),
-        "grounding": grounding_summary(scores),
     }
 
 
@@ -360,22 +376,33 @@ def _bench_score(rules: Sequence[RuleResult]) -> dict[str, Any] | None:
 def grounding_summary(scores: Sequence[PageScore]) -> dict[str, Any]:
     """By grounding source: the pages and the share of their answers grounded (median, mean, least); the pages not
     grounded; and the block boxes of the born-digital pages against their true boxes."""
+    return {
+        "by_source": _by_source(scores),
+        "pages_not_grounded": sum(s.grounding_source is None for s in scores),
+        "why_not_grounded": dict(Counter(s.grounding_skipped for s in scores if s.grounding_skipped)),
+        "box_iou": _box_iou(scores),
+    }
+
+
+def _by_source(scores: Sequence[PageScore]) -> dict[str, dict[str, Any]]:
+    """Per grounding source, in order of first use: its pages and the shares of their answers grounded."""
     by_source: dict[str, dict[str, Any]] = {}
     for source in dict.fromkeys(s.grounding_source for s in scores if s.grounding_source):
         shares = [s.grounded for s in scores if s.grounding_source == source and s.grounded is not None]
         by_source[source] = {"pages": len(shares), **_shares(shares)}
+    return by_source
+
+
+def _box_iou(scores: Sequence[PageScore]) -> dict[str, Any]:
+    """The born-digital pages' block boxes against their true boxes: how many, the median IoU, the share at 0.8 or
+    more and how many at 0."""
     ious = [iou for s in scores for iou in s.box_ious.values()]
     return {
-        "by_source": by_source,
-        "pages_not_grounded": sum(s.grounding_source is None for s in scores),
-        "why_not_grounded": dict(Counter(s.grounding_skipped for s in scores if s.grounding_skipped)),
-        "box_iou": {
-            "pages": sum(bool(s.box_ious) for s in scores),
-            "blocks": len(ious),
-            "median": percentile(ious, 50) if ious else None,
-            "at_least_0_8": sum(iou >= 0.8 for iou in ious) / len(ious) if ious else None,
-            "zero": sum(iou == 0.0 for iou in ious),  # no box, or a box that misses its true one
-        },
+        "pages": sum(bool(s.box_ious) for s in scores),
+        "blocks": len(ious),
+        "median": percentile(ious, 50) if ious else None,
+        "at_least_0_8": sum(iou >= 0.8 for iou in ious) / len(ious) if ious else None,
+        "zero": sum(iou == 0.0 for iou in ious),  # no box, or a box that misses its true one
     }
 
 

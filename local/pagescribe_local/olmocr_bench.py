@@ -101,7 +101,7 @@ import json
 import random
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -452,42 +452,58 @@ class _Table:
 
 def _build_table(rows: list[list[_Spec]]) -> _Table | None:
     """Lay the cells out on a grid (each takes the first free slot of its row) and find their neighbours."""
+    owner, placed = _lay_out(rows)
+    if not placed:
+        return None
+    height = max(row for row, _ in owner) + 1
+    width = max(column for _, column in owner) + 1
+    neighbours: dict[str, dict[Cell, set[Cell]]] = {name: {} for name in ("up", "down", "left", "right")}
+    for cell, spec in placed.items():
+        for name, slot_lines in _outward_lines(cell, spec, height, width).items():
+            neighbours[name][cell] = _nearest_others(cell, slot_lines, owner)
+    text = {cell: spec.text for cell, spec in placed.items()}
+    return _Table(text, {cell for cell, spec in placed.items() if spec.heading}, neighbours)
+
+
+def _lay_out(rows: list[list[_Spec]]) -> tuple[dict[Cell, Cell], dict[Cell, _Spec]]:
+    """Which cell owns each slot of the grid, and each cell (its top-left slot) with its spec, in reading order."""
     owner: dict[Cell, Cell] = {}
-    extent: dict[Cell, Cell] = {}  # each cell's bottom-right slot
-    text: dict[Cell, str] = {}
-    headings: set[Cell] = set()
+    placed: dict[Cell, _Spec] = {}
     for row, specs in enumerate(rows):
         column = 0
         for spec in specs:
             while (row, column) in owner:
                 column += 1
             cell = (row, column)
-            text[cell] = spec.text
-            if spec.heading:
-                headings.add(cell)
-            extent[cell] = (row + spec.rowspan - 1, column + spec.colspan - 1)
-            for slot_row in range(row, row + spec.rowspan):
-                for slot_column in range(column, column + spec.colspan):
-                    owner[slot_row, slot_column] = cell
+            placed[cell] = spec
+            owner.update(dict.fromkeys(_slots(cell, spec), cell))
             column += spec.colspan
-    if not text:
-        return None
-    height = max(row for row, _ in owner) + 1
-    width = max(column for _, column in owner) + 1
-    neighbours: dict[str, dict[Cell, set[Cell]]] = {name: {} for name in ("up", "down", "left", "right")}
-    for cell, (last_row, last_column) in extent.items():
-        first_row, first_column = cell
-        rows_spanned, columns_spanned = range(first_row, last_row + 1), range(first_column, last_column + 1)
-        lines = {  # per row or column the cell spans, the slots outwards from it in each direction
-            "up": [[(r, c) for r in range(first_row - 1, -1, -1)] for c in columns_spanned],
-            "down": [[(r, c) for r in range(last_row + 1, height)] for c in columns_spanned],
-            "left": [[(r, c) for c in range(first_column - 1, -1, -1)] for r in rows_spanned],
-            "right": [[(r, c) for c in range(last_column + 1, width)] for r in rows_spanned],
-        }
-        for name, slot_lines in lines.items():
-            nearest = (next((owner[s] for s in slots if owner.get(s, cell) != cell), None) for slots in slot_lines)
-            neighbours[name][cell] = {other for other in nearest if other is not None}
-    return _Table(text, headings, neighbours)
+    return owner, placed
+
+
+def _slots(cell: Cell, spec: _Spec) -> list[Cell]:
+    """The slots a cell placed at ``cell`` covers, row by row."""
+    row, column = cell
+    return [(r, c) for r in range(row, row + spec.rowspan) for c in range(column, column + spec.colspan)]
+
+
+def _outward_lines(cell: Cell, spec: _Spec, height: int, width: int) -> dict[str, list[list[Cell]]]:
+    """Per row or column the cell spans, the slots outwards from it in each direction, nearest first."""
+    first_row, first_column = cell
+    last_row, last_column = first_row + spec.rowspan - 1, first_column + spec.colspan - 1
+    rows_spanned, columns_spanned = range(first_row, last_row + 1), range(first_column, last_column + 1)
+    return {
+        "up": [[(r, c) for r in range(first_row - 1, -1, -1)] for c in columns_spanned],
+        "down": [[(r, c) for r in range(last_row + 1, height)] for c in columns_spanned],
+        "left": [[(r, c) for c in range(first_column - 1, -1, -1)] for r in rows_spanned],
+        "right": [[(r, c) for c in range(last_column + 1, width)] for r in rows_spanned],
+    }
+
+
+def _nearest_others(cell: Cell, slot_lines: list[list[Cell]], owner: dict[Cell, Cell]) -> set[Cell]:
+    """Along each line of slots, the first cell other than ``cell`` met (none where the line meets none)."""
+    nearest = (next((owner[s] for s in slots if owner.get(s, cell) != cell), None) for slots in slot_lines)
+    return {other for other in nearest if other is not None}
 
 
 def _heading_walk(table: _Table, start: Cell, direction: str) -> set[Cell]:
@@ -518,29 +534,41 @@ def _related(table: _Table, cell: Cell, relation: str) -> set[Cell]:
 
 
 def _table_shapes(page: str) -> list[_Table]:
-    tables: list[_Table] = []
+    """The page's markdown pipe tables."""
+    return [table for block in _pipe_blocks(page) if (table := _markdown_table(block))]
+
+
+def _pipe_blocks(page: str) -> Iterator[list[str]]:
+    """The page's runs of two or more consecutive lines containing ``|``."""
     block: list[str] = []
     for line in [*page.strip().split("\n"), ""]:  # the blank sentinel closes a table at the end
         if "|" in line:
             block.append(line)
             continue
         if len(block) >= 2:
-            rows = []
-            for row_line in block:
-                body = row_line.strip()
-                if set(body) <= set("-:| \t"):  # the delimiter row, or a row of nothing
-                    continue
-                cells = [cell.strip() for cell in body.split("|")]
-                if cells[0] == "":  # the leading pipe
-                    cells.pop(0)
-                if cells and cells[-1] == "":  # the trailing pipe
-                    cells.pop()
-                rows.append(cells)
-            specs = [[_Spec(text, 1, 1, r == 0 or c == 0) for c, text in enumerate(row)] for r, row in enumerate(rows)]
-            if table := _build_table(specs):
-                tables.append(table)
+            yield block
         block = []
-    return tables
+
+
+def _markdown_table(block: list[str]) -> _Table | None:
+    """A pipe table's cells, its first row and first column the headings; delimiter rows dropped."""
+    rows = [
+        _pipe_cells(body)
+        for line in block
+        if not set(body := line.strip()) <= set("-:| \t")  # the delimiter row, or a row of nothing
+    ]
+    specs = [[_Spec(text, 1, 1, r == 0 or c == 0) for c, text in enumerate(row)] for r, row in enumerate(rows)]
+    return _build_table(specs)
+
+
+def _pipe_cells(body: str) -> list[str]:
+    """A pipe table row's cell texts, without the empty ones its leading and trailing pipes would make."""
+    cells = [cell.strip() for cell in body.split("|")]
+    if cells[0] == "":  # the leading pipe
+        cells.pop(0)
+    if cells and cells[-1] == "":  # the trailing pipe
+        cells.pop()
+    return cells
 
 
 @dataclass
@@ -679,20 +707,24 @@ def _check_table(fields: dict[str, Any], page: str) -> tuple[bool, str]:
         for cell, text in table.text.items():
             if not _similar(cell_text, _normalise(text), max_diffs):
                 continue
-            unmet = [
-                f"{name} is not {_quote(expected)}"
-                for name, expected in relations.items()
-                if not any(
-                    _similar(expected, _normalise(table.text[other]), max_diffs)
-                    for other in _related(table, cell, name)
-                )
-            ]
+            unmet = _unmet_relations(table, cell, relations, max_diffs)
             if not unmet:
                 return True, ""
             failures.append(f"table {number} row {cell[0] + 1} column {cell[1] + 1}: {', '.join(unmet)}")
     if not failures:
         return False, f"no cell matches {_quote(cell_text)} in {len(tables)} table(s)"
     return False, f"cells match {_quote(cell_text)} but not their neighbours: {'; '.join(failures[:3])}"
+
+
+def _unmet_relations(table: _Table, cell: Cell, relations: dict[str, str], max_diffs: int) -> list[str]:
+    """The relations (``up``, ``top_heading``...) of a cell that none of its related cells meets, said as such."""
+    return [
+        f"{name} is not {_quote(expected)}"
+        for name, expected in relations.items()
+        if not any(
+            _similar(expected, _normalise(table.text[other]), max_diffs) for other in _related(table, cell, name)
+        )
+    ]
 
 
 # --- baseline, format, footnote ---------------------------------------------------------------------------------------

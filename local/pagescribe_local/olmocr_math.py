@@ -222,25 +222,32 @@ _DIRECTIONS = ("up", "down", "left", "right")
 def _neighbours(glyphs: Sequence[Glyph]) -> list[dict[str, int | None]]:
     """Each character's nearest character above, below, left and right: centres within NEIGHBOUR_TOLERANCE of its
     column (or row), the nearest by that distance, the first of equals."""
-    found: list[dict[str, int | None]] = []
-    for glyph in glyphs:
-        x, y = glyph.centre
-        best: dict[str, tuple[float, int] | None] = dict.fromkeys(_DIRECTIONS)
-        for at, other in enumerate(glyphs):
-            if other is glyph:
-                continue
-            ox, oy = other.centre
-            for direction, distance, aligned in (
-                ("up", y - oy, abs(ox - x)),
-                ("down", oy - y, abs(ox - x)),
-                ("left", x - ox, abs(oy - y)),
-                ("right", ox - x, abs(oy - y)),
-            ):
-                current = best[direction]
-                if distance > 0 and aligned <= NEIGHBOUR_TOLERANCE and (current is None or distance < current[0]):
-                    best[direction] = (distance, at)
-        found.append({direction: None if value is None else value[1] for direction, value in best.items()})
-    return found
+    return [_nearest_each_way(glyph, glyphs) for glyph in glyphs]
+
+
+def _nearest_each_way(glyph: Glyph, glyphs: Sequence[Glyph]) -> dict[str, int | None]:
+    """The index of ``glyph``'s nearest other character in each direction (see :func:`_neighbours`), or None."""
+    centre = glyph.centre
+    best: dict[str, tuple[float, int] | None] = dict.fromkeys(_DIRECTIONS)
+    for at, other in enumerate(glyphs):
+        if other is glyph:
+            continue
+        for direction, distance, aligned in _offsets(centre, other.centre):
+            current = best[direction]
+            if distance > 0 and aligned <= NEIGHBOUR_TOLERANCE and (current is None or distance < current[0]):
+                best[direction] = (distance, at)
+    return {direction: None if value is None else value[1] for direction, value in best.items()}
+
+
+def _offsets(centre: tuple[float, float], other: tuple[float, float]) -> tuple[tuple[str, float, float], ...]:
+    """How far ``other`` lies each way from ``centre`` (negative: the other way), and how far off that line."""
+    (x, y), (ox, oy) = centre, other
+    return (
+        ("up", y - oy, abs(ox - x)),
+        ("down", oy - y, abs(ox - x)),
+        ("left", x - ox, abs(oy - y)),
+        ("right", ox - x, abs(oy - y)),
+    )
 
 
 class _Mapping:
