@@ -1,0 +1,75 @@
+"""The rate governor on the in-memory store: one bucket per model shared by every environment."""
+
+from __future__ import annotations
+
+from pagescribe.domain import ClaimedJob
+from pagescribe.governor import EARLY_SECONDS, RateGovernor
+from pagescribe.settings import Settings
+
+from tests.support.memory_store import MemoryStore
+
+LIMITED = Settings(rate_limit_rpm=60, rate_limit_burst=2)
+
+
+def _page(slot_in_seconds: float | None = None) -> ClaimedJob:
+    return ClaimedJob("job", "document", 1, 1, "token", slot_in_seconds=slot_in_seconds)
+
+
+def test_with_no_limit_every_call_goes_and_no_bucket_is_kept(store: MemoryStore) -> None:
+    governor = RateGovernor(Settings(rate_limit_rpm=0), store, "fake")
+    assert not governor.enabled
+    assert [governor.admit(_page(), "m").wait for _ in range(100)] == [0.0] * 100
+    assert governor.rate_limited("m", 30) is None
+    assert store.state.buckets == {}
+
+
+def test_a_burst_goes_at_once_then_each_call_reserves_the_next_free_slot(store: MemoryStore) -> None:
+    # Given 60 calls a minute with a burst of two
+    governor = RateGovernor(LIMITED, store, "fake")
+    # When three calls ask at once
+    first, second, third = (governor.admit(_page(), "m") for _ in range(3))
+    # Then two go and the third waits in the queue for the slot it reserved, a second away
+    assert (first.wait, second.wait) == (0.0, 0.0)
+    assert third.slot_at is not None and 0.9 < third.wait <= 1.0 and third.delay_seconds == 1
+    assert "next free slot" in third.why
+
+
+def test_a_page_back_before_its_slot_waits_again_without_taking_another(store: MemoryStore) -> None:
+    governor = RateGovernor(LIMITED, store, "fake")
+    early = governor.admit(_page(slot_in_seconds=EARLY_SECONDS + 5), "m")
+    assert early.keep_slot and early.wait == EARLY_SECONDS + 5
+    assert store.state.buckets == {}  # not a statement was run
+    # And a page back on time calls on the slot it holds, taking nothing more
+    on_time = governor.admit(_page(slot_in_seconds=0.2), "m")
+    assert on_time.wait == 0 and on_time.tokens == 0
+    assert store.state.buckets[("fake", "m")].requests == 2  # the burst is whole
+
+
+def test_a_429_in_one_environment_pauses_the_others(store: MemoryStore) -> None:
+    # Given two environments sharing the store
+    seen, other = RateGovernor(LIMITED, store, "fake"), RateGovernor(LIMITED, store, "fake")
+    # When the provider answers a call of one with a 429 and a Retry-After of 30 s
+    assert seen.admit(_page(), "m").wait == 0
+    assert seen.rate_limited("m", 30) == 30
+    # Then the other, which never saw it, waits out the pause without reserving a slot
+    held = other.admit(_page(), "m")
+    assert 29 < held.wait <= 30 and held.slot_at is None and "paused" in held.why
+    # And another model is not held
+    assert other.admit(_page(), "another").wait == 0
+
+
+def test_a_429_without_retry_after_pauses_for_the_default(store: MemoryStore) -> None:
+    governor = RateGovernor(LIMITED, store, "fake")
+    governor.admit(_page(), "m")
+    assert governor.rate_limited("m", None) == 5.0
+
+
+def test_token_limits_learn_what_a_call_takes(store: MemoryStore) -> None:
+    # Given a limit of 1,000 tokens a second, and a first call that took none (no call seen yet) but used 1,200
+    governor = RateGovernor(Settings(rate_limit_rpm=600, rate_limit_tpm=60_000, rate_limit_burst=5), store, "fake")
+    first = governor.admit(_page(), "m")
+    governor.settle("m", first, 1200)
+    # Then the bucket owes those tokens: the next call waits until they are back and its own mean has come in
+    assert first.tokens == 0 and store.state.buckets[("fake", "m")].mean_tokens == 1200
+    owed = governor.admit(_page(), "m")
+    assert 1.1 < owed.wait <= 1.2 and owed.slot_at is not None
