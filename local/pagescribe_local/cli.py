@@ -487,7 +487,7 @@ def _response_headers(response: dict[str, Any]) -> list[tuple[str, str]]:
     return single + multi
 
 
-def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type[BaseHTTPRequestHandler]:
+def _api_request_handler(access: ModuleType, environments: EnvironmentPool) -> type[BaseHTTPRequestHandler]:
     class ApiGatewayBridge(BaseHTTPRequestHandler):
         """Turns each HTTP request into an API Gateway REST proxy event for the API handler, run in an environment of
         its own (``environments``), as Lambda runs it. A method the stack routes nowhere (HEAD, DELETE, ...) is
@@ -502,8 +502,8 @@ def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type
             url = urlsplit(self.path)
             headers, query = dict(self.headers.items()), dict(parse_qsl(url.query)) or None
             length = _content_length(self.headers.get("Content-Length"))
-            refused = api.gate(api_gateway_event(self.command, url.path, headers=headers)) or _body_refusal(
-                length, api.MAX_BODY_BYTES
+            refused = access.gate(api_gateway_event(self.command, url.path, headers=headers)) or _body_refusal(
+                length, access.MAX_BODY_BYTES
             )
             if refused is not None:
                 self.close_connection = True
@@ -547,12 +547,12 @@ def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type
 def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with local_stack(data_dir=Path(args.data_dir), aws_port=args.aws_port, sweep_every=60.0) as stack:
-        api = _handler("api")
+        access = importlib.import_module("pagescribe.handlers.api.access")  # the API function's own gate
         environments = EnvironmentPool(
             "pagescribe.handlers.api", size=args.api_environments, function_name="pagescribe-api"
         )
         environments.start()
-        server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(api, environments))
+        server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(access, environments))
         server.daemon_threads = True
         poller = threading.Thread(target=stack.lambdas.run, args=(stop,), name="lambda-service", daemon=True)
         poller.start()

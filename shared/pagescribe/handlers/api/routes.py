@@ -1,13 +1,11 @@
-"""REST API (API Gateway proxy events): create documents, poll status, fetch transcripts, retry failed pages, re-run
-or correct one page; and the review page (GET /review), which calls the rest of it from the browser."""
+"""The API's routes on one resolver: create documents, poll status, fetch transcripts, retry failed pages, re-run or
+correct one page; each refusal mapped to its HTTP answer; and the OpenAPI document generated from them."""
 
 from __future__ import annotations
 
 import json
-import re
-from datetime import datetime
 from http import HTTPStatus
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
@@ -16,13 +14,25 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponseContentModel, OpenAPIResponseContentSchema
-from aws_lambda_powertools.logging import correlation_paths
-from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
-from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP
-from pagescribe.domain import CALLBACK_PORTS, callback_port_allowed
+from pagescribe.handlers.api.schemas import (
+    CorrectionRequest,
+    CorrectionResponse,
+    CreateDocumentRequest,
+    CreateDocumentResponse,
+    DocumentList,
+    DocumentStatusResponse,
+    ErrorResponse,
+    Estimate,
+    ListedDocument,
+    PageFigure,
+    PageFiguresResponse,
+    PageImageResponse,
+    RerunRequest,
+    RerunResponse,
+    RetryResponse,
+)
 from pagescribe.runtime import get_runtime
 from pagescribe.service import (
     MAX_LIST_LIMIT,
@@ -34,280 +44,11 @@ from pagescribe.service import (
     TranscriptFormat,
 )
 from pagescribe.settings import get_settings
-from pagescribe.tenancy import KeyRefused
 from pagescribe.webpage import Asset, asset, page, security_headers
 
 get_settings()  # validate the configuration at cold start
 logger = Logger()
 app = APIGatewayRestResolver(enable_validation=True)
-
-MAX_BODY_BYTES = 64 * 1024
-UNAUTHENTICATED_PATHS = {"/health", "/review"}
-REVIEW_PREFIX = "/review/"  # the review page's files: one path segment after it, from a fixed allow-list
-
-
-class CreateDocumentRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    filename: str = Field(min_length=1, max_length=255, description="Name of the file you will upload.")
-    content_type: Literal["application/pdf", "image/png", "image/jpeg", "image/tiff", "image/webp"] = Field(
-        description="Content-Type header the upload PUT must carry."
-    )
-    pages: str | None = Field(default=None, max_length=1000, description='Pages to transcribe, e.g. "1-3,7".')
-    model: str | None = Field(default=None, min_length=1, max_length=200)
-    escalation_model: str | None = Field(
-        default=None,
-        max_length=200,
-        description="A stronger model asked once more for a page whose answer carries a hard flag. Absent: the "
-        'stack\'s ESCALATION_MODEL; "": no escalation.',
-    )
-    prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
-    callback_url: HttpUrl | None = Field(
-        default=None, description="POSTed a signed JSON summary when the document finishes."
-    )
-    reuse: bool = Field(
-        default=True,
-        description="When the same bytes were transcribed for the same model, escalation model, prompt and pages, "
-        "reuse that transcript without a model call. false: transcribe again.",
-    )
-    max_cost_usd: float | None = Field(
-        default=None,
-        ge=0,
-        le=1_000_000,
-        description="What the document's model calls may cost in all (USD). A page whose call would exceed it is not "
-        "started: it ends SKIPPED (reason: budget) and the document PARTIAL.",
-    )
-    second_read: Literal["auto", "always", "off"] | None = Field(
-        default=None,
-        description="A page without a usable text layer is read again by the offline engine while its model call is "
-        "in flight, to ground the answer to (block boxes, the ungrounded and missed_text checks). auto: when the CPU "
-        "and the time allow; always: whenever the page's time budget allows; off: never. Absent: the stack's "
-        "SECOND_READ.",
-    )
-    chunks: bool | None = Field(
-        default=None,
-        description="Write the transcript's chunks for retrieval beside it, <transcript>.chunks.jsonl (a chunk a line, "
-        "cut as ?format=chunks cuts them, to CHUNK_MAX_TOKENS and CHUNK_OVERLAP); its key is chunks_key in the "
-        "status and the completion callback. Absent: the stack's CHUNKS.",
-    )
-    merge_tables: bool | None = Field(
-        default=None,
-        description="Join a table that ends one page to the table that starts the next when their columns agree (the "
-        "same number, and the same header where the next page repeats it, which is dropped): one table in the "
-        "markdown and the JSON, its rows keeping their pages. false: each page's tables stay its own. Absent: the "
-        "stack's MERGE_TABLES (on).",
-    )
-    furniture: Literal["mark", "drop", "keep"] | None = Field(
-        default=None,
-        description="How the markdown shows running headers, footers and page numbers: mark (as comments), drop (not "
-        "at all: the JSON keeps them as page_header, page_footer and page_number blocks) or keep (as text). Absent: "
-        "the stack's FURNITURE (mark).",
-    )
-    profile: Literal["faithful", "clean"] | None = Field(
-        default=None,
-        description="faithful: everything on the page as it stands (the stack's PROMPT; furniture marked). clean: "
-        "the page for reading and retrieval (a prompt that leaves out running headers, footers and page numbers, "
-        "writes tables as HTML and mathematics as LaTeX; furniture dropped). A prompt or furniture given as well "
-        "wins. Absent: faithful.",
-    )
-
-    @field_validator(
-        "model", "escalation_model", "prompt"
-    )  # stored as given (the filename is cleaned, pages are parsed)
-    @classmethod
-    def _no_nul(cls, value: str | None) -> str | None:
-        if value is not None and "\x00" in value:  # PostgreSQL text cannot hold NUL
-            raise ValueError("must not contain NUL characters")
-        return value
-
-    @field_validator("callback_url")
-    @classmethod
-    def _callback_port(cls, value: HttpUrl | None) -> HttpUrl | None:
-        if value is not None and value.port is not None and not callback_port_allowed(value.port):
-            raise ValueError(f"port {value.port} is not allowed: {CALLBACK_PORTS}")
-        return value
-
-
-class Estimate(BaseModel):
-    model: str
-    pages: int | None = Field(description="The pages asked for; null until the upload is read (no pages named).")
-    cost_per_page_usd: float | None = Field(
-        description="The model's mean cost per page over its latest calls; null without history."
-    )
-    cost_usd: float | None = Field(description="pages times cost_per_page_usd; null when either is unknown.")
-    basis: str = Field(description="What the estimate rests on.")
-
-
-class CreateDocumentResponse(BaseModel):
-    document_id: str
-    status: str
-    upload_url: str
-    upload_method: Literal["PUT"] = "PUT"
-    upload_headers: dict[str, str]
-    expires_at: datetime
-    estimate: Estimate = Field(description="What the document is expected to cost, before it starts.")
-
-
-class PageError(BaseModel):
-    page: int
-    status: str
-    attempts: int
-    error: str
-
-
-class Flag(BaseModel):
-    flag: Literal[
-        "repetition",
-        "refusal",
-        "empty",
-        "blank_render",
-        "truncated",
-        "ungrounded",
-        "missed_text",
-        "text_layer_mismatch",
-        "low_confidence",
-        "rotated",
-    ] = Field(
-        description="Hard (the answer was not accepted as it is): repetition, refusal, empty, blank_render, "
-        "truncated, ungrounded, missed_text. Soft: low_confidence, rotated. text_layer_mismatch is retired (pages "
-        "transcribed before ungrounded and missed_text replaced it may still show it)."
-    )
-    value: float = Field(description="What the check measured.")
-    threshold: float = Field(description="The threshold it was measured against.")
-
-
-class PageFlags(BaseModel):
-    page: int
-    status: str
-    escalated: bool = Field(description="The page was asked once more, on the escalation model.")
-    flags: list[Flag]
-
-
-class DocumentSource(BaseModel):
-    bucket: str
-    key: str
-    kind: str | None
-
-
-class DocumentStatusResponse(BaseModel):
-    document_id: str
-    status: str
-    filename: str
-    source: DocumentSource
-    model: str
-    escalation_model: str | None
-    page_count: int
-    pages: dict[str, int]
-    progress: float
-    error: str | None
-    page_errors: list[PageError]
-    flagged_pages: int = Field(description="Pages whose answer raised at least one flag.")
-    corrected_pages: int = Field(
-        description="Pages whose transcript shows a person's correction (PUT .../pages/{page}/correction)."
-    )
-    page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
-    model_calls: int = Field(description="Model calls made, kept, rejected or failed: each is recorded.")
-    prompt_tokens: int
-    completion_tokens: int
-    cost: float = Field(description="USD, the sum over every model call of the document, kept or not.")
-    max_cost_usd: float | None = Field(description="The document's cost cap, if it has one.")
-    estimate: Estimate
-    created_at: datetime
-    finished_at: datetime | None
-    transcript_key: str | None
-    chunks_key: str | None = Field(
-        description="Where the transcript's chunks for retrieval are (one JSON object a line), once it is finished "
-        "and when they were asked for (chunks in POST /documents, or CHUNKS)."
-    )
-
-
-class ListedDocument(BaseModel):
-    document_id: str
-    filename: str | None
-    status: str
-    page_count: int
-    pages_completed: int
-    pages_failed: int
-    flagged: int = Field(description="Pages with flags")
-    cost: float = Field(description="USD, every model call that answered")
-    model: str
-    created_at: datetime
-    finished_at: datetime | None
-
-
-class DocumentList(BaseModel):
-    documents: list[ListedDocument]
-    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null after the last")
-
-
-class RerunRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = Field(
-        default=None, max_length=200, description="One of ALLOWED_MODELS; the document's if absent"
-    )
-
-
-class RerunResponse(BaseModel):
-    document_id: str
-    page_number: int
-    model: str
-
-
-MAX_CORRECTION_CHARACTERS = 60_000
-
-
-class CorrectionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    markdown: str = Field(
-        max_length=MAX_CORRECTION_CHARACTERS,
-        description='The page\'s corrected text (markdown); "" for a page with no text',
-    )
-
-    @field_validator("markdown")
-    @classmethod
-    def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:  # PostgreSQL text cannot hold NUL
-            raise ValueError("must not contain NUL characters")
-        return value
-
-
-class CorrectionResponse(BaseModel):
-    document_id: str
-    page_number: int
-    revision: int = Field(description="The page's revisions are numbered 1, 2, ...; the latest one is shown")
-    corrected_at: datetime
-
-
-class PageImageResponse(BaseModel):
-    document_id: str
-    page_number: int
-    url: str = Field(description="GET it, with no API key, to read the image the page was sent to the model as")
-    expires_in: int = Field(description="Seconds the url stays valid")
-
-
-class PageFigure(BaseModel):
-    url: str = Field(description="GET it, with no API key, to read the figure (PNG)")
-    bbox: list[float] = Field(description="Where it stands on the page image: x0, y0, x1, y1 in pixels, top left")
-
-
-class PageFiguresResponse(BaseModel):
-    document_id: str
-    page_number: int
-    figures: list[PageFigure] = Field(description="The figures kept from the page, top to bottom")
-    expires_in: int = Field(description="Seconds the urls stay valid")
-
-
-class RetryResponse(BaseModel):
-    document_id: str
-    pages_requeued: list[int]
-
-
-class ErrorResponse(BaseModel):
-    message: str
-    status: str | None = None
-    field: str | None = None
 
 
 class ApiError(Exception):
@@ -325,67 +66,6 @@ def _error(code: HTTPStatus, message: str, **extra: Any) -> Response[str]:
         content_type=content_types.APPLICATION_JSON,
         body=json.dumps({"message": message, **{k: v for k, v in extra.items() if v is not None}}),
     )
-
-
-def authenticate(raw_event: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """Before any parsing or validation: the refusal of an oversized body or a request whose key names no caller,
-    else the caller's tenant (None on the unauthenticated paths).
-
-    API Gateway checks the key in front (usage plan); this finds the key's tenant (API_KEY is the default tenant's,
-    other keys are looked up hashed in PostgreSQL and remembered briefly: pagescribe.tenancy), so a local run is
-    protected the same way and every read is the caller's own."""
-    event = APIGatewayProxyEvent(raw_event)
-    refusal: tuple[HTTPStatus, str] | None = None
-    tenant: str | None = None
-    if not _unauthenticated(event.path):
-        given = event.headers.get("x-api-key") or event.headers.get("X-Api-Key") or None
-        try:
-            tenant = get_runtime().keyring.tenant_for(given)
-        except KeyRefused as exc:
-            refusal = (HTTPStatus.UNAUTHORIZED if exc.missing else HTTPStatus.FORBIDDEN), str(exc)
-    if refusal is None and len((event.body or "").encode()) > MAX_BODY_BYTES:
-        refusal = HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body exceeds {MAX_BODY_BYTES} bytes"
-    if refusal is None and event.body and _holds_an_unparseable_number(event.body):
-        refusal = HTTPStatus.UNPROCESSABLE_ENTITY, "invalid request: body: a number in it has too many digits"
-    if refusal is None:
-        return None, tenant
-    return {
-        "statusCode": int(refusal[0]),
-        "headers": {"Content-Type": content_types.APPLICATION_JSON},
-        "body": json.dumps({"message": refusal[1]}),
-        "isBase64Encoded": False,
-    }, None
-
-
-_LONG_DIGITS = re.compile(r"\d{4301}")  # more digits than Python converts to an int (sys.get_int_max_str_digits)
-
-
-def _holds_an_unparseable_number(body: str) -> bool:
-    """Does the body parse as JSON but for an integer longer than Python converts (4,300 digits)? The validation
-    that follows would fail on it with a ValueError that is not a JSON error, as a 500. Only a body with such a run
-    of digits is parsed here: every other body is parsed once, by the validation."""
-    if not _LONG_DIGITS.search(body):
-        return False
-    try:
-        json.loads(body)
-    except (json.JSONDecodeError, RecursionError):
-        return False  # malformed, or nested too deep: the validation refuses it, saying so
-    except ValueError:
-        return True
-    return False
-
-
-def _unauthenticated(path: str) -> bool:
-    """The health check and the review page's files: they carry no data."""
-    if path in UNAUTHENTICATED_PATHS:
-        return True
-    name = path.removeprefix(REVIEW_PREFIX)
-    return name != path and bool(name) and "/" not in name
-
-
-def gate(raw_event: dict[str, Any]) -> dict[str, Any] | None:
-    """The refusal of the request (``pagescribe serve`` asks before it reads a request's body), or None."""
-    return authenticate(raw_event)[0]
 
 
 def _header(name: str) -> str | None:
@@ -747,16 +427,3 @@ def openapi_json() -> str:
         security_schemes={"apiKey": APIKey.model_validate({"in": APIKeyIn.header, "name": "x-api-key"})},
         security=[{"apiKey": []}],
     )
-
-
-@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
-def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    refused, tenant = authenticate(event)
-    if refused is not None:
-        return refused
-    app.context.update(tenant=tenant)  # cleared by resolve() when it is done
-    return app.resolve(event, context)
-
-
-if __name__ == "__main__":
-    print(openapi_json())
