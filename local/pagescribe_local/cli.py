@@ -45,6 +45,7 @@ from pagescribe.service import (
 )
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
 from pagescribe.sources import InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.status import PageFlags
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 
 from pagescribe_local import evaluation
@@ -153,7 +154,7 @@ class Tracked:
     total: int = 0
     error: str | None = None
     shown: str = ""
-    page_flags: list[dict[str, Any]] = field(default_factory=list)
+    page_flags: list[PageFlags] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -193,12 +194,13 @@ def _refresh(stack: LocalStack, tracked: Tracked) -> None:
     described = stack.runtime.documents.describe(tracked.document_id, stack.runtime.settings.default_tenant)
     if described is None:
         return
-    tracked.status = described["status"]
-    tracked.total = described["page_count"]
-    tracked.done = described["pages"]["COMPLETED"] + described["pages"]["FAILED"] + described["pages"]["SKIPPED"]
-    tracked.failed = described["pages"]["FAILED"] + described["pages"]["SKIPPED"]
-    tracked.error = described["error"]
-    tracked.page_flags = described["page_flags"]
+    summary = described.summary
+    tracked.status = summary.status
+    tracked.total = summary.page_count
+    tracked.done = summary.pages_finished
+    tracked.failed = summary.pages_not_completed
+    tracked.error = summary.error
+    tracked.page_flags = summary.page_flags
 
 
 class Progress:
@@ -369,8 +371,8 @@ def _run_until_finished(stack: LocalStack, tracked: list[Tracked]) -> None:
 def flagged_page_lines(documents: list[Tracked]) -> list[str]:
     """One line per flagged page: ``report.pdf page 2: FAILED: repetition=57 (threshold 8)``."""
     return [
-        f"{doc.path.name} page {page['page']}: {page['status']}{' (escalated)' if page['escalated'] else ''}: "
-        + describe_flags([PageFlag.from_dict(flag) for flag in page["flags"]])
+        f"{doc.path.name} page {page.page}: {page.status}{' (escalated)' if page.escalated else ''}: "
+        + describe_flags([PageFlag.from_dict(flag.as_dict()) for flag in page.flags])
         for doc in documents
         for page in doc.page_flags
     ]

@@ -29,7 +29,7 @@ from pagescribe.domain import (
 )
 from pagescribe.outbox import send_committed
 from pagescribe.settings import CLEAN_PROMPT, Settings
-from pagescribe.status import describe_document
+from pagescribe.status import DocumentSummary, describe_document
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,11 @@ def estimate_cost(db: Database, model: str, pages: int | None, tenant: str) -> E
         return Estimate(model, pages, None, None, f"unknown: no call of {model} for your documents has reported a cost")
     basis = f"the mean cost per page of your latest {calls} calls of {model}, escalations not counted"
     return Estimate(model, pages, round(price, 8), round(price * pages, 8) if pages is not None else None, basis)
+
+
+class Described(NamedTuple):
+    summary: DocumentSummary
+    estimate: Estimate
 
 
 @dataclass(frozen=True)
@@ -357,13 +362,14 @@ class DocumentService:
         document = self._db.get_document(canonical) if canonical else None
         return document if document is not None and document.tenant_id == tenant else None
 
-    def describe(self, document_id: str, tenant: str) -> dict[str, Any] | None:
+    def describe(self, document_id: str, tenant: str) -> Described | None:
+        """The document's summary and what it is expected to cost; None for an unknown document (or another
+        tenant's)."""
         document = self._document(document_id, tenant)
         if document is None:
             return None
         pages = document.page_count if document.status is not DocumentStatus.AWAITING_UPLOAD else None
-        estimate = estimate_cost(self._db, document.model, pages, tenant)
-        return {**describe_document(self._db, document), "estimate": estimate.as_dict()}
+        return Described(describe_document(self._db, document), estimate_cost(self._db, document.model, pages, tenant))
 
     def transcript(
         self, document_id: str, fmt: TranscriptFormat, tenant: str, bounds: ChunkBounds = DEFAULT_CHUNK_BOUNDS

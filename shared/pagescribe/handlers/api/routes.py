@@ -204,7 +204,8 @@ def get_document(document_id: str) -> DocumentStatusResponse:
     described = get_runtime().documents.describe(document_id, _tenant())
     if described is None:
         raise _not_found()
-    return DocumentStatusResponse.model_validate(described)
+    estimate = Estimate.model_validate(described.estimate.as_dict())
+    return DocumentStatusResponse(**dict(described.summary), estimate=estimate)
 
 
 @app.get(

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from pagescribe.domain import CALLBACK_PORTS, callback_port_allowed
+from pagescribe.status import DocumentSummary
 
 
 class CreateDocumentRequest(BaseModel):
@@ -112,77 +113,8 @@ class CreateDocumentResponse(BaseModel):
     estimate: Estimate = Field(description="What the document is expected to cost, before it starts.")
 
 
-class PageError(BaseModel):
-    page: int
-    status: str
-    attempts: int
-    error: str
-
-
-class Flag(BaseModel):
-    flag: Literal[
-        "repetition",
-        "refusal",
-        "empty",
-        "blank_render",
-        "truncated",
-        "ungrounded",
-        "missed_text",
-        "text_layer_mismatch",
-        "low_confidence",
-        "rotated",
-    ] = Field(
-        description="Hard (the answer was not accepted as it is): repetition, refusal, empty, blank_render, "
-        "truncated, ungrounded, missed_text. Soft: low_confidence, rotated. text_layer_mismatch is retired (pages "
-        "transcribed before ungrounded and missed_text replaced it may still show it)."
-    )
-    value: float = Field(description="What the check measured.")
-    threshold: float = Field(description="The threshold it was measured against.")
-
-
-class PageFlags(BaseModel):
-    page: int
-    status: str
-    escalated: bool = Field(description="The page was asked once more, on the escalation model.")
-    flags: list[Flag]
-
-
-class DocumentSource(BaseModel):
-    bucket: str
-    key: str
-    kind: str | None
-
-
-class DocumentStatusResponse(BaseModel):
-    document_id: str
-    status: str
-    filename: str
-    source: DocumentSource
-    model: str
-    escalation_model: str | None
-    page_count: int
-    pages: dict[str, int]
-    progress: float
-    error: str | None
-    page_errors: list[PageError]
-    flagged_pages: int = Field(description="Pages whose answer raised at least one flag.")
-    corrected_pages: int = Field(
-        description="Pages whose transcript shows a person's correction (PUT .../pages/{page}/correction)."
-    )
-    page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
-    model_calls: int = Field(description="Model calls made, kept, rejected or failed: each is recorded.")
-    prompt_tokens: int
-    completion_tokens: int
-    cost: float = Field(description="USD, the sum over every model call of the document, kept or not.")
-    max_cost_usd: float | None = Field(description="The document's cost cap, if it has one.")
+class DocumentStatusResponse(DocumentSummary):
     estimate: Estimate
-    created_at: datetime
-    finished_at: datetime | None
-    transcript_key: str | None
-    chunks_key: str | None = Field(
-        description="Where the transcript's chunks for retrieval are (one JSON object a line), once it is finished "
-        "and when they were asked for (chunks in POST /documents, or CHUNKS)."
-    )
 
 
 class ListedDocument(BaseModel):
