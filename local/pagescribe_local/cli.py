@@ -35,10 +35,11 @@ from pagescribe.database import Database, create_database_engine
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import (
+    DEFAULT_CHUNK_BOUNDS,
     FINISHED,
     ChunkBounds,
     NewUpload,
-    RequestError,
+    Refused,
     TranscriptFormat,
     estimate_cost,
     parse_page_selection,
@@ -183,7 +184,7 @@ def _upload(stack: LocalStack, path: Path, options: NewUpload) -> Tracked:
         created = stack.runtime.documents.create(
             replace(options, filename=path.name, content_type=content_type), stack.runtime.settings.default_tenant
         )
-    except RequestError as exc:
+    except Refused as exc:
         raise CommandError(f"{path}: {exc}") from exc
     response = httpx.put(created.upload_url, content=data, headers={"Content-Type": created.content_type})
     response.raise_for_status()
@@ -191,10 +192,7 @@ def _upload(stack: LocalStack, path: Path, options: NewUpload) -> Tracked:
 
 
 def _refresh(stack: LocalStack, tracked: Tracked) -> None:
-    described = stack.runtime.documents.describe(tracked.document_id, stack.runtime.settings.default_tenant)
-    if described is None:
-        return
-    summary = described.summary
+    summary = stack.runtime.documents.describe(tracked.document_id, stack.runtime.settings.default_tenant).summary
     tracked.status = summary.status
     tracked.total = summary.page_count
     tracked.done = summary.pages_finished
@@ -227,34 +225,40 @@ class Progress:
         self._stream.flush()
 
 
+def _transcript(
+    stack: LocalStack, doc: Tracked, fmt: TranscriptFormat, bounds: ChunkBounds = DEFAULT_CHUNK_BOUNDS
+) -> str | None:
+    """The document's transcript in ``fmt``; None when it has none to read (it failed, or its file is missing)."""
+    try:
+        return stack.runtime.documents.transcript(doc.document_id, fmt, stack.runtime.settings.default_tenant, bounds)
+    except Refused:
+        return None
+
+
 def _write_outputs(stack: LocalStack, doc: Tracked, args: argparse.Namespace) -> list[str]:
     """The document's markdown (printed with ``--out -``), and beside it the JSON and the chunks the command asked
     for (``--json``, ``--format json|chunks``)."""
-    documents = stack.runtime.documents
-    tenant = stack.runtime.settings.default_tenant
-    markdown = documents.transcript(doc.document_id, TranscriptFormat.MARKDOWN, tenant)
-    if markdown is None or markdown.body is None:
+    markdown = _transcript(stack, doc, TranscriptFormat.MARKDOWN)
+    if markdown is None:
         return []
     if args.out == "-":
-        sys.stdout.write(markdown.body)
+        sys.stdout.write(markdown)
         return []
     directory = Path(args.out)
     directory.mkdir(parents=True, exist_ok=True)
     written = [directory / f"{doc.path.stem}.md"]
-    written[0].write_text(markdown.body, encoding="utf-8")
+    written[0].write_text(markdown, encoding="utf-8")
     formats = set(args.format) | ({"json"} if args.json else set())
-    if "json" in formats:
-        as_json = documents.transcript(doc.document_id, TranscriptFormat.JSON, tenant)
-        if as_json is not None and as_json.body is not None:
-            written.append(directory / f"{doc.path.stem}.json")
-            written[-1].write_text(as_json.body, encoding="utf-8")
-    if "chunks" in formats:
-        bounds = ChunkBounds(args.max_tokens, args.overlap)
-        chunked = documents.transcript(doc.document_id, TranscriptFormat.CHUNKS, tenant, bounds)
-        if chunked is not None and chunked.body is not None:
-            written.append(directory / f"{doc.path.stem}.chunks.jsonl")
-            lines = (json.dumps(chunk, ensure_ascii=False) + "\n" for chunk in json.loads(chunked.body)["chunks"])
-            written[-1].write_text("".join(lines), encoding="utf-8")
+    as_json = _transcript(stack, doc, TranscriptFormat.JSON) if "json" in formats else None
+    if as_json is not None:
+        written.append(directory / f"{doc.path.stem}.json")
+        written[-1].write_text(as_json, encoding="utf-8")
+    bounds = ChunkBounds(args.max_tokens, args.overlap)
+    chunked = _transcript(stack, doc, TranscriptFormat.CHUNKS, bounds) if "chunks" in formats else None
+    if chunked is not None:
+        written.append(directory / f"{doc.path.stem}.chunks.jsonl")
+        lines = (json.dumps(chunk, ensure_ascii=False) + "\n" for chunk in json.loads(chunked)["chunks"])
+        written[-1].write_text("".join(lines), encoding="utf-8")
     return [str(p) for p in written]
 
 
@@ -423,10 +427,8 @@ def _eval(args: argparse.Namespace) -> int:
         _run_until_finished(stack, tracked)
         scores = []
         for document, doc in zip(documents, tracked, strict=True):
-            answer = stack.runtime.documents.transcript(
-                doc.document_id, TranscriptFormat.JSON, stack.runtime.settings.default_tenant
-            )
-            transcript = json.loads(answer.body) if answer is not None and answer.body is not None else None
+            answer = _transcript(stack, doc, TranscriptFormat.JSON)
+            transcript = json.loads(answer) if answer is not None else None
             scores += evaluation.score_document(document, transcript, doc.error)
     summary = evaluation.summarize(scores)
     print(evaluation.summary_table(summary) + "\n\n" + evaluation.pages_table(scores))
@@ -916,7 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = arguments
     try:
         return int(args.run(args))
-    except (ConfigurationError, CommandError) as exc:
+    except (ConfigurationError, CommandError, Refused) as exc:
         print(f"pagescribe: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
@@ -16,6 +16,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponseContentModel, OpenAPIResponseContentSchema
 
 from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP
+from pagescribe.handlers.api.review import router as review_router
 from pagescribe.handlers.api.schemas import (
     CorrectionRequest,
     CorrectionResponse,
@@ -39,33 +40,23 @@ from pagescribe.service import (
     MAX_PAGE_NUMBER,
     ChunkBounds,
     NewUpload,
-    RequestError,
-    RetryLimitError,
+    Refused,
     TranscriptFormat,
 )
 from pagescribe.settings import get_settings
-from pagescribe.webpage import Asset, asset, page, security_headers
 
 get_settings()  # validate the configuration at cold start
 logger = Logger()
 app = APIGatewayRestResolver(enable_validation=True)
 
 
-class ApiError(Exception):
-    """An answer other than success: its status code, message and any fields to add to the body."""
-
-    def __init__(self, code: HTTPStatus, message: str, **extra: str | None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.extra = extra
+def _error(code: HTTPStatus, body: dict[str, str]) -> Response[str]:
+    return Response(status_code=code, content_type=content_types.APPLICATION_JSON, body=json.dumps(body))
 
 
-def _error(code: HTTPStatus, message: str, **extra: Any) -> Response[str]:
-    return Response(
-        status_code=code,
-        content_type=content_types.APPLICATION_JSON,
-        body=json.dumps({"message": message, **{k: v for k, v in extra.items() if v is not None}}),
-    )
+def _refusal(refused: Refused) -> Response[str]:
+    """Every refusal, the service's and the API's own, answered the one way: its status and its body."""
+    return _error(refused.code, refused.body())
 
 
 def _header(name: str) -> str | None:
@@ -86,37 +77,12 @@ _NOT_FOUND: dict[int, Any] = {404: {"description": "No document has this id", "c
 def _page_number(page: str) -> int:
     digits = page.lstrip("0")
     if not page.isascii() or not page.isdigit() or not digits:
-        raise ApiError(HTTPStatus.BAD_REQUEST, f"the page must be a page number (1, 2, ...), not {page[:40]!r}")
+        raise Refused(HTTPStatus.BAD_REQUEST, f"the page must be a page number (1, 2, ...), not {page[:40]!r}")
     if len(digits) > len(str(MAX_PAGE_NUMBER)) or int(digits) > MAX_PAGE_NUMBER:  # never int() of 4,301 digits
         shown = digits if len(digits) <= 20 else f"{digits[:20]}... ({len(digits)} digits)"
         message = f"the page number {shown} is over the largest, {MAX_PAGE_NUMBER}"
-        raise ApiError(HTTPStatus.UNPROCESSABLE_ENTITY, message)
+        raise Refused(HTTPStatus.UNPROCESSABLE_ENTITY, message)
     return int(digits)
-
-
-def _not_found() -> ApiError:
-    return ApiError(HTTPStatus.NOT_FOUND, "no document with this id")
-
-
-class _PageAnswer(Protocol):
-    @property
-    def refused(self) -> str | None: ...
-
-    @property
-    def missing(self) -> bool: ...
-
-
-_Answer = TypeVar("_Answer", bound=_PageAnswer)
-
-
-def _granted(answer: _Answer | None) -> _Answer:
-    """A page action's answer when it was carried out; else the refusal: 404 for an unknown document (None) or a
-    missing page, 409 for a page (or document) not in a state to take it."""
-    if answer is None:
-        raise _not_found()
-    if answer.refused is not None:
-        raise ApiError(HTTPStatus.NOT_FOUND if answer.missing else HTTPStatus.CONFLICT, answer.refused)
-    return answer
 
 
 @app.get("/health", summary="Liveness check (no API key needed)")
@@ -124,23 +90,7 @@ def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def _review_response(served: Asset) -> Response[str]:
-    headers = {**security_headers(get_runtime().bucket_origin), "Cache-Control": served.cache_control}
-    return Response(status_code=200, content_type=served.content_type, body=served.body, headers=headers)
-
-
-@app.get("/review", include_in_schema=False)
-def review_page() -> Response[str]:
-    """The review page (no API key: it carries no data; the user types the key into it)."""
-    return _review_response(page())
-
-
-@app.get("/review/<name>", include_in_schema=False)
-def review_asset(name: str) -> Response[str]:
-    served = asset(name)
-    if served is None:
-        raise ApiError(HTTPStatus.NOT_FOUND, "no such file")
-    return _review_response(served)
+app.include_router(review_router)
 
 
 @app.post(
@@ -202,8 +152,6 @@ def list_documents(
 @app.get("/documents/<document_id>", summary="Status, progress, per-page errors, tokens and cost", responses=_NOT_FOUND)
 def get_document(document_id: str) -> DocumentStatusResponse:
     described = get_runtime().documents.describe(document_id, _tenant())
-    if described is None:
-        raise _not_found()
     estimate = Estimate.model_validate(described.estimate.as_dict())
     return DocumentStatusResponse(**dict(described.summary), estimate=estimate)
 
@@ -231,20 +179,11 @@ def get_transcript(
     overlap: Annotated[int, Query(description="chunks only: tokens carried into the next chunk")] = DEFAULT_OVERLAP,
 ) -> Response[str]:
     bounds = ChunkBounds(max_tokens, overlap)
-    answer = get_runtime().documents.transcript(document_id, format, _tenant(), bounds)
-    if answer is None:
-        raise _not_found()
-    if answer.body is None:
-        raise ApiError(
-            HTTPStatus.CONFLICT,
-            f"the document is {answer.status.value}; its transcript is not available",
-            status=answer.status.value,
-            detail=answer.error,
-        )
+    body = get_runtime().documents.transcript(document_id, format, _tenant(), bounds)
     content_type = (
         "text/markdown; charset=utf-8" if format is TranscriptFormat.MARKDOWN else content_types.APPLICATION_JSON
     )
-    return Response(status_code=200, content_type=content_type, body=answer.body)
+    return Response(status_code=200, content_type=content_type, body=body)
 
 
 @app.get(
@@ -258,12 +197,8 @@ def get_transcript(
 )
 def get_page_image(document_id: str, page: str) -> PageImageResponse:
     number = _page_number(page)
-    answer = get_runtime().documents.page_image(document_id, number, _tenant())
-    if answer is None:
-        raise _not_found()
-    if answer.url is None:
-        raise ApiError(HTTPStatus.NOT_FOUND, answer.reason or "the page has no image kept")
-    return PageImageResponse(document_id=document_id, page_number=number, url=answer.url, expires_in=answer.expires_in)
+    image = get_runtime().documents.page_image(document_id, number, _tenant())
+    return PageImageResponse(document_id=document_id, page_number=number, url=image.url, expires_in=image.expires_in)
 
 
 @app.get(
@@ -277,10 +212,7 @@ def get_page_image(document_id: str, page: str) -> PageImageResponse:
 )
 def get_page_figures(document_id: str, page: str) -> PageFiguresResponse:
     number = _page_number(page)
-    answer = get_runtime().documents.page_figures(document_id, number, _tenant())
-    if answer is None:
-        raise _not_found()
-    figures, expires_in = answer
+    figures, expires_in = get_runtime().documents.page_figures(document_id, number, _tenant())
     return PageFiguresResponse(
         document_id=document_id,
         page_number=number,
@@ -312,13 +244,9 @@ def get_page_figures(document_id: str, page: str) -> PageFiguresResponse:
 )
 def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Body()]) -> RerunResponse:
     number = _page_number(page)
-    try:
-        rerun = get_runtime().documents.rerun_page(document_id, number, _tenant(), model=request.model)
-    except RetryLimitError as exc:
-        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
-    answer = _granted(rerun)
-    logger.info("page queued again", extra={"document_id": document_id, "page": number, "model": answer.model})
-    return RerunResponse(document_id=document_id, page_number=number, model=answer.model)
+    model = get_runtime().documents.rerun_page(document_id, number, _tenant(), model=request.model)
+    logger.info("page queued again", extra={"document_id": document_id, "page": number, "model": model})
+    return RerunResponse(document_id=document_id, page_number=number, model=model)
 
 
 @app.put(
@@ -338,13 +266,7 @@ def rerun_page(document_id: str, page: str, request: Annotated[RerunRequest, Bod
 )
 def correct_page(document_id: str, page: str, request: Annotated[CorrectionRequest, Body()]) -> CorrectionResponse:
     number = _page_number(page)
-    try:
-        corrected = get_runtime().documents.correct_page(document_id, number, request.markdown, _tenant())
-    except RetryLimitError as exc:
-        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
-    answer = _granted(corrected)
-    saved = answer.saved
-    assert saved is not None, "a correction that was not refused was saved"
+    saved = get_runtime().documents.correct_page(document_id, number, request.markdown, _tenant())
     return CorrectionResponse(
         document_id=document_id, page_number=number, revision=saved.revision, corrected_at=saved.corrected_at
     )
@@ -365,21 +287,14 @@ def correct_page(document_id: str, page: str, request: Annotated[CorrectionReque
     },
 )
 def retry_document(document_id: str) -> RetryResponse:
-    try:
-        pages = get_runtime().documents.retry(document_id, _tenant())
-    except RetryLimitError as exc:
-        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(exc)) from exc
-    if pages is None:
-        raise _not_found()
-    if not pages:
-        raise ApiError(HTTPStatus.CONFLICT, "the document has no FAILED pages to retry")
+    pages = get_runtime().documents.retry(document_id, _tenant())
     logger.info("failed pages requeued", extra={"document_id": document_id, "pages": pages})
     return RetryResponse(document_id=document_id, pages_requeued=pages)
 
 
-@app.exception_handler(ApiError)  # type: ignore[untyped-decorator]
-def _api_error(exc: ApiError) -> Response[str]:
-    return _error(exc.code, str(exc), **exc.extra)
+@app.exception_handler(Refused)  # type: ignore[untyped-decorator]
+def _refused(exc: Refused) -> Response[str]:
+    return _refusal(exc)
 
 
 @app.exception_handler(RequestValidationError)  # type: ignore[untyped-decorator]
@@ -396,27 +311,22 @@ def _invalid_request(exc: RequestValidationError) -> Response[str]:
     )
 
 
-@app.exception_handler(RequestError)  # type: ignore[untyped-decorator]
-def _request_error(exc: RequestError) -> Response[str]:
-    return _error(HTTPStatus.UNPROCESSABLE_ENTITY, str(exc), field=exc.field)
-
-
 @app.not_found
 def _no_route(exc: NotFoundError) -> Response[str]:
     # Registered so that the catch-all below does not turn an unknown route or method into a 500.
-    return _error(HTTPStatus.NOT_FOUND, "no such route")
+    return _refusal(Refused.not_found("no such route"))
 
 
 @app.exception_handler(RecursionError)  # type: ignore[untyped-decorator]
 def _too_deep(exc: RecursionError) -> Response[str]:
     # The JSON parser recurses per nesting level: "[[[[..." within the size limit must not be a 500.
-    return _error(HTTPStatus.UNPROCESSABLE_ENTITY, "invalid request: the JSON body is nested too deeply", field="body")
+    return _refusal(Refused.invalid("invalid request: the JSON body is nested too deeply", field="body"))
 
 
 @app.exception_handler(Exception)  # type: ignore[untyped-decorator]
 def _unexpected(exc: Exception) -> Response[str]:
     logger.exception("unexpected error")
-    return _error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error; the request id is in the logs")
+    return _error(HTTPStatus.INTERNAL_SERVER_ERROR, {"message": "internal error; the request id is in the logs"})
 
 
 def openapi_json() -> str:
