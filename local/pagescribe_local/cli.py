@@ -276,7 +276,9 @@ def _pipeline_environment(args: argparse.Namespace) -> None:
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
 
-def _transcribe(args: argparse.Namespace) -> int:
+def _input_files(args: argparse.Namespace) -> list[Path]:
+    """The files to transcribe, each checked to be there, and the chunks' bounds checked when chunks are asked for:
+    the command refuses before it starts anything."""
     paths = [Path(p) for p in args.files]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -286,6 +288,44 @@ def _transcribe(args: argparse.Namespace) -> int:
             check_bounds(args.max_tokens, args.overlap)
         except ChunkingError as exc:
             raise CommandError(f"--{exc.field.replace('_', '-')}: {exc}") from exc
+    return paths
+
+
+def _upload_options(args: argparse.Namespace) -> NewUpload:
+    """What ``transcribe`` asks of each document, as the API's POST /documents would (the file is named per
+    upload)."""
+    return NewUpload(
+        filename="",
+        content_type="",
+        pages=args.pages,
+        model=args.model,
+        escalation_model=args.escalation_model,
+        prompt=args.prompt,
+        reuse=args.reuse,
+        max_cost_usd=args.max_cost,
+        second_read=args.second_read,
+        merge_tables=args.merge_tables,
+        furniture=args.furniture,
+        profile=args.profile,
+    )
+
+
+def _report(stack: LocalStack, doc: Tracked, args: argparse.Namespace) -> bool:
+    """Write the finished document's files and say so on stderr, with why it did not complete if it did not;
+    whether it completed."""
+    written = _write_outputs(stack, doc, args)
+    if written:
+        print(f"{doc.path.name}: {doc.status}: wrote {', '.join(written)}", file=sys.stderr)
+    if doc.status == "COMPLETED":
+        return True
+    reason = doc.error or "see the page markers"
+    kept = " (the pages that succeeded are written, failed pages are marked)" if written else ""
+    print(f"{doc.path.name}: {doc.status}: {reason}{kept}", file=sys.stderr)
+    return False
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    paths = _input_files(args)
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
     _pipeline_environment(args)
@@ -300,35 +340,12 @@ def _transcribe(args: argparse.Namespace) -> int:
             f"database: {stack.database}",
             file=sys.stderr,
         )
-        options = NewUpload(
-            filename="",
-            content_type="",
-            pages=args.pages,
-            model=args.model,
-            escalation_model=args.escalation_model,
-            prompt=args.prompt,
-            reuse=args.reuse,
-            max_cost_usd=args.max_cost,
-            second_read=args.second_read,
-            merge_tables=args.merge_tables,
-            furniture=args.furniture,
-            profile=args.profile,
-        )
-        tracked = [_upload(stack, path, options) for path in paths]
+        tracked = [_upload(stack, path, _upload_options(args)) for path in paths]
         _run_until_finished(stack, tracked)
-        failures = 0
-        for doc in tracked:
-            written = _write_outputs(stack, doc, args)
-            if written:
-                print(f"{doc.path.name}: {doc.status}: wrote {', '.join(written)}", file=sys.stderr)
-            if doc.status != "COMPLETED":
-                failures += 1
-                reason = doc.error or "see the page markers"
-                kept = " (the pages that succeeded are written, failed pages are marked)" if written else ""
-                print(f"{doc.path.name}: {doc.status}: {reason}{kept}", file=sys.stderr)
+        completed = [_report(stack, doc, args) for doc in tracked]
         for line in flagged_page_lines(tracked):
             print(line, file=sys.stderr)
-        return 1 if failures else 0
+        return 0 if all(completed) else 1
 
 
 def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
@@ -385,6 +402,44 @@ def flagged_page_lines(documents: list[Tracked]) -> list[str]:
 # --- eval -------------------------------------------------------------------------------------------------
 
 
+def _eval_context(args: argparse.Namespace, stack: LocalStack) -> dict[str, str]:
+    """What the run was: the command, when, on what machine, with which provider and model (the report's header)."""
+    settings = stack.runtime.settings
+    return {
+        "command": "pagescribe " + " ".join(shlex.quote(arg) for arg in args.argv),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": evaluation.machine(),
+        "provider": stack.runtime.provider.name,
+        "model": "offline OCR" if settings.uses_offline_provider else (args.model or settings.model),
+    }
+
+
+def _eval_upload(stack: LocalStack, document: evaluation.EvalDocument, args: argparse.Namespace) -> Tracked:
+    """Upload a document of the evaluation, for its pages with a truth only."""
+    options = NewUpload(
+        filename="",
+        content_type="",
+        pages=",".join(map(str, document.pages)) if document.pages else None,
+        model=args.model,
+        escalation_model=args.escalation_model,
+        prompt=args.prompt,
+        reuse=False,  # the model is what is measured: every page is asked again
+    )
+    return _upload(stack, document.path, options)
+
+
+def _scores(
+    stack: LocalStack, documents: list[evaluation.EvalDocument], tracked: list[Tracked]
+) -> list[evaluation.PageScore]:
+    """Every page of every finished document scored against its truth."""
+    scores = []
+    for document, doc in zip(documents, tracked, strict=True):
+        answer = _transcript(stack, doc, TranscriptFormat.JSON)
+        transcript = json.loads(answer) if answer is not None else None
+        scores += evaluation.score_document(document, transcript, doc.error)
+    return scores
+
+
 def _eval(args: argparse.Namespace) -> int:
     try:
         documents = evaluation.plan(
@@ -398,38 +453,13 @@ def _eval(args: argparse.Namespace) -> int:
     _pipeline_environment(args)
     with local_stack(data_dir=Path(args.data_dir), aws_port=0, sweep_every=10.0) as stack:
         settings = stack.runtime.settings
-        context = {
-            "command": "pagescribe " + " ".join(shlex.quote(arg) for arg in args.argv),
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": evaluation.machine(),
-            "provider": stack.runtime.provider.name,
-            "model": "offline OCR" if settings.uses_offline_provider else (args.model or settings.model),
-        }
+        context = _eval_context(args, stack)
         print(
             f"pagescribe eval: {len(documents)} documents, {context['provider']} ({context['model']})", file=sys.stderr
         )
-        tracked = [
-            _upload(
-                stack,
-                document.path,
-                NewUpload(
-                    filename="",
-                    content_type="",
-                    pages=",".join(map(str, document.pages)) if document.pages else None,
-                    model=args.model,
-                    escalation_model=args.escalation_model,
-                    prompt=args.prompt,
-                    reuse=False,  # the model is what is measured: every page is asked again
-                ),
-            )
-            for document in documents
-        ]
+        tracked = [_eval_upload(stack, document, args) for document in documents]
         _run_until_finished(stack, tracked)
-        scores = []
-        for document, doc in zip(documents, tracked, strict=True):
-            answer = _transcript(stack, doc, TranscriptFormat.JSON)
-            transcript = json.loads(answer) if answer is not None else None
-            scores += evaluation.score_document(document, transcript, doc.error)
+        scores = _scores(stack, documents, tracked)
     summary = evaluation.summarize(scores)
     print(evaluation.summary_table(summary) + "\n\n" + evaluation.pages_table(scores))
     faults = None
