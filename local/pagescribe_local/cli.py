@@ -34,16 +34,18 @@ from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, ChunkingErr
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
 from pagescribe.service import (
+    DEFAULT_CHUNK_BOUNDS,
     FINISHED,
     ChunkBounds,
     NewUpload,
-    RequestError,
+    Refused,
     TranscriptFormat,
     estimate_cost,
     parse_page_selection,
 )
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
 from pagescribe.sources.documents import InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.status import PageFlags
 from pagescribe.store.postgres import Database, create_database_engine
 from pagescribe.tenancy import check_tenant_id, create_key, key_label, new_callback_secret
 
@@ -153,7 +155,7 @@ class Tracked:
     total: int = 0
     error: str | None = None
     shown: str = ""
-    page_flags: list[dict[str, Any]] = field(default_factory=list)
+    page_flags: list[PageFlags] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -182,7 +184,7 @@ def _upload(stack: LocalStack, path: Path, options: NewUpload) -> Tracked:
         created = stack.runtime.documents.create(
             replace(options, filename=path.name, content_type=content_type), stack.runtime.settings.default_tenant
         )
-    except RequestError as exc:
+    except Refused as exc:
         raise CommandError(f"{path}: {exc}") from exc
     response = httpx.put(created.upload_url, content=data, headers={"Content-Type": created.content_type})
     response.raise_for_status()
@@ -190,15 +192,13 @@ def _upload(stack: LocalStack, path: Path, options: NewUpload) -> Tracked:
 
 
 def _refresh(stack: LocalStack, tracked: Tracked) -> None:
-    described = stack.runtime.documents.describe(tracked.document_id, stack.runtime.settings.default_tenant)
-    if described is None:
-        return
-    tracked.status = described["status"]
-    tracked.total = described["page_count"]
-    tracked.done = described["pages"]["COMPLETED"] + described["pages"]["FAILED"] + described["pages"]["SKIPPED"]
-    tracked.failed = described["pages"]["FAILED"] + described["pages"]["SKIPPED"]
-    tracked.error = described["error"]
-    tracked.page_flags = described["page_flags"]
+    summary = stack.runtime.documents.describe(tracked.document_id, stack.runtime.settings.default_tenant).summary
+    tracked.status = summary.status
+    tracked.total = summary.page_count
+    tracked.done = summary.pages_finished
+    tracked.failed = summary.pages_not_completed
+    tracked.error = summary.error
+    tracked.page_flags = summary.page_flags
 
 
 class Progress:
@@ -225,34 +225,40 @@ class Progress:
         self._stream.flush()
 
 
+def _transcript(
+    stack: LocalStack, doc: Tracked, fmt: TranscriptFormat, bounds: ChunkBounds = DEFAULT_CHUNK_BOUNDS
+) -> str | None:
+    """The document's transcript in ``fmt``; None when it has none to read (it failed, or its file is missing)."""
+    try:
+        return stack.runtime.documents.transcript(doc.document_id, fmt, stack.runtime.settings.default_tenant, bounds)
+    except Refused:
+        return None
+
+
 def _write_outputs(stack: LocalStack, doc: Tracked, args: argparse.Namespace) -> list[str]:
     """The document's markdown (printed with ``--out -``), and beside it the JSON and the chunks the command asked
     for (``--json``, ``--format json|chunks``)."""
-    documents = stack.runtime.documents
-    tenant = stack.runtime.settings.default_tenant
-    markdown = documents.transcript(doc.document_id, TranscriptFormat.MARKDOWN, tenant)
-    if markdown is None or markdown.body is None:
+    markdown = _transcript(stack, doc, TranscriptFormat.MARKDOWN)
+    if markdown is None:
         return []
     if args.out == "-":
-        sys.stdout.write(markdown.body)
+        sys.stdout.write(markdown)
         return []
     directory = Path(args.out)
     directory.mkdir(parents=True, exist_ok=True)
     written = [directory / f"{doc.path.stem}.md"]
-    written[0].write_text(markdown.body, encoding="utf-8")
+    written[0].write_text(markdown, encoding="utf-8")
     formats = set(args.format) | ({"json"} if args.json else set())
-    if "json" in formats:
-        as_json = documents.transcript(doc.document_id, TranscriptFormat.JSON, tenant)
-        if as_json is not None and as_json.body is not None:
-            written.append(directory / f"{doc.path.stem}.json")
-            written[-1].write_text(as_json.body, encoding="utf-8")
-    if "chunks" in formats:
-        bounds = ChunkBounds(args.max_tokens, args.overlap)
-        chunked = documents.transcript(doc.document_id, TranscriptFormat.CHUNKS, tenant, bounds)
-        if chunked is not None and chunked.body is not None:
-            written.append(directory / f"{doc.path.stem}.chunks.jsonl")
-            lines = (json.dumps(chunk, ensure_ascii=False) + "\n" for chunk in json.loads(chunked.body)["chunks"])
-            written[-1].write_text("".join(lines), encoding="utf-8")
+    as_json = _transcript(stack, doc, TranscriptFormat.JSON) if "json" in formats else None
+    if as_json is not None:
+        written.append(directory / f"{doc.path.stem}.json")
+        written[-1].write_text(as_json, encoding="utf-8")
+    bounds = ChunkBounds(args.max_tokens, args.overlap)
+    chunked = _transcript(stack, doc, TranscriptFormat.CHUNKS, bounds) if "chunks" in formats else None
+    if chunked is not None:
+        written.append(directory / f"{doc.path.stem}.chunks.jsonl")
+        lines = (json.dumps(chunk, ensure_ascii=False) + "\n" for chunk in json.loads(chunked)["chunks"])
+        written[-1].write_text("".join(lines), encoding="utf-8")
     return [str(p) for p in written]
 
 
@@ -270,7 +276,9 @@ def _pipeline_environment(args: argparse.Namespace) -> None:
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 
 
-def _transcribe(args: argparse.Namespace) -> int:
+def _input_files(args: argparse.Namespace) -> list[Path]:
+    """The files to transcribe, each checked to be there, and the chunks' bounds checked when chunks are asked for:
+    the command refuses before it starts anything."""
     paths = [Path(p) for p in args.files]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -280,6 +288,44 @@ def _transcribe(args: argparse.Namespace) -> int:
             check_bounds(args.max_tokens, args.overlap)
         except ChunkingError as exc:
             raise CommandError(f"--{exc.field.replace('_', '-')}: {exc}") from exc
+    return paths
+
+
+def _upload_options(args: argparse.Namespace) -> NewUpload:
+    """What ``transcribe`` asks of each document, as the API's POST /documents would (the file is named per
+    upload)."""
+    return NewUpload(
+        filename="",
+        content_type="",
+        pages=args.pages,
+        model=args.model,
+        escalation_model=args.escalation_model,
+        prompt=args.prompt,
+        reuse=args.reuse,
+        max_cost_usd=args.max_cost,
+        second_read=args.second_read,
+        merge_tables=args.merge_tables,
+        furniture=args.furniture,
+        profile=args.profile,
+    )
+
+
+def _report(stack: LocalStack, doc: Tracked, args: argparse.Namespace) -> bool:
+    """Write the finished document's files and say so on stderr, with why it did not complete if it did not;
+    whether it completed."""
+    written = _write_outputs(stack, doc, args)
+    if written:
+        print(f"{doc.path.name}: {doc.status}: wrote {', '.join(written)}", file=sys.stderr)
+    if doc.status == "COMPLETED":
+        return True
+    reason = doc.error or "see the page markers"
+    kept = " (the pages that succeeded are written, failed pages are marked)" if written else ""
+    print(f"{doc.path.name}: {doc.status}: {reason}{kept}", file=sys.stderr)
+    return False
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    paths = _input_files(args)
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
     _pipeline_environment(args)
@@ -294,35 +340,12 @@ def _transcribe(args: argparse.Namespace) -> int:
             f"database: {stack.database}",
             file=sys.stderr,
         )
-        options = NewUpload(
-            filename="",
-            content_type="",
-            pages=args.pages,
-            model=args.model,
-            escalation_model=args.escalation_model,
-            prompt=args.prompt,
-            reuse=args.reuse,
-            max_cost_usd=args.max_cost,
-            second_read=args.second_read,
-            merge_tables=args.merge_tables,
-            furniture=args.furniture,
-            profile=args.profile,
-        )
-        tracked = [_upload(stack, path, options) for path in paths]
+        tracked = [_upload(stack, path, _upload_options(args)) for path in paths]
         _run_until_finished(stack, tracked)
-        failures = 0
-        for doc in tracked:
-            written = _write_outputs(stack, doc, args)
-            if written:
-                print(f"{doc.path.name}: {doc.status}: wrote {', '.join(written)}", file=sys.stderr)
-            if doc.status != "COMPLETED":
-                failures += 1
-                reason = doc.error or "see the page markers"
-                kept = " (the pages that succeeded are written, failed pages are marked)" if written else ""
-                print(f"{doc.path.name}: {doc.status}: {reason}{kept}", file=sys.stderr)
+        completed = [_report(stack, doc, args) for doc in tracked]
         for line in flagged_page_lines(tracked):
             print(line, file=sys.stderr)
-        return 1 if failures else 0
+        return 0 if all(completed) else 1
 
 
 def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
@@ -369,14 +392,52 @@ def _run_until_finished(stack: LocalStack, tracked: list[Tracked]) -> None:
 def flagged_page_lines(documents: list[Tracked]) -> list[str]:
     """One line per flagged page: ``report.pdf page 2: FAILED: repetition=57 (threshold 8)``."""
     return [
-        f"{doc.path.name} page {page['page']}: {page['status']}{' (escalated)' if page['escalated'] else ''}: "
-        + describe_flags([PageFlag.from_dict(flag) for flag in page["flags"]])
+        f"{doc.path.name} page {page.page}: {page.status}{' (escalated)' if page.escalated else ''}: "
+        + describe_flags([PageFlag.from_dict(flag.as_dict()) for flag in page.flags])
         for doc in documents
         for page in doc.page_flags
     ]
 
 
 # --- eval -------------------------------------------------------------------------------------------------
+
+
+def _eval_context(args: argparse.Namespace, stack: LocalStack) -> dict[str, str]:
+    """What the run was: the command, when, on what machine, with which provider and model (the report's header)."""
+    settings = stack.runtime.settings
+    return {
+        "command": "pagescribe " + " ".join(shlex.quote(arg) for arg in args.argv),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": evaluation.machine(),
+        "provider": stack.runtime.provider.name,
+        "model": "offline OCR" if settings.uses_offline_provider else (args.model or settings.model),
+    }
+
+
+def _eval_upload(stack: LocalStack, document: evaluation.EvalDocument, args: argparse.Namespace) -> Tracked:
+    """Upload a document of the evaluation, for its pages with a truth only."""
+    options = NewUpload(
+        filename="",
+        content_type="",
+        pages=",".join(map(str, document.pages)) if document.pages else None,
+        model=args.model,
+        escalation_model=args.escalation_model,
+        prompt=args.prompt,
+        reuse=False,  # the model is what is measured: every page is asked again
+    )
+    return _upload(stack, document.path, options)
+
+
+def _scores(
+    stack: LocalStack, documents: list[evaluation.EvalDocument], tracked: list[Tracked]
+) -> list[evaluation.PageScore]:
+    """Every page of every finished document scored against its truth."""
+    scores = []
+    for document, doc in zip(documents, tracked, strict=True):
+        answer = _transcript(stack, doc, TranscriptFormat.JSON)
+        transcript = json.loads(answer) if answer is not None else None
+        scores += evaluation.score_document(document, transcript, doc.error)
+    return scores
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -392,40 +453,13 @@ def _eval(args: argparse.Namespace) -> int:
     _pipeline_environment(args)
     with local_stack(data_dir=Path(args.data_dir), aws_port=0, sweep_every=10.0) as stack:
         settings = stack.runtime.settings
-        context = {
-            "command": "pagescribe " + " ".join(shlex.quote(arg) for arg in args.argv),
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": evaluation.machine(),
-            "provider": stack.runtime.provider.name,
-            "model": "offline OCR" if settings.uses_offline_provider else (args.model or settings.model),
-        }
+        context = _eval_context(args, stack)
         print(
             f"pagescribe eval: {len(documents)} documents, {context['provider']} ({context['model']})", file=sys.stderr
         )
-        tracked = [
-            _upload(
-                stack,
-                document.path,
-                NewUpload(
-                    filename="",
-                    content_type="",
-                    pages=",".join(map(str, document.pages)) if document.pages else None,
-                    model=args.model,
-                    escalation_model=args.escalation_model,
-                    prompt=args.prompt,
-                    reuse=False,  # the model is what is measured: every page is asked again
-                ),
-            )
-            for document in documents
-        ]
+        tracked = [_eval_upload(stack, document, args) for document in documents]
         _run_until_finished(stack, tracked)
-        scores = []
-        for document, doc in zip(documents, tracked, strict=True):
-            answer = stack.runtime.documents.transcript(
-                doc.document_id, TranscriptFormat.JSON, stack.runtime.settings.default_tenant
-            )
-            transcript = json.loads(answer.body) if answer is not None and answer.body is not None else None
-            scores += evaluation.score_document(document, transcript, doc.error)
+        scores = _scores(stack, documents, tracked)
     summary = evaluation.summarize(scores)
     print(evaluation.summary_table(summary) + "\n\n" + evaluation.pages_table(scores))
     faults = None
@@ -487,7 +521,7 @@ def _response_headers(response: dict[str, Any]) -> list[tuple[str, str]]:
     return single + multi
 
 
-def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type[BaseHTTPRequestHandler]:
+def _api_request_handler(access: ModuleType, environments: EnvironmentPool) -> type[BaseHTTPRequestHandler]:
     class ApiGatewayBridge(BaseHTTPRequestHandler):
         """Turns each HTTP request into an API Gateway REST proxy event for the API handler, run in an environment of
         its own (``environments``), as Lambda runs it. A method the stack routes nowhere (HEAD, DELETE, ...) is
@@ -502,8 +536,8 @@ def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type
             url = urlsplit(self.path)
             headers, query = dict(self.headers.items()), dict(parse_qsl(url.query)) or None
             length = _content_length(self.headers.get("Content-Length"))
-            refused = api.gate(api_gateway_event(self.command, url.path, headers=headers)) or _body_refusal(
-                length, api.MAX_BODY_BYTES
+            refused = access.gate(api_gateway_event(self.command, url.path, headers=headers)) or _body_refusal(
+                length, access.MAX_BODY_BYTES
             )
             if refused is not None:
                 self.close_connection = True
@@ -547,12 +581,12 @@ def _api_request_handler(api: ModuleType, environments: EnvironmentPool) -> type
 def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with local_stack(data_dir=Path(args.data_dir), aws_port=args.aws_port, sweep_every=60.0) as stack:
-        api = _handler("api")
+        access = importlib.import_module("pagescribe.handlers.api.access")  # the API function's own gate
         environments = EnvironmentPool(
             "pagescribe.handlers.api", size=args.api_environments, function_name="pagescribe-api"
         )
         environments.start()
-        server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(api, environments))
+        server = ThreadingHTTPServer((args.host, args.port), _api_request_handler(access, environments))
         server.daemon_threads = True
         poller = threading.Thread(target=stack.lambdas.run, args=(stop,), name="lambda-service", daemon=True)
         poller.start()
@@ -914,7 +948,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = arguments
     try:
         return int(args.run(args))
-    except (ConfigurationError, CommandError) as exc:
+    except (ConfigurationError, CommandError, Refused) as exc:
         print(f"pagescribe: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

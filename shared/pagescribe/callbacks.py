@@ -135,7 +135,8 @@ class CallbackNotifier:
         if document is None:
             return None
         body = json.dumps(
-            {"event": "document.finished", **describe_document(self._db, document)}, ensure_ascii=False
+            {"event": "document.finished", **describe_document(self._db, document).callback_fields()},
+            ensure_ascii=False,
         ).encode("utf-8")
         timestamp, delivery = str(int(time.time())), str(uuid.uuid4())
         headers = {

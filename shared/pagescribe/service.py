@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from http import HTTPStatus
 from pathlib import PurePosixPath
 from typing import Any, NamedTuple
 
@@ -28,7 +29,7 @@ from pagescribe.domain import (
 )
 from pagescribe.outbox import send_committed
 from pagescribe.settings import CLEAN_PROMPT, Settings
-from pagescribe.status import describe_document
+from pagescribe.status import DocumentSummary, describe_document
 from pagescribe.store.ports import Store
 
 log = logging.getLogger(__name__)
@@ -38,20 +39,43 @@ FINISHED = {DocumentStatus.COMPLETED, DocumentStatus.PARTIAL, DocumentStatus.FAI
 FINISHED_PAGES = {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.SKIPPED}
 
 
-class RequestError(ValueError):
-    """A request that cannot be served as asked; ``field`` names the offending input where there is one."""
+class Refused(Exception):
+    """The one way a request is refused: the HTTP status that says why, the message, and the fields the error body
+    carries besides it (``field``: the offending input; ``status`` and ``detail``: a document not finished). The API
+    answers it as it is; the CLI prints its message."""
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, code: HTTPStatus, message: str, **fields: str | None) -> None:
         super().__init__(message)
-        self.field = field
+        self.code = code
+        self.fields = {name: value for name, value in fields.items() if value is not None}
+
+    @classmethod
+    def invalid(cls, message: str, *, field: str | None = None) -> Refused:
+        """A request that cannot be served as asked; ``field`` names the offending input where there is one."""
+        return cls(HTTPStatus.UNPROCESSABLE_ENTITY, message, field=field)
+
+    @classmethod
+    def not_found(cls, message: str = "no document with this id") -> Refused:
+        """An unknown document (or another tenant's: the same answer), or something of it that is not there."""
+        return cls(HTTPStatus.NOT_FOUND, message)
+
+    @classmethod
+    def conflict(cls, message: str, **fields: str | None) -> Refused:
+        """A document or page not in a state to take the request."""
+        return cls(HTTPStatus.CONFLICT, message, **fields)
+
+    @classmethod
+    def limit(cls, message: str) -> Refused:
+        """The document has used its retries (MAX_DOCUMENT_RETRIES), or the page its re-runs (MAX_PAGE_RERUNS) or its
+        revisions (MAX_PAGE_REVISIONS)."""
+        return cls(HTTPStatus.TOO_MANY_REQUESTS, message)
+
+    def body(self) -> dict[str, str]:
+        """The JSON error body: the message, and the fields it has."""
+        return {"message": str(self), **self.fields}
 
 
 MAX_IDEMPOTENCY_KEY = 255
-
-
-class RetryLimitError(Exception):
-    """The document has used its retries (MAX_DOCUMENT_RETRIES), or the page its re-runs (MAX_PAGE_RERUNS) or its
-    revisions (MAX_PAGE_REVISIONS)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +120,11 @@ def estimate_cost(db: Store, model: str, pages: int | None, tenant: str) -> Esti
     return Estimate(model, pages, round(price, 8), round(price * pages, 8) if pages is not None else None, basis)
 
 
+class Described(NamedTuple):
+    summary: DocumentSummary
+    estimate: Estimate
+
+
 @dataclass(frozen=True)
 class CreatedUpload:
     document_id: str
@@ -120,15 +149,6 @@ class ChunkBounds(NamedTuple):
 
 
 DEFAULT_CHUNK_BOUNDS = ChunkBounds()
-
-
-@dataclass(frozen=True)
-class TranscriptAnswer:
-    """The transcript when the document is finished; otherwise ``body`` is None and ``status`` says why."""
-
-    status: DocumentStatus
-    body: str | None
-    error: str | None = None
 
 
 MAX_PAGE_NUMBER = 2**31 - 1  # a page number is a PostgreSQL integer
@@ -162,7 +182,7 @@ def safe_filename(filename: str) -> str:
     name = PurePosixPath(filename.replace("\\", "/")).name
     cleaned = "".join(ch for ch in name if ch.isprintable()).strip()
     if cleaned in {"", ".", ".."}:
-        raise RequestError(f"filename {filename!r} has no usable name", field="filename")
+        raise Refused.invalid(f"filename {filename!r} has no usable name", field="filename")
     return cleaned[:200]
 
 
@@ -187,31 +207,22 @@ def _read_cursor(cursor: str) -> tuple[datetime, str]:
         created_at, document_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().split("|")
         position = datetime.fromisoformat(created_at), str(uuid.UUID(document_id))
     except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors
-        raise RequestError(f"cursor {cursor[:60]!r} is not one this API gave", field="cursor") from exc
+        raise Refused.invalid(f"cursor {cursor[:60]!r} is not one this API gave", field="cursor") from exc
     if position[0].tzinfo is None:
-        raise RequestError(f"cursor {cursor[:60]!r} is not one this API gave", field="cursor")
+        raise Refused.invalid(f"cursor {cursor[:60]!r} is not one this API gave", field="cursor")
     return position
 
 
-@dataclass(frozen=True)
-class RerunAnswer:
-    model: str  # the model the page is queued for
-    refused: str | None = None  # why it was not queued: the page is missing (``missing``) or not finished
-    missing: bool = False
+class PageImage(NamedTuple):
+    url: str  # presigned GET of the kept image
+    expires_in: int  # seconds
 
 
-@dataclass(frozen=True)
-class CorrectionAnswer:
-    saved: PageCorrection | None  # the revision saved; None: it was not, for ``refused``
-    refused: str | None = None
-    missing: bool = False  # refused because the document has no such page (else: it is not finished)
-
-
-@dataclass(frozen=True)
-class PageImageAnswer:
-    url: str | None  # presigned GET of the kept image; None: there is none, for ``reason``
-    reason: str | None
-    expires_in: int = 0
+def _not_available(status: DocumentStatus, detail: str | None) -> Refused:
+    """The refusal of a transcript that is not there to read: the document is not finished, or its file is missing."""
+    return Refused.conflict(
+        f"the document is {status.value}; its transcript is not available", status=status.value, detail=detail
+    )
 
 
 def _no_image_reason(page_number: int, status: JobStatus, keeping: bool) -> str:
@@ -249,12 +260,12 @@ class DocumentService:
         if idempotency_key is None:
             return self._create(upload, tenant)
         if not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-            raise RequestError(
+            raise Refused.invalid(
                 f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters, not {len(idempotency_key)}",
                 field="Idempotency-Key",
             )
         if not all(" " <= character <= "~" for character in idempotency_key):
-            raise RequestError(
+            raise Refused.invalid(
                 "Idempotency-Key must be printable ASCII (a UUID, say); it holds a control or non-ASCII character",
                 field="Idempotency-Key",
             )
@@ -269,7 +280,7 @@ class DocumentService:
             assert first is not None, "the key's answer exists: its insert conflicted"
         request, answer = first
         if request != digest:
-            raise RequestError(
+            raise Refused.invalid(
                 f"Idempotency-Key {idempotency_key!r} was first used with another request; use a new key",
                 field="Idempotency-Key",
             )
@@ -277,7 +288,7 @@ class DocumentService:
 
     def _create(self, upload: NewUpload, tenant: str) -> CreatedUpload:
         if upload.content_type not in UPLOAD_CONTENT_TYPES:
-            raise RequestError(
+            raise Refused.invalid(
                 f"content_type {upload.content_type!r} is not supported; use one of {', '.join(UPLOAD_CONTENT_TYPES)}",
                 field="content_type",
             )
@@ -286,10 +297,10 @@ class DocumentService:
             try:
                 requested = parse_page_selection(upload.pages, max_pages=self._settings.max_pages)
             except ValueError as exc:
-                raise RequestError(str(exc), field="pages") from exc
+                raise Refused.invalid(str(exc), field="pages") from exc
         stack_signs = self._callbacks_signed and tenant == self._settings.default_tenant
         if upload.callback_url and not (stack_signs or self._db.callback_secret(tenant)):
-            raise RequestError(
+            raise Refused.invalid(
                 f"callback_url needs a callback secret: the tenant's own (pagescribe tenants callback-secret --tenant "
                 f"{tenant}), or for the default tenant the stack's CALLBACK_SECRET (or CALLBACK_SECRET_PARAMETER), so "
                 "that callbacks can be signed",
@@ -298,7 +309,7 @@ class DocumentService:
         allowed = self._settings.model_allow_list
         for name, chosen in (("model", upload.model), ("escalation_model", upload.escalation_model)):
             if chosen and chosen not in allowed:
-                raise RequestError(
+                raise Refused.invalid(
                     f"{name} {chosen!r} is not allowed on this stack; allowed: {', '.join(sorted(allowed))} "
                     "(the operator sets ALLOWED_MODELS)",
                     field=name,
@@ -344,53 +355,56 @@ class DocumentService:
         """The model a hard-flagged page of this document goes to: the request's, else the stack's; None for none."""
         model = self._settings.escalation_model if upload.escalation_model is None else upload.escalation_model
         if model and self._settings.uses_offline_provider:
-            raise RequestError(
+            raise Refused.invalid(
                 f"escalation_model {model!r} needs a vision model provider; this stack transcribes with the offline "
                 "OCR engine, which has no stronger model to ask",
                 field="escalation_model",
             )
         return model or None
 
-    def _document(self, document_id: str, tenant: str) -> DocumentRecord | None:
+    def _find(self, document_id: str, tenant: str) -> DocumentRecord | None:
         """The tenant's document with this id; None for another tenant's, as for an unknown id."""
         canonical = parse_document_id(document_id)
         document = self._db.get_document(canonical) if canonical else None
         return document if document is not None and document.tenant_id == tenant else None
 
-    def describe(self, document_id: str, tenant: str) -> dict[str, Any] | None:
-        document = self._document(document_id, tenant)
+    def _document(self, document_id: str, tenant: str) -> DocumentRecord:
+        """The tenant's document with this id; refused (404) for another tenant's, as for an unknown id."""
+        document = self._find(document_id, tenant)
         if document is None:
-            return None
+            raise Refused.not_found()
+        return document
+
+    def describe(self, document_id: str, tenant: str) -> Described:
+        """The document's summary and what it is expected to cost."""
+        document = self._document(document_id, tenant)
         pages = document.page_count if document.status is not DocumentStatus.AWAITING_UPLOAD else None
-        estimate = estimate_cost(self._db, document.model, pages, tenant)
-        return {**describe_document(self._db, document), "estimate": estimate.as_dict()}
+        return Described(describe_document(self._db, document), estimate_cost(self._db, document.model, pages, tenant))
 
     def transcript(
         self, document_id: str, fmt: TranscriptFormat, tenant: str, bounds: ChunkBounds = DEFAULT_CHUNK_BOUNDS
-    ) -> TranscriptAnswer | None:
+    ) -> str:
         """The finished document's transcript: markdown, JSON, or the JSON's chunks for retrieval cut to ``bounds``
-        (a RequestError names a bound that cannot be cut to)."""
+        (a refusal names a bound that cannot be cut to); refused (409) while the document is not finished."""
         if fmt is TranscriptFormat.CHUNKS:
             try:
                 check_bounds(*bounds)
             except ChunkingError as exc:
-                raise RequestError(str(exc), field=exc.field) from exc
+                raise Refused.invalid(str(exc), field=exc.field) from exc
         document = self._document(document_id, tenant)
-        if document is None:
-            return None
         if document.status not in FINISHED or document.transcript_key is None:
-            return TranscriptAnswer(document.status, None, document.error)
+            raise _not_available(document.status, document.error)
         key = document.transcript_key
         if fmt is not TranscriptFormat.MARKDOWN:
             key = key.removesuffix(".md") + ".json"
         try:
             body = self._objects.get_text(document.bucket, key)
         except ObjectMissingError:
-            return TranscriptAnswer(document.status, None, "the transcript file is missing from the bucket")
+            raise _not_available(document.status, "the transcript file is missing from the bucket") from None
         if fmt is TranscriptFormat.CHUNKS:
             chunks = chunk_transcript(json.loads(body), tenant_id=document.tenant_id, **bounds._asdict())
             body = json.dumps({"document_id": document_id, **bounds._asdict(), "chunks": chunks}, ensure_ascii=False)
-        return TranscriptAnswer(document.status, body)
+        return body
 
     def list_documents(
         self, tenant: str, *, limit: int, cursor: str | None
@@ -398,30 +412,25 @@ class DocumentService:
         """The tenant's documents, newest first, ``limit`` at a time from ``cursor`` (the last answer's
         ``next_cursor``); and the cursor of the next page, None after the last."""
         if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise RequestError(f"limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}", field="limit")
+            raise Refused.invalid(f"limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}", field="limit")
         listed = self._db.list_documents(tenant, limit=limit + 1, before=_read_cursor(cursor) if cursor else None)
         if len(listed) <= limit:
             return listed, None
         last = listed[limit - 1]
         return listed[:limit], _cursor(last.created_at, last.document_id)
 
-    def rerun_page(self, document_id: str, page_number: int, tenant: str, *, model: str | None) -> RerunAnswer | None:
+    def rerun_page(self, document_id: str, page_number: int, tenant: str, *, model: str | None) -> str:
         """Queue one finished page again, on ``model`` if given (one of the allowed models), and send it after the
-        commit; its earlier attempts and their costs are kept. None for an unknown document (or another tenant's)."""
+        commit; its earlier attempts and their costs are kept. The model it is queued for."""
         document = self._document(document_id, tenant)
-        if document is None:
-            return None
         allowed = self._settings.model_allow_list
         if model is not None and model not in allowed:
-            raise RequestError(
+            raise Refused.invalid(
                 f"model {model!r} is not allowed on this stack; allowed: {', '.join(sorted(allowed))} "
                 "(the operator sets ALLOWED_MODELS)",
                 field="model",
             )
-        chosen = model or document.model
-        refused = self._rerun_refusal(document, page_number, chosen)
-        if refused is not None:
-            return refused
+        self._check_rerun(document, page_number)
         job_id = self._db.rerun_page(
             document.document_id,
             page_number,
@@ -430,63 +439,56 @@ class DocumentService:
             max_page_reruns=self._settings.max_page_reruns,
         )
         if job_id is None:  # a concurrent re-run or retry got there first: say what it left
-            fresh = self._document(document_id, tenant) or document
-            return self._rerun_refusal(fresh, page_number, chosen) or RerunAnswer(
-                chosen, f"page {page_number} changed while it was being queued again; try again"
-            )
+            self._check_rerun(self._find(document_id, tenant) or document, page_number)
+            raise Refused.conflict(f"page {page_number} changed while it was being queued again; try again")
         send_committed(self._queue, self._db, [JobMessage(job_id, document.document_id, page_number)])
-        return RerunAnswer(chosen)
+        return model or document.model
 
-    def _rerun_refusal(self, document: DocumentRecord, page_number: int, model: str) -> RerunAnswer | None:
-        """Why the page may not be re-run now (None: it may). Raises RetryLimitError when the document or the page
-        has used its limit."""
+    def _check_rerun(self, document: DocumentRecord, page_number: int) -> None:
+        """Refused when the page may not be re-run now: it is missing (404), not finished or failed on a render
+        limit still set as it was (409), or the document or the page has used its limit (429)."""
         page = self._db.page_rerun_state(document.document_id, page_number)
         if page is None:
-            return RerunAnswer(model, f"the document has no page {page_number}", missing=True)
+            raise Refused.not_found(f"the document has no page {page_number}")
         if page.status not in FINISHED_PAGES:
-            return RerunAnswer(model, f"page {page_number} is {page.status.value}: only a finished page is re-run")
+            raise Refused.conflict(f"page {page_number} is {page.status.value}: only a finished page is re-run")
         limit = self._settings.max_document_retries
         if document.retries >= limit:
-            raise RetryLimitError(
+            raise Refused.limit(
                 f"the document's pages were queued again {document.retries} times (retries and re-runs); the limit "
                 f"is MAX_DOCUMENT_RETRIES={limit}"
             )
         if page.reruns >= self._settings.max_page_reruns:
-            raise RetryLimitError(
+            raise Refused.limit(
                 f"page {page_number} was re-run {page.reruns} times; the limit is "
                 f"MAX_PAGE_RERUNS={self._settings.max_page_reruns}"
             )
         blown = _render_limit(page.error, self._settings) if page.status is JobStatus.FAILED else None
         if blown is not None:
-            return RerunAnswer(
-                model,
+            raise Refused.conflict(
                 f"page {page_number} failed on {blown} ({page.error}); re-rendered under the same limit it would fail "
                 "the same way: it is re-run once the operator has raised that limit",
             )
-        return None
 
-    def correct_page(self, document_id: str, page_number: int, markdown: str, tenant: str) -> CorrectionAnswer | None:
+    def correct_page(self, document_id: str, page_number: int, markdown: str, tenant: str) -> PageCorrection:
         """Save a person's text for one page of a finished document as the page's next revision, then write the
         transcript files again to show it. The model's answer and the page's attempts are kept (the JSON gives the
-        answer as the correction's ``original_text``); the document's status is unchanged. None for an unknown
-        document (or another tenant's)."""
+        answer as the correction's ``original_text``); the document's status is unchanged. The revision saved."""
         document = self._document(document_id, tenant)
-        if document is None:
-            return None
         limit = self._settings.max_page_revisions
         save = self._db.save_correction(document.document_id, page_number, markdown, max_revisions=limit)
         if save.status is None:
-            return None
+            raise Refused.not_found()
         if save.revisions is not None:
-            raise RetryLimitError(
+            raise Refused.limit(
                 f"page {page_number} has {save.revisions} corrections; the limit is MAX_PAGE_REVISIONS={limit}"
             )
         if save.saved is None and save.status not in FINISHED:
-            return CorrectionAnswer(
-                None, f"the document is {save.status.value}: only a finished document's pages are corrected"
+            raise Refused.conflict(
+                f"the document is {save.status.value}: only a finished document's pages are corrected"
             )
         if save.saved is None:
-            return CorrectionAnswer(None, f"the document has no page {page_number}", missing=True)
+            raise Refused.not_found(f"the document has no page {page_number}")
         rewritten = self._rewrite(document.document_id)
         log.info(
             "page corrected",
@@ -497,32 +499,28 @@ class DocumentService:
                 "transcript_rewritten": rewritten,
             },
         )
-        return CorrectionAnswer(save.saved)
+        return save.saved
 
-    def page_image(self, document_id: str, page_number: int, tenant: str) -> PageImageAnswer | None:
-        """A short-lived link to the image the page was sent to the model as, or why there is none; None for an
-        unknown document (or another tenant's)."""
+    def page_image(self, document_id: str, page_number: int, tenant: str) -> PageImage:
+        """A short-lived link to the image the page was sent to the model as; refused (404) saying why there is
+        none."""
         document = self._document(document_id, tenant)
-        if document is None:
-            return None
         page = self._db.page_image(document.document_id, page_number)
         if page is None:
-            return PageImageAnswer(None, f"the document has no page {page_number}")
+            raise Refused.not_found(f"the document has no page {page_number}")
         if page.image_key is None:
-            return PageImageAnswer(None, _no_image_reason(page_number, page.status, self._settings.keep_page_images))
+            raise Refused.not_found(_no_image_reason(page_number, page.status, self._settings.keep_page_images))
         expires_in = self._settings.image_url_expiry_seconds
         url = self._objects.presign_get(document.bucket, page.image_key, expires_in=expires_in)
-        return PageImageAnswer(url, None, expires_in)
+        return PageImage(url, expires_in)
 
-    def page_figures(self, document_id: str, page_number: int, tenant: str) -> tuple[list[dict[str, Any]], int] | None:
+    def page_figures(self, document_id: str, page_number: int, tenant: str) -> tuple[list[dict[str, Any]], int]:
         """Short-lived links to the figures kept from the page (each with its box on the page image), and how long
-        they last; None for an unknown document (or another tenant's) or page."""
+        they last; refused (404) for an unknown page as for an unknown document."""
         document = self._document(document_id, tenant)
-        if document is None:
-            return None
         figures = self._db.page_figures(document.document_id, page_number)
         if figures is None:
-            return None
+            raise Refused.not_found()
         expires_in = self._settings.image_url_expiry_seconds
         return [
             {
@@ -532,18 +530,19 @@ class DocumentService:
             for figure in figures
         ], expires_in
 
-    def retry(self, document_id: str, tenant: str) -> list[int] | None:
-        """Requeue the FAILED pages and send them (after the commit); the pages retried, or None if unknown."""
+    def retry(self, document_id: str, tenant: str) -> list[int]:
+        """Requeue the FAILED pages and send them (after the commit); the pages retried (refused when there are
+        none)."""
         document = self._document(document_id, tenant)
-        if document is None:
-            return None
         limit = self._settings.max_document_retries
         if document.retries >= limit:
-            raise RetryLimitError(
+            raise Refused.limit(
                 f"the document's failed pages were retried {document.retries} times; the limit is "
                 f"MAX_DOCUMENT_RETRIES={limit}"
             )
         retried = self._db.retry_failed_pages(document.document_id, max_retries=limit)
+        if not retried:
+            raise Refused.conflict("the document has no FAILED pages to retry")
         send_committed(
             self._queue, self._db, [JobMessage(job_id, document.document_id, page) for job_id, page in retried]
         )

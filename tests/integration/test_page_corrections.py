@@ -8,15 +8,17 @@ import json
 import threading
 from collections.abc import Callable
 from datetime import datetime
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore, s3_client
+from pagescribe.domain import PageCorrection
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import get_runtime, shutdown_runtime
-from pagescribe.service import CorrectionAnswer, DocumentService, RetryLimitError
+from pagescribe.service import DocumentService, Refused
 from pagescribe.settings import get_settings
 from pagescribe.store.postgres import Database
 from pagescribe.tenancy import create_key
@@ -271,11 +273,11 @@ def test_a_save_that_lands_while_a_rewrite_writes_is_not_hidden_by_it(
     # (revision 2, its files written too) lands; the first save holds no lock meanwhile, or the second would wait
     document_id = transcribed
     other = documents_service(db, get_runtime().objects)
-    second: list[CorrectionAnswer | None] = []
+    second: list[PageCorrection] = []
     bucket = SaveDuringFirstPut(lambda: second.append(other.correct_page(document_id, 1, "second", "default")))
     first = documents_service(db, bucket).correct_page(document_id, 1, "first", "default")
     # Then the saves are revisions 1 and 2
-    assert [answer.saved.revision if answer and answer.saved else None for answer in (first, *second)] == [1, 2]
+    assert [answer.revision for answer in (first, *second)] == [1, 2]
     # And the files end showing revision 2: the first rewrite saw the document change and wrote again
     markdown, transcript = pipeline.transcript(document_id)
     assert (transcript["pages"][0]["text"], transcript["pages"][0]["correction"]["revision"]) == ("second", 2)
@@ -290,7 +292,7 @@ def test_concurrent_saves_get_distinct_revisions_and_the_files_show_the_highest(
     service = documents_service(db, get_runtime().objects)
     savers = 8
     barrier = threading.Barrier(savers)
-    answers: dict[int, CorrectionAnswer | None] = {}
+    answers: dict[int, PageCorrection] = {}
 
     def save(n: int) -> None:
         barrier.wait()
@@ -304,8 +306,7 @@ def test_concurrent_saves_get_distinct_revisions_and_the_files_show_the_highest(
         thread.join()
 
     # Then each got its own revision, 1 to 8, and all eight are stored
-    saved = {n: answer.saved for n, answer in answers.items() if answer is not None}
-    by_revision = {correction.revision: n for n, correction in saved.items() if correction is not None}
+    by_revision = {correction.revision: n for n, correction in answers.items()}
     assert sorted(by_revision) == list(range(1, savers + 1))
     assert [revision for revision, _ in revisions(db, document_id, 4)] == list(range(1, savers + 1))
     # And both files show revision 8, the text its saver sent
@@ -335,8 +336,8 @@ def test_a_page_takes_at_most_max_page_revisions_corrections_even_when_saved_at_
         try:
             service.correct_page(document_id, 2, f"at once {n}", "default")
             outcomes.append("saved")
-        except RetryLimitError:
-            outcomes.append("limit")
+        except Refused as refused:
+            outcomes.append("limit" if refused.code is HTTPStatus.TOO_MANY_REQUESTS else "refused")
 
     # When four reviewers save a correction of it at the same moment
     threads = [threading.Thread(target=save, args=(n,)) for n in range(4)]

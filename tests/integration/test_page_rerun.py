@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from pagescribe.domain import DEFAULT_TENANT
 from pagescribe.handlers import api as api_app
 from pagescribe.runtime import get_runtime, shutdown_runtime
-from pagescribe.service import RetryLimitError
+from pagescribe.service import Refused
 from pagescribe.settings import get_settings
 from pagescribe.store.postgres import Database
 from sqlalchemy import text
@@ -199,11 +200,10 @@ def test_reruns_of_every_page_at_once_are_counted_under_the_documents_lock(
     def rerun(page: int) -> str:
         start.wait()
         try:
-            answer = documents.rerun_page(document_id, page, DEFAULT_TENANT, model=None)
-        except RetryLimitError:
-            return "limit"
-        assert answer is not None
-        return "refused" if answer.refused else "queued"
+            documents.rerun_page(document_id, page, DEFAULT_TENANT, model=None)
+        except Refused as refused:
+            return "limit" if refused.code is HTTPStatus.TOO_MANY_REQUESTS else "refused"
+        return "queued"
 
     # When each of its pages is re-run at the same moment
     with ThreadPoolExecutor(max_workers=4) as pool:
