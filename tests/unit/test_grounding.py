@@ -32,9 +32,9 @@ from pagescribe.grounding import (
     GroundingSource,
     PageGrounding,
     PageText,
-    align,
     words_from_boxes,
 )
+from pagescribe.grounding.alignment import align
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.scoring import plain
 from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
