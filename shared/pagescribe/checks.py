@@ -398,7 +398,7 @@ def _invented(grounding: PageGrounding, min_chars: int) -> str:
 def ground(answer: str, page: PageText) -> PageGrounding:
     """The answer's blocks aligned to the page's own positioned text: each block's box, the unsupported and missed
     text that ``ungrounded`` and ``missed_text`` measure."""
-    from pagescribe.blocks import parse_blocks
+    from pagescribe.blocks.parsing import parse_blocks
     from pagescribe.grounding.alignment import align
 
     return align(parse_blocks(answer), page)

@@ -75,7 +75,8 @@ NOT_AT_COLD_START = {
         "pagescribe.grounding.alignment",
         "pagescribe.grounding.evidence",
         "pagescribe.grounding.matching",
-        "pagescribe.blocks",
+        "pagescribe.blocks",  # the package, which comes with any of its modules
+        "pagescribe.blocks.parsing",
         "pagescribe.transcription",
     },
     "transcribe": {  # grounding, its parsers and the offline engine load with the first answer or read
@@ -83,7 +84,8 @@ NOT_AT_COLD_START = {
         "pagescribe.grounding.alignment",
         "pagescribe.grounding.evidence",
         "pagescribe.grounding.matching",
-        "pagescribe.blocks",
+        "pagescribe.blocks",  # the package, which comes with any of its modules
+        "pagescribe.blocks.parsing",
         "rapidfuzz",
         "markdown_it",
         "rapidocr",
