@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pagescribe.assembly import running_furniture
-from pagescribe.blocks import BlockType, parse_blocks
+from pagescribe.blocks import BlockType
+from pagescribe.blocks.parsing import parse_blocks
 from pagescribe.checks import usable_text_layer
 from pagescribe.grounding import Box, GroundingSource
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, detect_kind

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagescribe.blocks import BlockType, parse_blocks
+from pagescribe.blocks import BlockType
+from pagescribe.blocks.parsing import parse_blocks
 from pagescribe.checks import (
     Answer,
     Flag,

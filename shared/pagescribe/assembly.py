@@ -195,7 +195,7 @@ def _place_figures(page: PageRecord, lines: list[str], blocks: Sequence[Block]) 
 
 def _parsed(pages: Sequence[PageRecord], running: Sequence[dict[int, str]]) -> dict[int, list[Block]]:
     """Each page's blocks (:func:`pagescribe.blocks.parse_blocks`), by page number."""
-    from pagescribe.blocks import parse_blocks
+    from pagescribe.blocks.parsing import parse_blocks
 
     return {
         page.page_number: parse_blocks(page.current_text or "", furniture)

@@ -370,16 +370,24 @@ def check_answer(
     if not has_text(answer.text) and page.ink >= thresholds.ink:
         flags.append(PageFlag(Flag.EMPTY, round(page.ink, 6), thresholds.ink))
     if grounding is not None and has_text(answer.text):
-        whole = _invented(grounding, thresholds.ungrounded_block_chars)
-        if grounding.ungrounded > thresholds.ungrounded or whole:
-            flags.append(PageFlag(Flag.UNGROUNDED, round(grounding.ungrounded, 4), thresholds.ungrounded, whole))
-        if grounding.missed_text > thresholds.missed_text:
-            flags.append(PageFlag(Flag.MISSED_TEXT, round(grounding.missed_text, 4), thresholds.missed_text))
+        flags += _grounding_flags(grounding, thresholds)
     if answer.confidence is not None and answer.confidence < thresholds.low_confidence:
         flags.append(PageFlag(Flag.LOW_CONFIDENCE, round(answer.confidence, 4), thresholds.low_confidence))
     if page.rotation:
         flags.append(rotated(page.rotation))
     return merge_flags([], flags)
+
+
+def _grounding_flags(grounding: PageGrounding, thresholds: Thresholds) -> list[PageFlag]:
+    """What the answer's grounding raises: ``ungrounded`` (by its share, or by a block or row invented as a whole) and
+    ``missed_text``."""
+    flags = []
+    whole = _invented(grounding, thresholds.ungrounded_block_chars)
+    if grounding.ungrounded > thresholds.ungrounded or whole:
+        flags.append(PageFlag(Flag.UNGROUNDED, round(grounding.ungrounded, 4), thresholds.ungrounded, whole))
+    if grounding.missed_text > thresholds.missed_text:
+        flags.append(PageFlag(Flag.MISSED_TEXT, round(grounding.missed_text, 4), thresholds.missed_text))
+    return flags
 
 
 def _invented(grounding: PageGrounding, min_chars: int) -> str:
@@ -398,8 +406,8 @@ def _invented(grounding: PageGrounding, min_chars: int) -> str:
 def ground(answer: str, page: PageText) -> PageGrounding:
     """The answer's blocks aligned to the page's own positioned text: each block's box, the unsupported and missed
     text that ``ungrounded`` and ``missed_text`` measure."""
-    from pagescribe.blocks import parse_blocks
-    from pagescribe.grounding import align
+    from pagescribe.blocks.parsing import parse_blocks
+    from pagescribe.grounding.alignment import align
 
     return align(parse_blocks(answer), page)
 

@@ -9,7 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pagescribe.blocks import BlockType, parse_blocks
+from pagescribe.blocks import BlockType
+from pagescribe.blocks.parsing import parse_blocks
 from pagescribe.checks import Thresholds, usable_text_layer
 from pagescribe.grounding import GroundingSource, PageText
 from pagescribe.settings import Settings

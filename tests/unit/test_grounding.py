@@ -32,9 +32,9 @@ from pagescribe.grounding import (
     GroundingSource,
     PageGrounding,
     PageText,
-    align,
     words_from_boxes,
 )
+from pagescribe.grounding.alignment import align
 from pagescribe.layout import TextBox, boxes_to_text
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import render_page

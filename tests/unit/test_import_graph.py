@@ -79,13 +79,21 @@ NOT_AT_COLD_START = {
     "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's
         "pagescribe.checks",
         "pagescribe.layout",
-        "pagescribe.grounding",
-        "pagescribe.blocks",
+        "pagescribe.grounding",  # the package, which comes with any of its modules
+        "pagescribe.grounding.alignment",
+        "pagescribe.grounding.evidence",
+        "pagescribe.grounding.matching",
+        "pagescribe.blocks",  # the package, which comes with any of its modules
+        "pagescribe.blocks.parsing",
         "pagescribe.transcription",
     },
     "transcribe": {  # grounding, its parsers and the offline engine load with the first answer or read
-        "pagescribe.grounding",
-        "pagescribe.blocks",
+        "pagescribe.grounding",  # the package, which comes with any of its modules
+        "pagescribe.grounding.alignment",
+        "pagescribe.grounding.evidence",
+        "pagescribe.grounding.matching",
+        "pagescribe.blocks",  # the package, which comes with any of its modules
+        "pagescribe.blocks.parsing",
         "rapidfuzz",
         "markdown_it",
         "rapidocr",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from markdown_it import MarkdownIt
 from pagescribe.assembly import render_markdown, transcript_json
-from pagescribe.blocks import parse_blocks
+from pagescribe.blocks.parsing import parse_blocks
 from pagescribe.chunking import chunk_transcript
 from pagescribe.domain import DocumentRecord, DocumentStatus, JobStatus, PageRecord
 from pagescribe.tables import table_joins
