@@ -14,7 +14,7 @@ from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.chunking import chunk_transcript
 from pagescribe.database import Database
 from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
-from pagescribe.layout import is_page_number
+from pagescribe.layout.markdown import is_page_number
 from pagescribe.settings import Settings
 from pagescribe.status import chunks_key
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from PIL import Image, ImageDraw
 
-from pagescribe.layout import Figure, TextBox
+from pagescribe.layout.boxes import Figure, TextBox
 
 INK_CONTRAST = 55  # a pixel this much darker or lighter than the page's ground (of 255) is ink
 GRID_CELLS = 160  # the long edge is cut into about this many cells

@@ -81,7 +81,7 @@ from rapidfuzz import fuzz, process
 from rapidfuzz.distance import Indel
 
 if TYPE_CHECKING:
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
 MIN_UNSUPPORTED_WORDS = 3  # a run of unaligned words counts towards ``ungrounded`` with this many words,
 MIN_UNSUPPORTED_CHARS = 12  # ... or this many letters and digits

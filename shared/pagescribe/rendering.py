@@ -45,7 +45,7 @@ from pagescribe.sources import (
 
 if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second read, not with the upload function
     from pagescribe.grounding import PageText
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
 # The pool's sizes and limits come from the settings (RENDER_WORKERS, RENDER_MEMORY_LIMIT_MB, RENDER_TIMEOUT_SECONDS),
 # their only source of defaults.
@@ -170,7 +170,7 @@ def _words(path: Path, request: dict[str, Any]) -> dict[str, Any]:
 def _read(image: bytes, language: str) -> dict[str, Any]:
     """The second read of a page image by the offline engine: its lines (text, box, score), their mean confidence,
     and the CPU time it took (the whole process's: the engine's threads too)."""
-    from pagescribe.layout import mean_confidence
+    from pagescribe.layout.boxes import mean_confidence
     from pagescribe.providers.offline import read_lines
 
     started = time.process_time()
@@ -430,7 +430,7 @@ class RenderPool:
         """The offline engine's read of a page image in a worker (the engine loads on a worker's first read),
         within ``timeout_seconds`` (the worker's deadline: a process cannot be cancelled, it is killed);
         InvalidDocumentError when it runs out of time or memory."""
-        from pagescribe.layout import TextBox
+        from pagescribe.layout.boxes import TextBox
 
         request = {"op": "read", "language": language}
         result, _ = await self._request(request, "the second read failed", blob=image, limit_seconds=timeout_seconds)

@@ -28,7 +28,7 @@ from PIL import Image, ImageOps, TiffImagePlugin
 
 if TYPE_CHECKING:
     from pagescribe.grounding import PageText
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
 # pagescribe.checks, pagescribe.grounding, pagescribe.layout and pagescribe.orientation are imported where a page is
 # rendered or its text read: the upload function only inspects documents, and keeps them (and their compiled patterns)
@@ -526,7 +526,7 @@ def _text_boxes(page: pdfium.PdfPage) -> list[TextBox]:
     is the characters themselves (:func:`_characters`): text read by rectangle would take in every character that
     touches the rectangle, its neighbours' too.
     """
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
     bbox = page.get_bbox()
     left, top = bbox[0], bbox[3]

@@ -35,7 +35,8 @@ from pagescribe.grounding import (
     align,
     words_from_boxes,
 )
-from pagescribe.layout import TextBox, boxes_to_text
+from pagescribe.layout import boxes_to_text
+from pagescribe.layout.boxes import TextBox
 from pagescribe.scoring import plain
 from pagescribe.sources import DocumentKind, extract_text_layer, read_text_layer, render_page, text_layer_words
 from pagescribe_local.true_boxes import squashed

@@ -71,6 +71,11 @@ NOT_AT_COLD_START = {
     "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's
         "pagescribe.checks",
         "pagescribe.layout",
+        "pagescribe.layout.boxes",
+        "pagescribe.layout.columns",
+        "pagescribe.layout.tables",
+        "pagescribe.layout.headings",
+        "pagescribe.layout.markdown",
         "pagescribe.grounding",
         "pagescribe.blocks",
         "pagescribe.transcription",
