@@ -30,7 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pagescribe.layout import TextBox, boxes_to_text
+from pagescribe.layout import boxes_to_text
+from pagescribe.layout.boxes import TextBox
 from pagescribe.providers.offline import RapidOcrProvider
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import render_page

@@ -13,7 +13,7 @@ from pagescribe.aws import ObjectStore
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.chunking import chunk_transcript
 from pagescribe.domain import AttemptRecord, DocumentRecord, DocumentStatus, JobStatus, PageRecord
-from pagescribe.layout import is_page_number
+from pagescribe.layout.markdown import is_page_number
 from pagescribe.settings import Settings
 from pagescribe.status import chunks_key
 from pagescribe.store.ports import Store
@@ -105,14 +105,27 @@ def _furnished(text: str, furniture: dict[int, str], mode: str) -> list[str]:
     lines = text.splitlines()
     for at, line in enumerate(lines):
         said = _FURNITURE_COMMENT.fullmatch(line.strip())
-        if at in furniture or said:
-            words = said.group(2) if said else _HEADING_MARK.sub("", line).strip()
-            kind = said.group(1) if said else furniture[at]
-            if mode == "mark":
-                lines[at] = line if said else f"<!-- {kind}: {_comment_safe(words)} -->"
-            else:
-                lines[at] = "" if mode == "drop" else (words if said else line)
+        if said:
+            lines[at] = _said_furniture(line, said, mode)
+        elif at in furniture:
+            lines[at] = _found_furniture(line, furniture[at], mode)
     return lines
+
+
+def _said_furniture(line: str, said: re.Match[str], mode: str) -> str:
+    """A comment saying what furniture its words are (the offline engine's) as ``mode`` asks: left as it is to mark
+    it, gone to drop it, its words to keep them."""
+    if mode == "mark":
+        return line
+    return "" if mode == "drop" else said.group(2)
+
+
+def _found_furniture(line: str, kind: str, mode: str) -> str:
+    """A line of furniture of the ``kind`` found in the document as ``mode`` asks: a comment holding its words (a
+    heading's marks taken off) to mark it, gone to drop it, as it is to keep it."""
+    if mode == "mark":
+        return f"<!-- {kind}: {_comment_safe(_HEADING_MARK.sub('', line).strip())} -->"
+    return "" if mode == "drop" else line
 
 
 class Read(NamedTuple):

@@ -114,19 +114,25 @@ def _sections(pages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[list[str], l
     """Each section's heading path and units, in reading order; a section with no unit is left out."""
     path: list[tuple[int, str]] = []
     units: list[_Unit] = []
-    for page in pages:
-        for block in page.get("blocks") or ():
-            if block["type"] in _FURNITURE or block.get("continued_from"):  # a continuation's rows are its head's
-                continue
-            if block["type"] == "heading":
-                if units:
-                    yield [title for _, title in path], units
-                level = int(block.get("level") or 1)
-                path = [entry for entry in path if entry[0] < level] + [(level, _HEADING_MARKS.sub("", block["text"]))]
-                units = []
-            units.extend(_units(block, int(page["page"])))
+    for block, page in _content(pages):
+        if block["type"] == "heading":
+            if units:
+                yield [title for _, title in path], units
+            level = int(block.get("level") or 1)
+            path = [entry for entry in path if entry[0] < level] + [(level, _HEADING_MARKS.sub("", block["text"]))]
+            units = []
+        units.extend(_units(block, page))
     if units:
         yield [title for _, title in path], units
+
+
+def _content(pages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[Mapping[str, Any], int]]:
+    """The pages' blocks in reading order, each with its page number, but for running furniture and continuations
+    (a continuation's rows are its head's)."""
+    for page in pages:
+        for block in page.get("blocks") or ():
+            if block["type"] not in _FURNITURE and not block.get("continued_from"):
+                yield block, int(page["page"])
 
 
 def _units(block: Mapping[str, Any], page: int) -> list[_Unit]:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from PIL import Image, ImageDraw
 
-from pagescribe.layout import Figure, TextBox
+from pagescribe.layout.boxes import Figure, TextBox
 
 INK_CONTRAST = 55  # a pixel this much darker or lighter than the page's ground (of 255) is ink
 GRID_CELLS = 160  # the long edge is cut into about this many cells
@@ -30,16 +30,12 @@ SOLID_SHARE = 0.12  # ... at least this share of the cells of a figure's extent 
 TEXT_MARGIN = 0.25  # a text box is painted over with this many of its heights around it
 
 
+_Cell = tuple[int, int]  # a cell of the grid: its column and its row
+
+
 def find_figures(image: Image.Image, boxes: Iterable[TextBox]) -> list[Figure]:
     """The figures of the page image whose text was recognised in ``boxes``, top to bottom."""
-    gray = image.convert("L")
-    histogram = gray.histogram()
-    ground = histogram.index(max(histogram))
-    draw = ImageDraw.Draw(gray)
-    for box in boxes:
-        margin = TEXT_MARGIN * (box.bottom - box.top)
-        right = box.right if box.right is not None else gray.width
-        draw.rectangle((box.left - margin, box.top - margin, right + margin, box.bottom + margin), fill=ground)
+    gray, ground = _text_painted_over(image, boxes)
     cell = max(2, round(max(gray.size) / GRID_CELLS))
     columns, rows = max(1, gray.width // cell), max(1, gray.height // cell)
     binary = gray.point(lambda value: 255 if abs(value - ground) > INK_CONTRAST else 0)
@@ -47,13 +43,7 @@ def find_figures(image: Image.Image, boxes: Iterable[TextBox]) -> list[Figure]:
     inked = {(at % columns, at // columns) for at, share in enumerate(shares) if share}
     figures: list[Figure] = []
     while inked:
-        group = [inked.pop()]
-        for x, y in group:  # the list grows while it is walked: a breadth-first search
-            for dx in range(-JOIN_CELLS, JOIN_CELLS + 1):
-                for dy in range(-JOIN_CELLS, JOIN_CELLS + 1):
-                    if (x + dx, y + dy) in inked:
-                        inked.remove((x + dx, y + dy))
-                        group.append((x + dx, y + dy))
+        group = _group(inked)
         xs, ys = [x for x, _ in group], [y for _, y in group]
         width, height = max(xs) - min(xs) + 1, max(ys) - min(ys) + 1
         solid = sum(shares[y * columns + x] >= SOLID_INK * 255 for x, y in group)
@@ -65,3 +55,30 @@ def find_figures(image: Image.Image, boxes: Iterable[TextBox]) -> list[Figure]:
         ):
             figures.append(Figure(min(xs) * cell, min(ys) * cell, (max(xs) + 1) * cell, (max(ys) + 1) * cell))
     return sorted(figures, key=lambda figure: (figure.top, figure.left))
+
+
+def _text_painted_over(image: Image.Image, boxes: Iterable[TextBox]) -> tuple[Image.Image, int]:
+    """The page in grey with each text box (and TEXT_MARGIN of its height around it) painted over with the page's
+    ground, and that ground: its commonest grey."""
+    gray = image.convert("L")
+    histogram = gray.histogram()
+    ground = histogram.index(max(histogram))
+    draw = ImageDraw.Draw(gray)
+    for box in boxes:
+        margin = TEXT_MARGIN * (box.bottom - box.top)
+        right = box.right if box.right is not None else gray.width
+        draw.rectangle((box.left - margin, box.top - margin, right + margin, box.bottom + margin), fill=ground)
+    return gray, ground
+
+
+def _group(inked: set[_Cell]) -> list[_Cell]:
+    """One of the inked cells with all those joined to it (at most JOIN_CELLS apart, one after another), taken out of
+    ``inked``."""
+    group = [inked.pop()]
+    reach = range(-JOIN_CELLS, JOIN_CELLS + 1)
+    for x, y in group:  # the list grows while it is walked: a breadth-first search
+        for other in [(x + dx, y + dy) for dx in reach for dy in reach]:
+            if other in inked:
+                inked.remove(other)
+                group.append(other)
+    return group

@@ -276,24 +276,37 @@ def _lines(profile: bytes) -> Iterator[tuple[int, int, int, int]]:
         start, run = inked.start(), inked.group()
         if len(run) < 4 or max(run) < 16:
             continue
-        dense = _CORE * sorted(run)[(3 * len(run) - 3) // 4]
-        cores: list[list[int]] = []
-        for i, value in enumerate(run):
-            if value >= dense:
-                if cores and i - cores[-1][1] <= 3:
-                    cores[-1][1] = i
-                else:
-                    cores.append([i, i])
+        cores = _cores(run)
         top = 0
         for k, (core_top, core_bottom) in enumerate(cores):
             bottom = next_top = len(run)
             if k + 1 < len(cores):
-                between = run[core_bottom + 1 : cores[k + 1][0]]
-                least = min(between)
-                lowest = [core_bottom + 1 + i for i, value in enumerate(between) if value == least]
-                bottom, next_top = lowest[0], lowest[-1] + 1
+                bottom, next_top = _least_inked(run, core_bottom + 1, cores[k + 1][0])
             yield start + top, start + core_top, start + core_bottom, start + bottom
             top = next_top
+
+
+def _cores(run: bytes) -> list[list[int]]:
+    """The dense cores of a run of inked rows (first and last row, inclusive): rows with _CORE of the ink of the
+    run's upper-quartile row or more, at most 3 rows apart."""
+    dense = _CORE * sorted(run)[(3 * len(run) - 3) // 4]
+    cores: list[list[int]] = []
+    for i, value in enumerate(run):
+        if value < dense:
+            continue
+        if cores and i - cores[-1][1] <= 3:
+            cores[-1][1] = i
+        else:
+            cores.append([i, i])
+    return cores
+
+
+def _least_inked(run: bytes, start: int, stop: int) -> tuple[int, int]:
+    """The first and the last row (exclusive) of the least inked rows of the run between ``start`` and ``stop``."""
+    between = run[start:stop]
+    least = min(between)
+    lowest = [start + i for i, value in enumerate(between) if value == least]
+    return lowest[0], lowest[-1] + 1
 
 
 def _text_lines(profile: bytes, smallest: int) -> list[tuple[int, int, int, int]]:

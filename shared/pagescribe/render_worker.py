@@ -99,7 +99,7 @@ def _words(path: Path, request: dict[str, Any]) -> dict[str, Any]:
 def _read(image: bytes, language: str) -> dict[str, Any]:
     """The second read of a page image by the offline engine: its lines (text, box, score), their mean confidence,
     and the CPU time it took (the whole process's: the engine's threads too)."""
-    from pagescribe.layout import mean_confidence
+    from pagescribe.layout.boxes import mean_confidence
     from pagescribe.providers.offline import read_lines
 
     started = time.process_time()

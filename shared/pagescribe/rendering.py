@@ -37,7 +37,7 @@ from pagescribe.sources.textlayer import TextLayer
 
 if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second read, not with the upload function
     from pagescribe.grounding import PageText
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
 # The pool's sizes and limits come from the settings (RENDER_WORKERS, RENDER_MEMORY_LIMIT_MB, RENDER_TIMEOUT_SECONDS),
 # their only source of defaults.
@@ -293,7 +293,7 @@ class RenderPool:
         """The offline engine's read of a page image in a worker (the engine loads on a worker's first read),
         within ``timeout_seconds`` (the worker's deadline: a process cannot be cancelled, it is killed);
         InvalidDocumentError when it runs out of time or memory."""
-        from pagescribe.layout import TextBox
+        from pagescribe.layout.boxes import TextBox
 
         request = {"op": "read", "language": language}
         result, _ = await self._request(request, "the second read failed", blob=image, limit_seconds=timeout_seconds)

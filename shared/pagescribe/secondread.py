@@ -31,7 +31,7 @@ from pagescribe.sources.documents import InvalidDocumentError
 
 if TYPE_CHECKING:
     from pagescribe.grounding import PageText
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
     from pagescribe.rendering import RenderPool, SecondRead
     from pagescribe.sources.pages import RenderedPage
 

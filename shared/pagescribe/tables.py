@@ -42,19 +42,33 @@ def table_joins(pages: Sequence[tuple[int, Sequence[Block]]]) -> list[TableJoin]
     tail: tuple[int, int, Block] | None = None
     for number, blocks in pages:
         content = [block for block in blocks if block.type not in _FURNITURE]
-        first = content[0] if content else None
-        head: tuple[int, Block] | None = None
-        if tail is not None and first is not None and tail[0] + 1 == number and _continues(tail[2], first):
-            head = (tail[1], tail[2])
+        head = _continued_head(tail, number, content)
+        if head is not None:
+            first = content[0]
             joins.append(TableJoin(head[0], head[1].id, number, first.id, _same_row(_row(head[1], 0), _row(first, 0))))
-        last = content[-1] if content else None
-        if last is None or last.type is not BlockType.TABLE or not _pipe(last):
-            tail = None
-        elif head is not None and last is first:
-            tail = (number, *head)
-        else:
-            tail = (number, number, last)
+        tail = _tail(number, content, head)
     return joins
+
+
+def _continued_head(
+    tail: tuple[int, int, Block] | None, number: int, content: Sequence[Block]
+) -> tuple[int, Block] | None:
+    """Where the table that the page's first block continues starts (its page and block), when the page before ended
+    in a table (``tail``); None when the page opens with no continuation."""
+    if tail is None or not content or tail[0] + 1 != number or not _continues(tail[2], content[0]):
+        return None
+    return tail[1], tail[2]
+
+
+def _tail(number: int, content: Sequence[Block], head: tuple[int, Block] | None) -> tuple[int, int, Block] | None:
+    """The page's number and where the table that ends it starts (its page and block; ``head`` where the page's one
+    table continues it); None when no pipe table ends the page."""
+    last = content[-1] if content else None
+    if last is None or last.type is not BlockType.TABLE or not _pipe(last):
+        return None
+    if head is not None and last is content[0]:
+        return (number, *head)
+    return (number, number, last)
 
 
 def _continues(head: Block, table: Block) -> bool:

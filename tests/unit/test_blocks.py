@@ -15,7 +15,8 @@ from pagescribe.assembly import running_furniture
 from pagescribe.blocks import BLANK_PAGE, Block, BlockType, Cell
 from pagescribe.blocks.parsing import parse_blocks
 from pagescribe.checks import BLANK_PAGE as CHECKS_BLANK_PAGE
-from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text
+from pagescribe.layout import boxes_to_text
+from pagescribe.layout.boxes import FIGURE, Figure, TextBox
 from pagescribe.sources.textlayer import extract_text_layer
 
 from tests.support import CORPUS

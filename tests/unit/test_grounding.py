@@ -35,7 +35,8 @@ from pagescribe.grounding import (
     words_from_boxes,
 )
 from pagescribe.grounding.alignment import align
-from pagescribe.layout import TextBox, boxes_to_text
+from pagescribe.layout import boxes_to_text
+from pagescribe.layout.boxes import TextBox
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import render_page
 from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_words

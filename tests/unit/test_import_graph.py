@@ -79,6 +79,11 @@ NOT_AT_COLD_START = {
     "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's
         "pagescribe.checks",
         "pagescribe.layout",
+        "pagescribe.layout.boxes",
+        "pagescribe.layout.columns",
+        "pagescribe.layout.tables",
+        "pagescribe.layout.headings",
+        "pagescribe.layout.markdown",
         "pagescribe.grounding",  # the package, which comes with any of its modules
         "pagescribe.grounding.alignment",
         "pagescribe.grounding.evidence",

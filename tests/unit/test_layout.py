@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pagescribe.layout import FIGURE, Figure, TextBox, boxes_to_text, latin_punctuation
+from pagescribe.layout import boxes_to_text
+from pagescribe.layout.boxes import FIGURE, Figure, TextBox, latin_punctuation
 from pagescribe.providers.base import PageImage, TranscriptionRequest
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import render_page

@@ -15,7 +15,8 @@ from typing import Any, cast
 
 import pytest
 from pagescribe.checks import BLANK_PAGE, Answer, Flag, PageEvidence, Thresholds, check_answer
-from pagescribe.layout import TextBox, boxes_to_text
+from pagescribe.layout import boxes_to_text
+from pagescribe.layout.boxes import TextBox
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
 from pagescribe.providers.offline import RapidOcrProvider, _engine_params, _import_rapidocr, _read_upright
 from pagescribe.settings import ConfigurationError

@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pagescribe.grounding.keys import WORD
 
 if TYPE_CHECKING:
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
 _EM = 0.55  # a glyph's width in line heights, for a line box whose right edge is unknown
 

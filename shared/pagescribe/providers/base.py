@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
 
 @dataclass(frozen=True)

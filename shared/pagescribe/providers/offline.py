@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING
 from PIL import Image
 
 from pagescribe.figures import find_figures
-from pagescribe.layout import Figure, PageNumbers, TextBox, boxes_to_text, mean_confidence
+from pagescribe.layout import boxes_to_text
+from pagescribe.layout.boxes import Figure, TextBox, mean_confidence
+from pagescribe.layout.markdown import PageNumbers
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.settings import OCR_LANGUAGES, ConfigurationError
 

@@ -26,7 +26,7 @@ from pagescribe.sources.documents import (
 
 if TYPE_CHECKING:
     from pagescribe.grounding import PageText
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
 RUN_GAP = 0.5  # text drawn by two text objects on one line is one box when at most this many line heights apart
 LAYOUT_MAX_BOXES = 5_000  # a page with more runs of text than this keeps pdfium's order (see laid_out_text)
@@ -139,7 +139,7 @@ def _text_boxes(page: pdfium.PdfPage) -> list[TextBox]:
     is the characters themselves (:func:`_characters`): text read by rectangle would take in every character that
     touches the rectangle, its neighbours' too.
     """
-    from pagescribe.layout import TextBox
+    from pagescribe.layout.boxes import TextBox
 
     bbox = page.get_bbox()
     left, top = bbox[0], bbox[3]
