@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +59,7 @@ from pagescribe.rendering import RenderPool, RenderWorkerError
 from pagescribe.secondread import PendingRead, SecondReader
 from pagescribe.settings import Settings
 from pagescribe.sources import DocumentKind, InvalidDocumentError, RenderedPage, crop_figures
-from pagescribe.timebudget import TimeBudget
+from pagescribe.timepolicy import Deadline
 
 if TYPE_CHECKING:  # grounding (rapidfuzz, markdown-it) is loaded by the first answer grounded
     from pagescribe.grounding import PageGrounding
@@ -291,7 +291,7 @@ class _Seen:
     evidence: PageEvidence
     reading: PendingRead | None
     mode: str  # the page's SECOND_READ
-    remaining_seconds: Callable[[], float]
+    deadline: Deadline
 
 
 @dataclass(frozen=True)
@@ -338,37 +338,35 @@ class Transcriber:
         self._reader = reader
         self._thresholds = thresholds(settings)
         self._governor = RateGovernor(settings, db, provider.name)
-        self._time = TimeBudget.from_settings(settings)
 
-    def batch(self, bodies: Sequence[str], remaining_seconds: Callable[[], float]) -> TranscriptionBatch:
-        """The jobs of one SQS batch, to be transcribed concurrently, one ``TranscriptionBatch.transcribe``
-        per message."""
-        return TranscriptionBatch(self, bodies, remaining_seconds)
+    def batch(self, bodies: Sequence[str], deadline: Deadline) -> TranscriptionBatch:
+        """The jobs of one SQS batch, to be transcribed concurrently by ``deadline``, one
+        ``TranscriptionBatch.transcribe`` per message."""
+        return TranscriptionBatch(self, bodies, deadline)
 
-    def claim_batch(self, job_ids: Sequence[str], remaining_seconds: float) -> tuple[Claims, dict[str, DocumentRecord]]:
+    def claim_batch(self, job_ids: Sequence[str], deadline: Deadline) -> tuple[Claims, dict[str, DocumentRecord]]:
         """Claim a batch's jobs in one statement and read their documents in one: (claims, documents by id).
 
         Raises NotEnoughTimeError, claiming nothing, when too little of the invocation is left for a useful
         model call. Each claim is committed before any model is called, and no transaction stays open."""
-        if not self._time.enough_for_a_call(remaining_seconds):
+        remaining = deadline.remaining()
+        if not deadline.policy.enough_for_a_call(remaining):
             raise NotEnoughTimeError(
-                f"only {remaining_seconds:.1f} s of the invocation left; the batch's jobs are left for redelivery"
+                f"only {remaining:.1f} s of the invocation left; the batch's jobs are left for redelivery"
             )
         claims = self._db.claim_jobs(
             job_ids,
-            lease_seconds=self._time.lease(remaining_seconds),
+            lease_seconds=deadline.policy.lease(remaining),
             max_attempts=self._settings.max_attempts,
         )
         documents = self._db.get_documents([job.document_id for job in claims.claimed.values()])
         return claims, documents
 
-    async def transcribe_claimed(
-        self, job: ClaimedJob, document: DocumentRecord, remaining_seconds: Callable[[], float]
-    ) -> PageResult:
+    async def transcribe_claimed(self, job: ClaimedJob, document: DocumentRecord, deadline: Deadline) -> PageResult:
         """Transcribe a claimed page and store the result under its lease (or its failure, or a retry)."""
         ctx = _Context(job, document)
         try:
-            return await self._transcribe_claimed(ctx, remaining_seconds)
+            return await self._transcribe_claimed(ctx, deadline)
         except InvalidDocumentError as exc:
             return await self._fail(ctx, f"the page could not be rendered: {exc.reason}")
         except ObjectMissingError as exc:
@@ -385,7 +383,7 @@ class Transcriber:
             log.exception("page failed unexpectedly; its message will be delivered again", extra=ctx.log_extra)
             raise
 
-    async def _transcribe_claimed(self, ctx: _Context, remaining_seconds: Callable[[], float]) -> PageResult:
+    async def _transcribe_claimed(self, ctx: _Context, deadline: Deadline) -> PageResult:
         settings, job, document = self._settings, ctx.job, ctx.document
         async with self._sources.use(document) as source:  # the file stays on disk while it is read
             if document.kind is None:
@@ -419,22 +417,20 @@ class Transcriber:
         keeping += [self._keep_figures(ctx, rendered)] if rendered.figures else []
         ctx.storing.extend(asyncio.create_task(work) for work in keeping)
         try:
-            return await self._answer(ctx, rendered, _Asked(model, earlier, escalated_to, admitted), remaining_seconds)
+            return await self._answer(ctx, rendered, _Asked(model, earlier, escalated_to, admitted), deadline)
         finally:
             await self._stored(ctx)  # stored while the model answered; the invocation does not end before they are
 
-    async def _answer(
-        self, ctx: _Context, rendered: RenderedPage, asked: _Asked, remaining_seconds: Callable[[], float]
-    ) -> PageResult:
+    async def _answer(self, ctx: _Context, rendered: RenderedPage, asked: _Asked, deadline: Deadline) -> PageResult:
         """The rendered page to the model (and on to the escalation model if its answer must), and its result."""
         if rendered.draws:
             return await self._blank_render(ctx, rendered)
-        budget = self._time.call(remaining_seconds())
-        if budget < self._time.min_call:
-            return await self._retry(ctx, f"only {budget:.1f} s left for the model call after rendering", None)
-        seen = self._seen(ctx, rendered, remaining_seconds)
+        call_seconds = deadline.call()
+        if call_seconds < deadline.policy.min_call:
+            return await self._retry(ctx, f"only {call_seconds:.1f} s left for the model call after rendering", None)
+        seen = self._seen(ctx, rendered, deadline)
         try:
-            checked = await self._ask(ctx, seen, asked.model, budget, asked.earlier, asked.admitted)
+            checked = await self._ask(ctx, seen, asked.model, call_seconds, asked.earlier, asked.admitted)
             if not checked.hard:
                 return await self._complete(ctx, checked.outcome)
             escalation_model = ctx.document.escalation_model
@@ -446,7 +442,7 @@ class Transcriber:
             if seen.reading is not None:
                 await seen.reading.close()
 
-    def _seen(self, ctx: _Context, rendered: RenderedPage, remaining_seconds: Callable[[], float]) -> _Seen:
+    def _seen(self, ctx: _Context, rendered: RenderedPage, deadline: Deadline) -> _Seen:
         """The page as its answers are checked: its own words where it has a usable text layer; otherwise its second
         read, started now, as its call starts (none when the offline engine itself reads the page)."""
         evidence = PageEvidence(
@@ -455,8 +451,8 @@ class Transcriber:
         mode = ctx.document.second_read or self._settings.second_read
         reading = None
         if rendered.words is None and not self._settings.uses_offline_provider:
-            reading = self._reader.start(rendered, mode=mode, remaining_seconds=remaining_seconds())
-        return _Seen(rendered, evidence, reading, mode, remaining_seconds)
+            reading = self._reader.start(rendered, mode=mode, seconds_left=deadline.until_result())
+        return _Seen(rendered, evidence, reading, mode, deadline)
 
     async def _keep_figures(self, ctx: _Context, rendered: RenderedPage) -> None:
         """Crop the page's figures from its image, store them beside the transcript and note their keys and boxes on
@@ -498,11 +494,13 @@ class Transcriber:
         admitted = await self._admit(ctx, model)
         if isinstance(admitted, PageResult):
             return admitted
-        budget = self._time.call(seen.remaining_seconds())
-        if budget < self._time.min_call:
-            return await self._retry(ctx, f"escalated to {model} ({why}); only {budget:.1f} s left for its call", None)
+        call_seconds = seen.deadline.call()
+        if call_seconds < seen.deadline.policy.min_call:
+            return await self._retry(
+                ctx, f"escalated to {model} ({why}); only {call_seconds:.1f} s left for its call", None
+            )
         try:
-            escalated = await self._ask(ctx, seen, model, budget, checked.flags, admitted)
+            escalated = await self._ask(ctx, seen, model, call_seconds, checked.flags, admitted)
         except ProviderError as exc:
             raise ProviderError(
                 f"escalated to {model} ({why}), which failed: {exc.message}",
@@ -515,7 +513,7 @@ class Transcriber:
         return await self._fail(ctx, rejection(escalated.flags, escalated_to=model), escalated.outcome)
 
     async def _ask(
-        self, ctx: _Context, seen: _Seen, model: str, budget: float, earlier: list[PageFlag], admitted: Admission
+        self, ctx: _Context, seen: _Seen, model: str, seconds: float, earlier: list[PageFlag], admitted: Admission
     ) -> _Checked:
         """One model call for the page, its answer cleaned, grounded and checked. ``earlier``: the flags of the answer
         the page escalated from, whose hard ones (why it escalated) stay the page's beside this answer's own. A call
@@ -532,7 +530,7 @@ class Transcriber:
         started = asyncio.get_running_loop().time()
         ran = self._provider.answering_model(model)
         try:
-            result = await self._provider.transcribe(request, budget_seconds=budget)
+            result = await self._provider.transcribe(request, budget_seconds=seconds)
         except ProviderError as exc:
             self._record_failures(ctx, ran, exc.earlier_attempts)
             elapsed = asyncio.get_running_loop().time() - started - sum(a.latency_seconds for a in exc.earlier_attempts)
@@ -580,10 +578,7 @@ class Transcriber:
         if seen.reading is None:
             return seen.evidence, {}
         wait = SecondReader.wait_seconds(
-            seen.mode,
-            call_seconds=result.latency_seconds,
-            remaining_seconds=seen.remaining_seconds(),
-            result_reserve=self._time.result_reserve,
+            seen.mode, call_seconds=result.latency_seconds, seconds_left=seen.deadline.until_result()
         )
         read = await seen.reading.evidence(wait_seconds=wait)
         return replace(seen.evidence, words=read.words), read.record
@@ -741,9 +736,9 @@ class TranscriptionBatch:
     delivery, acknowledged without a model call; a job whose row stayed held by another transaction fails its
     message, which comes back."""
 
-    def __init__(self, transcriber: Transcriber, bodies: Sequence[str], remaining_seconds: Callable[[], float]) -> None:
+    def __init__(self, transcriber: Transcriber, bodies: Sequence[str], deadline: Deadline) -> None:
         self._transcriber = transcriber
-        self._remaining_seconds = remaining_seconds
+        self._deadline = deadline
         self._job_ids: list[str] = []
         for body in bodies:
             with contextlib.suppress(MalformedMessageError):  # rejected when its own message is processed
@@ -753,7 +748,7 @@ class TranscriptionBatch:
 
     def _claim(self, job_id: str) -> tuple[ClaimedJob, DocumentRecord] | None:
         if self._claims is None:
-            self._claims, self._documents = self._transcriber.claim_batch(self._job_ids, self._remaining_seconds())
+            self._claims, self._documents = self._transcriber.claim_batch(self._job_ids, self._deadline)
         job = self._claims.claimed.pop(job_id, None)
         if job is None:
             if job_id in self._claims.busy:
@@ -782,4 +777,4 @@ class TranscriptionBatch:
             count("DuplicateDeliveries")
             return PageResult.DUPLICATE
         job, document = claimed
-        return await self._transcriber.transcribe_claimed(job, document, self._remaining_seconds)
+        return await self._transcriber.transcribe_claimed(job, document, self._deadline)

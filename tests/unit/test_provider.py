@@ -29,7 +29,7 @@ from pagescribe.providers.base import (
 )
 from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 from pagescribe.settings import Settings
-from pagescribe.timebudget import TimeBudget
+from pagescribe.timepolicy import TimePolicy
 
 from tests.fakes.chat_server import (
     BodyError,
@@ -62,7 +62,7 @@ def page_request(image: PageImage = IMAGE, page_number: int = 1) -> Transcriptio
 
 
 SETTINGS = Settings()
-TIME = TimeBudget.from_settings(SETTINGS)
+TIME = TimePolicy.from_settings(SETTINGS)
 
 
 def make_provider(base_url: str, **kwargs: Any) -> TranscriptionProvider:

@@ -32,7 +32,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 
 from pagescribe.providers.base import FailedAttempt, PageImage, ProviderError, Transcription, TranscriptionRequest
-from pagescribe.timebudget import TimeBudget
+from pagescribe.timepolicy import TimePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class OpenAICompatibleProvider:
         *,
         base_url: str,
         api_key: str | None,
-        time: TimeBudget,
+        time: TimePolicy,
         max_connections: int,
         usage_accounting: bool,
         app_name: str = "pagescribe",
