@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from pagescribe.service import DocumentService
     from pagescribe.sweeping import Sweeper
     from pagescribe.tenancy import KeyRing
-    from pagescribe.transcription import SourceCache, Transcriber
+    from pagescribe.transcription.sourcecache import SourceCache
+    from pagescribe.transcription.transcriber import Transcriber
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class Runtime:
 
     @cached_property
     def sources(self) -> SourceCache:
-        from pagescribe.transcription import SourceCache
+        from pagescribe.transcription.sourcecache import SourceCache
 
         return SourceCache(self.objects)
 
@@ -188,7 +189,7 @@ class Runtime:
 
     @cached_property
     def transcriber(self) -> Transcriber:
-        from pagescribe.transcription import Transcriber
+        from pagescribe.transcription.transcriber import Transcriber
 
         built = (self.db, self.queue, self.provider, self.sources, self.renderer, self.transcripts, self.reader)
         return Transcriber(self.settings, *built)

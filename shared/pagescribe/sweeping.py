@@ -104,6 +104,6 @@ class Sweeper:
         for record in records:
             for uploaded in uploaded_objects(record.event):
                 reason = f"the upload function failed on this file and gave up ({record.error})"
-                failed += ingestor.reject(uploaded, reason).status == "FAILED"
+                failed += ingestor.reject(uploaded, reason).status == DocumentStatus.FAILED
         self._failed_uploads.delete([record.receipt for record in records])
         return failed
