@@ -66,7 +66,7 @@ NOT_AT_COLD_START = {
         "pagescribe.ingestion",
         "pagescribe.sources",
         "pagescribe.rendering",
-        "pagescribe.transcription",
+        "pagescribe.transcription",  # the package: loaded with any of its modules
     },
     "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's
         "pagescribe.checks",
