@@ -96,11 +96,8 @@ class Environment(threading.Thread):
     def _invoke(self, messages: list[dict[str, Any]]) -> None:
         started = time.perf_counter()
         context = LambdaContext(FUNCTION_TIMEOUT)
-
-        def remaining() -> float:
-            return context.get_remaining_time_in_millis() / 1000
-
-        batch = self.runtime.transcriber.batch([m["Body"] for m in messages], remaining)
+        deadline = self.runtime.deadline(context.get_remaining_time_in_millis() / 1000)
+        batch = self.runtime.transcriber.batch([m["Body"] for m in messages], deadline)
 
         async def handle() -> list[PageResult | BaseException]:
             return await asyncio.gather(*(batch.transcribe(m["Body"]) for m in messages), return_exceptions=True)

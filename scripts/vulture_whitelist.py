@@ -44,3 +44,4 @@ RETIRED_FLAGS  # checks.py: the flags kept in the enum for answers recorded befo
 engine_loads  # providers/offline.py: how often the engine was built (lazily, once): what the tests observe of it
 pids  # rendering.py: the render workers' processes, whose memory the benchmarks measure and the tests kill
 table_shapes  # pagescribe_local/scoring.py: the tables a reading holds, scored by bench.ocr beside its CER
+DONE  # domain.EscalationState: the state the fenced writes' SQL gives a page that ended after it escalated

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from pagescribe.domain import CALLBACK_PORTS, DueCallback, callback_port_allowed
+from pagescribe.domain import CALLBACK_PORTS, CallbackStatus, DueCallback, callback_port_allowed
 from pagescribe.settings import Settings
 from pagescribe.status import describe_document
 from pagescribe.store.ports import Store
@@ -204,14 +204,9 @@ class CallbackNotifier:
             return _Outcome(f"callback host {host!r} cannot be resolved: {exc}")
         if not addresses:
             return _Outcome(f"callback host {host!r} has no address")
-        if not self._settings.callback_allow_private_networks:
-            for address in addresses:
-                if not public_address(address):
-                    return _Outcome(
-                        f"callback host {host!r} resolves to {address}, which is not a public address; "
-                        "set CALLBACK_ALLOW_PRIVATE_NETWORKS=true to allow it",
-                        final=True,
-                    )
+        refused = self._private_address(host, addresses)
+        if refused is not None:
+            return refused
         # The connection goes to the address just checked: resolving the name again could answer otherwise.
         pinned = url.copy_with(host=addresses[0])
         headers = {**delivery.headers, "Host": url.netloc.decode("ascii")}
@@ -229,18 +224,32 @@ class CallbackNotifier:
             return _Outcome(f"{type(exc).__name__}: {exc}")
         return _Outcome(None if response.is_success else f"HTTP {response.status_code}")
 
+    def _private_address(self, host: str, addresses: list[str]) -> _Outcome | None:
+        """Why the host may not be called, when one of its addresses is not public (unless private networks are
+        allowed)."""
+        if self._settings.callback_allow_private_networks:
+            return None
+        for address in addresses:
+            if not public_address(address):
+                return _Outcome(
+                    f"callback host {host!r} resolves to {address}, which is not a public address; "
+                    "set CALLBACK_ALLOW_PRIVATE_NETWORKS=true to allow it",
+                    final=True,
+                )
+        return None
+
     def _record(self, callback: DueCallback, outcome: _Outcome) -> None:
         extra = {"document_id": callback.document_id, "attempt": callback.attempts}
         if outcome.error is None:
-            self._db.record_callback(callback.document_id, status="DELIVERED", error=None)
+            self._db.record_callback(callback.document_id, status=CallbackStatus.DELIVERED, error=None)
             log.info("callback delivered", extra=extra)
         elif outcome.final or callback.attempts >= self._settings.callback_max_attempts:
-            self._db.record_callback(callback.document_id, status="FAILED", error=outcome.error)
+            self._db.record_callback(callback.document_id, status=CallbackStatus.FAILED, error=outcome.error)
             log.warning("callback given up after %d attempts: %s", callback.attempts, outcome.error, extra=extra)
         else:
             retry_in = RETRY_BASE_SECONDS * 2.0 ** (callback.attempts - 1)
             self._db.record_callback(
-                callback.document_id, status="PENDING", error=outcome.error, retry_in_seconds=retry_in
+                callback.document_id, status=CallbackStatus.PENDING, error=outcome.error, retry_in_seconds=retry_in
             )
             log.warning("callback failed, retrying in %.0f s: %s", retry_in, outcome.error, extra=extra)
 

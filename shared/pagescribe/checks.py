@@ -110,7 +110,6 @@ class Thresholds:
     repetition: int = 8
     refusal: float = 0.5
     ink: float = 0.002
-    blank_render: float = 0.00001
     ungrounded: float = 0.02
     ungrounded_block_chars: int = 12  # 0: a block unsupported as a whole raises ungrounded only by its share
     missed_text: float = 0.05

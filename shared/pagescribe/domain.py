@@ -3,9 +3,27 @@ page's result. Plain data only: nothing here talks to PostgreSQL, S3, SQS or a m
 
 A page is a *job* in the database. Its life: QUEUED → PROCESSING (claimed, with a lease) → COMPLETED, FAILED or
 SKIPPED; a document (one uploaded file) is AWAITING_UPLOAD (created through the API), PROCESSING, then COMPLETED,
-PARTIAL or FAILED. Each model call is an *attempt*: its outcome is KEPT, ESCALATED or REJECTED when it answered
-(``AttemptOutcome``), ERROR or RATE_LIMITED when it did not. What one delivery of a page's message came to is a
-``PageResult``; what a page's answer was is a ``PageOutcome``.
+PARTIAL or FAILED. Each model call is recorded with its outcome: KEPT, ESCALATED or REJECTED when it answered,
+LEASE_LOST when its answer came too late to be written, ERROR or RATE_LIMITED when it did not (``AttemptOutcome``).
+What one delivery of a page's message came to is a ``PageResult``; what a page's answer was is a ``PageOutcome``.
+
+Glossary (one word per idea; the names of JSON keys, database columns and settings are older and stay as they are):
+
+- *claim*: one hold of a page under a lease, from one delivery of its message. A job's ``attempts`` (column and
+  ``ClaimedJob.attempts``) counts its claims; MAX_ATTEMPTS caps them.
+- *call*: one model call for a page, within one claim, recorded in the ``attempts`` table (``AttemptRecord``,
+  ``AttemptOutcome``); an escalation is a second call in the same claim.
+- *request*: one HTTP request of a call; a call retries its failed requests within its time (``FailedAttempt``,
+  each recorded as a call that failed).
+- *delivery*: one try at a document's completion callback; a document's ``callback_attempts`` counts them,
+  CALLBACK_MAX_ATTEMPTS caps them.
+- *requeue*: the page sent back to the queue by the pipeline for another claim after a failure that may pass
+  (backoff, up to MAX_ATTEMPTS); *defer*: sent back before any call, its claim given back (a gate said wait).
+  *retry* is the user's: ``POST /documents/{id}/retry`` queues a finished document's failed pages again
+  (``DocumentRecord.retries``); *re-run* queues chosen pages again.
+- *budget*: money only, a tenant's daily budget (DAILY_BUDGET_USD) beside a document's cost cap (``max_cost_usd``).
+  Time is the invocation's *deadline* (``pagescribe.timepolicy.Deadline``), shared out by the *time policy*;
+  MIN_CALL_BUDGET_SECONDS keeps its older name.
 """
 
 from __future__ import annotations
@@ -32,6 +50,30 @@ class DocumentStatus(StrEnum):
     COMPLETED = "COMPLETED"
     PARTIAL = "PARTIAL"
     FAILED = "FAILED"
+
+
+class CallbackStatus(StrEnum):
+    """A document's completion callback (``callback_status``)."""
+
+    PENDING = "PENDING"  # due: to be delivered, or tried again after a backoff
+    DELIVERED = "DELIVERED"
+    FAILED = "FAILED"  # given up: refused, or tried CALLBACK_MAX_ATTEMPTS times
+
+
+class EscalationState(StrEnum):
+    """A job's escalation (``escalation``; None: it never escalated)."""
+
+    PENDING = "PENDING"  # its answer was hard-flagged: the escalation model's answer is awaited
+    DONE = "DONE"  # the page ended after it escalated
+
+
+class SpendGate(StrEnum):
+    """The cost gate's verdict before a call (``SpendVerdict.verdict``)."""
+
+    GO = "GO"
+    DEFER = "DEFER"  # the calls in flight may leave room: the page waits in the queue
+    CAP = "CAP"  # the document's max_cost_usd would be exceeded
+    DAILY_BUDGET = "DAILY_BUDGET"  # the tenant's daily budget would be exceeded
 
 
 class PageResult(StrEnum):
@@ -94,14 +136,14 @@ class ClaimedJob(NamedTuple):
     page_number: int
     attempts: int
     lease_token: str
-    escalation: str | None = None  # PENDING: the page escalated and waits for the escalation model's answer
+    escalation: str | None = None  # an EscalationState; PENDING: the page waits for the escalation model's answer
     flags: Sequence[dict[str, Any]] = ()  # the page's flags so far (those of the answer it escalated from)
     slot_in_seconds: float | None = None  # when the governor's slot it reserved comes (negative: passed); None: none
     requested_model: str | None = None  # a re-run's model, instead of the document's
 
     @property
     def escalation_pending(self) -> bool:
-        return self.escalation == "PENDING"
+        return self.escalation == EscalationState.PENDING
 
 
 class DocumentRecord(NamedTuple):
@@ -125,7 +167,7 @@ class DocumentRecord(NamedTuple):
     filename: str | None = None
     requested_pages: tuple[int, ...] | None = None
     callback_url: str | None = None
-    callback_status: str | None = None
+    callback_status: str | None = None  # a CallbackStatus
     callback_error: str | None = None
     escalation_model: str | None = None
     source_page_count: int | None = None  # pages in the file; page_count counts the pages asked for
@@ -294,7 +336,7 @@ class AttemptRecord(NamedTuple):
 
     page_number: int
     claim: int
-    outcome: str  # KEPT, ESCALATED, REJECTED, LEASE_LOST; or ERROR, RATE_LIMITED (a 429) for a call that failed
+    outcome: str  # an AttemptOutcome
     model: str | None
     provider: str | None
     finish_reason: str | None
@@ -322,9 +364,14 @@ class DocumentProgress(NamedTuple):
 
 
 class AttemptOutcome(StrEnum):
+    """What became of one model call (the ``attempts`` table's ``outcome``)."""
+
     KEPT = "KEPT"  # the page's answer
     ESCALATED = "ESCALATED"  # hard-flagged: the page went on to the escalation model
     REJECTED = "REJECTED"  # the answer the page failed with (truncated, or hard-flagged with no escalation left)
+    LEASE_LOST = "LEASE_LOST"  # it answered, but a newer claim owned the page: the answer was not written
+    ERROR = "ERROR"  # it failed
+    RATE_LIMITED = "RATE_LIMITED"  # it failed with a 429
 
 
 class PageOutcome(NamedTuple):
@@ -362,8 +409,7 @@ class FailedCall(NamedTuple):
 
 
 class SpendVerdict(NamedTuple):
-    """The cost gate's answer before a call: GO, DEFER (calls in flight may leave room), CAP (the document's
-    max_cost_usd) or DAILY_BUDGET (the tenant's), with what it was judged on (USD)."""
+    """The cost gate's answer before a call (a ``SpendGate``), with what it was judged on (USD)."""
 
     verdict: str
     price: float | None  # the mean cost of the tenant's calls of the model; None before its first that reported one

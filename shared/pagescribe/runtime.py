@@ -28,7 +28,7 @@ from pagescribe.aws import (
     sqs_client,
 )
 from pagescribe.settings import ConfigurationError, Settings, database_url_from_secret, get_settings
-from pagescribe.timebudget import TimeBudget
+from pagescribe.timepolicy import Deadline, TimePolicy
 
 # Each function builds only the parts it uses, so each part's module is imported where it is built: the sweeper
 # does not load the API's service or the renderer. A function imports the modules it always needs at cold start
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from pagescribe.store.postgres import Database
     from pagescribe.sweeping import Sweeper
     from pagescribe.tenancy import KeyRing
-    from pagescribe.transcription import SourceCache, Transcriber
+    from pagescribe.transcription.sourcecache import SourceCache
+    from pagescribe.transcription.transcriber import Transcriber
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,15 @@ class Runtime:
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coroutine)
+
+    @cached_property
+    def time_policy(self) -> TimePolicy:
+        return TimePolicy.from_settings(self.settings)
+
+    def deadline(self, seconds_left: float) -> Deadline:
+        """The invocation's deadline, ``seconds_left`` from now (the Lambda context's remaining time): one per
+        invocation, passed to everything that times its work."""
+        return Deadline.after(seconds_left, self.time_policy)
 
     @cached_property
     def database_url(self) -> str:
@@ -132,7 +142,7 @@ class Runtime:
             max_connections=settings.page_concurrency,
             usage_accounting=settings.provider_usage_accounting,
             retry_rate_limited=settings.rate_limit_rpm == 0,  # with the governor on, a 429 pauses everyone instead
-            time=TimeBudget.from_settings(settings),
+            time=self.time_policy,
         )
 
     @cached_property
@@ -150,7 +160,7 @@ class Runtime:
 
     @cached_property
     def sources(self) -> SourceCache:
-        from pagescribe.transcription import SourceCache
+        from pagescribe.transcription.sourcecache import SourceCache
 
         return SourceCache(self.objects)
 
@@ -174,12 +184,12 @@ class Runtime:
         return RenderPool(
             workers=settings.render_worker_count(),
             memory_limit_mb=settings.render_memory_limit_mb,
-            timeout_seconds=TimeBudget.from_settings(settings).render_timeout,
+            timeout_seconds=self.time_policy.render_timeout,
         )
 
     @cached_property
     def transcriber(self) -> Transcriber:
-        from pagescribe.transcription import Transcriber
+        from pagescribe.transcription.transcriber import Transcriber
 
         built = (self.db, self.queue, self.provider, self.sources, self.renderer, self.transcripts, self.reader)
         return Transcriber(self.settings, *built)
@@ -190,12 +200,7 @@ class Runtime:
         up a page's render."""
         from pagescribe.secondread import SecondReader
 
-        settings = self.settings
-        return SecondReader(
-            lambda: self.reading_pool,
-            language=settings.ocr_language,
-            result_reserve=settings.result_reserve_seconds,
-        )
+        return SecondReader(lambda: self.reading_pool, language=self.settings.ocr_language)
 
     @cached_property
     def reading_pool(self) -> RenderPool:
@@ -205,7 +210,7 @@ class Runtime:
         return RenderPool(
             workers=1,
             memory_limit_mb=settings.second_read_memory_limit_mb,
-            timeout_seconds=TimeBudget.from_settings(settings).render_timeout,
+            timeout_seconds=self.time_policy.render_timeout,
             niceness=READ_NICENESS,
         )
 

@@ -125,31 +125,29 @@ def _box(line: TextBox) -> list[float]:
 class SecondReader:
     """Starts pages' second reads in its own render process (built on the first read), by the policy asked for."""
 
-    def __init__(self, pool: Callable[[], RenderPool], *, language: str, result_reserve: float) -> None:
+    def __init__(self, pool: Callable[[], RenderPool], *, language: str) -> None:
         self._pool = pool
         self._language = language
-        self._result_reserve = result_reserve
         self._installed = importlib.util.find_spec("rapidocr") is not None
 
-    def start(self, rendered: RenderedPage, *, mode: str, remaining_seconds: float) -> PendingRead | None:
+    def start(self, rendered: RenderedPage, *, mode: str, seconds_left: float) -> PendingRead | None:
         """The page's read, started now unless the policy, the time left or the engine rule it out (then a read that
-        says why); None when reads are off."""
+        says why); None when reads are off. ``seconds_left``: until the page's result must be written."""
         if mode == "off":
             return None
         if not self._installed:
             return PendingRead(None, rendered, NOT_INSTALLED)
-        left = remaining_seconds - self._result_reserve
-        if left < MIN_READ_SECONDS:
-            return PendingRead(None, rendered, f"only {max(left, 0.0):.1f} s left before the result must be written")
+        if seconds_left < MIN_READ_SECONDS:
+            why = f"only {max(seconds_left, 0.0):.1f} s left before the result must be written"
+            return PendingRead(None, rendered, why)
         pool = self._pool()
         if mode == "auto" and pool.busy():
             return PendingRead(None, rendered, "the reading process was busy with another page as the call started")
-        read = pool.second_read(rendered.data, language=self._language, timeout_seconds=left)
+        read = pool.second_read(rendered.data, language=self._language, timeout_seconds=seconds_left)
         return PendingRead(asyncio.ensure_future(read), rendered)
 
     @staticmethod
-    def wait_seconds(mode: str, *, call_seconds: float, remaining_seconds: float, result_reserve: float) -> float:
-        """How long a page waits for its read once the answer is in: a tenth of the call's time (auto), or what
-        the time budget leaves (always)."""
-        left = remaining_seconds - result_reserve
-        return min(left, AUTO_WAIT_SHARE * call_seconds) if mode == "auto" else left
+    def wait_seconds(mode: str, *, call_seconds: float, seconds_left: float) -> float:
+        """How long a page waits for its read once the answer is in: a tenth of the call's time (auto), or all of
+        ``seconds_left`` before its result must be written (always)."""
+        return min(seconds_left, AUTO_WAIT_SHARE * call_seconds) if mode == "auto" else seconds_left

@@ -13,6 +13,7 @@ from pagescribe.callbacks import CallbackNotifier
 from pagescribe.domain import DocumentStatus
 from pagescribe.settings import Settings
 from pagescribe.store.ports import Store
+from pagescribe.timepolicy import Deadline
 
 if TYPE_CHECKING:  # the ingestion (and the file formats it reads) loads only when a failed upload is to be recorded
     from pagescribe.ingestion import Ingestor
@@ -54,9 +55,9 @@ class Sweeper:
         self._ingestor = ingestor
         self._failed_uploads = failed_uploads
 
-    def sweep(self, remaining_seconds: Callable[[], float] | None = None) -> SweepReport:
-        """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap. With
-        ``remaining_seconds`` (the invocation's time left), the callbacks' round ends SWEEP_MARGIN_SECONDS before."""
+    def sweep(self, deadline: Deadline | None = None) -> SweepReport:
+        """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap. With the
+        invocation's ``deadline``, the callbacks' round ends SWEEP_MARGIN_SECONDS before it."""
         settings, limit = self._settings, self._settings.sweep_batch_size
         requeued = self._db.requeue_expired_leases(max_attempts=settings.max_attempts, limit=limit)
         failed, documents = self._db.fail_expired_leases(max_attempts=settings.max_attempts, limit=limit)
@@ -81,7 +82,7 @@ class Sweeper:
             limit=limit,
         )
 
-        seconds = remaining_seconds() - SWEEP_MARGIN_SECONDS if remaining_seconds is not None else None
+        seconds = deadline.remaining() - SWEEP_MARGIN_SECONDS if deadline is not None else None
         delivered = self._notifier.deliver_due(limit=limit, seconds=seconds)
         report = SweepReport(
             requeued, failed, len(sent), len(unsent), finished, delivered, uploads_failed, len(expired)
@@ -103,6 +104,6 @@ class Sweeper:
         for record in records:
             for uploaded in uploaded_objects(record.event):
                 reason = f"the upload function failed on this file and gave up ({record.error})"
-                failed += ingestor.reject(uploaded, reason).status == "FAILED"
+                failed += ingestor.reject(uploaded, reason).status == DocumentStatus.FAILED
         self._failed_uploads.delete([record.receipt for record in records])
         return failed

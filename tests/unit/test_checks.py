@@ -31,7 +31,7 @@ from pagescribe.settings import Settings
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import render_page
 from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_words
-from pagescribe.transcription import thresholds as configured_thresholds
+from pagescribe.transcription.outcomes import thresholds as configured_thresholds
 from pagescribe_local.scoring import recall_precision
 
 from tests.support import CORPUS
@@ -39,6 +39,7 @@ from tests.support.answers import captured, captured_file, index
 from tests.support.pages import DOCUMENTS, pdf_text_layers
 
 DEFAULTS = Thresholds()
+BLANK_BELOW = Settings().flag_blank_render_threshold
 INKED = PageEvidence(ink=0.05)
 
 
@@ -261,16 +262,16 @@ def test_the_blank_page_marker_for_a_blank_page_is_not_flagged() -> None:
 
 def test_a_pdf_whose_font_is_not_embedded_renders_blank_and_says_it_draws_text() -> None:
     # Given a real PDF whose Japanese font is not embedded (this machine, like Lambda, has no CJK fonts)
-    page = render_page(DOCUMENTS / "jo.pdf", DocumentKind.PDF, 1, blank_below=DEFAULTS.blank_render)
+    page = render_page(DOCUMENTS / "jo.pdf", DocumentKind.PDF, 1, blank_below=BLANK_BELOW)
     # Then its render is blank although it draws text, and its own text layer has the words
-    assert page.marked < DEFAULTS.blank_render and page.draws
+    assert page.marked < BLANK_BELOW and page.draws
     assert "みんなのおのおの" in page.text_layer
 
 
 def test_a_page_that_draws_nothing_is_not_a_blank_render() -> None:
     # Given a page that renders with ink: it is not examined as blank
-    page = render_page(CORPUS / "minimal-document.pdf", DocumentKind.PDF, 1, blank_below=DEFAULTS.blank_render)
-    assert page.marked > DEFAULTS.blank_render and not page.draws
+    page = render_page(CORPUS / "minimal-document.pdf", DocumentKind.PDF, 1, blank_below=BLANK_BELOW)
+    assert page.marked > BLANK_BELOW and not page.draws
 
 
 # --- grounding: invented and dropped text -------------------------------------------------------------------------

@@ -74,7 +74,7 @@ NOT_AT_COLD_START = {
         "pagescribe.sources.textlayer",
         "pagescribe.rendering",
         "pagescribe.render_worker",
-        "pagescribe.transcription",
+        "pagescribe.transcription",  # the package: loaded with any of its modules
     },
     "upload": {  # it renders to count pages; the checks, the layout and grounding are the transcribe function's
         "pagescribe.checks",

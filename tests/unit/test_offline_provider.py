@@ -80,7 +80,7 @@ def test_a_real_page_reads_its_words_in_lines() -> None:
     assert result.model.startswith("rapidocr-")
     assert result.finish_reason == "stop"
     assert result.cost == 0.0
-    assert result.http_attempts == 1
+    assert result.failed_attempts == ()
     assert 0 < result.latency_seconds < 120
     assert provider.name == "offline:rapidocr"
 

@@ -29,7 +29,7 @@ from pagescribe.providers.base import (
 )
 from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 from pagescribe.settings import Settings
-from pagescribe.timebudget import TimeBudget
+from pagescribe.timepolicy import TimePolicy
 
 from tests.fakes.chat_server import (
     BodyError,
@@ -62,7 +62,7 @@ def page_request(image: PageImage = IMAGE, page_number: int = 1) -> Transcriptio
 
 
 SETTINGS = Settings()
-TIME = TimeBudget.from_settings(SETTINGS)
+TIME = TimePolicy.from_settings(SETTINGS)
 
 
 def make_provider(base_url: str, **kwargs: Any) -> TranscriptionProvider:
@@ -115,13 +115,13 @@ def test_ok_answer_carries_text_and_call_evidence(fake: FakeChatServer) -> None:
     text = expected_text(IMAGE.data)
     assert result.text == text
     assert result.finish_reason == "stop"
-    assert not result.truncated
+    assert result.finish_reason != "length"
     assert result.model == "vendor/vision-model"
     assert result.prompt_tokens == 1000
     assert result.completion_tokens == len(text.split())
     assert result.cost == pytest.approx(0.00012)
     assert result.request_id == "gen-1"
-    assert result.http_attempts == 1
+    assert len(result.failed_attempts) == 0
     assert 0 < result.latency_seconds < 5
 
 
@@ -195,8 +195,7 @@ def test_truncated_answer_is_a_result_not_an_error(fake: FakeChatServer) -> None
 
     result = transcribe(fake.base_url)
 
-    assert result.truncated
-    assert (result.text, result.finish_reason, result.http_attempts) == ("partial text", "length", 1)
+    assert (result.text, result.finish_reason, result.failed_attempts) == ("partial text", "length", ())
 
 
 # connections
@@ -242,7 +241,7 @@ def test_concurrent_calls_queue_for_the_connection_limit(fake: FakeChatServer) -
     started = time.monotonic()
     results = asyncio.run(go())
 
-    assert [r.http_attempts for r in results] == [1] * 10
+    assert [r.failed_attempts for r in results] == [()] * 10
     assert fake.connections_opened == 3
     assert time.monotonic() - started >= 0.7  # 10 calls through 3 connections: 4 rounds of 0.2 s
 
@@ -256,7 +255,7 @@ def test_429_with_retry_after_waits_then_succeeds(fake: FakeChatServer) -> None:
     result, elapsed = transcribe_timed(fake.base_url, budget=10)
 
     assert result.text == expected_text(IMAGE.data)
-    assert result.http_attempts == 2
+    assert len(result.failed_attempts) == 1
     assert elapsed >= 0.95
     assert result.latency_seconds >= 0.95
     assert fake.calls == 2
@@ -267,7 +266,7 @@ def test_server_errors_are_retried_until_an_answer(fake: FakeChatServer) -> None
 
     result, elapsed = transcribe_timed(fake.base_url, budget=10)
 
-    assert result.http_attempts == 4
+    assert len(result.failed_attempts) == 3
     assert result.text == expected_text(IMAGE.data)
     assert elapsed >= 0.25 + 0.5 + 1.0  # the shortest three backoffs
     assert fake.calls == 4
@@ -281,7 +280,7 @@ def test_transient_failure_then_ok_is_retried(fake: FakeChatServer, failure: Any
 
     result = transcribe(fake.base_url)
 
-    assert result.http_attempts == 2
+    assert len(result.failed_attempts) == 1
     assert result.text == expected_text(IMAGE.data)
 
 
@@ -290,7 +289,7 @@ def test_reset_connection_is_replaced_by_a_new_one(fake: FakeChatServer) -> None
 
     result = transcribe(fake.base_url)
 
-    assert result.http_attempts == 2
+    assert len(result.failed_attempts) == 1
     assert fake.connections_opened == 2
 
 

@@ -18,5 +18,6 @@ logger = Logger()
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    report: SweepReport = get_runtime().sweeper.sweep(lambda: context.get_remaining_time_in_millis() / 1000)
+    runtime = get_runtime()
+    report: SweepReport = runtime.sweeper.sweep(runtime.deadline(context.get_remaining_time_in_millis() / 1000))
     return asdict(report)

@@ -24,11 +24,8 @@ logger = Logger()
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     runtime = get_runtime()
-
-    def remaining_seconds() -> float:
-        return context.get_remaining_time_in_millis() / 1000
-
-    batch = runtime.transcriber.batch([record.body for record in SQSEvent(event).records], remaining_seconds)
+    deadline = runtime.deadline(context.get_remaining_time_in_millis() / 1000)
+    batch = runtime.transcriber.batch([record.body for record in SQSEvent(event).records], deadline)
 
     async def record_handler(record: SQSRecord) -> PageResult:
         return await batch.transcribe(record.body)

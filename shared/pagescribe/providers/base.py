@@ -1,7 +1,7 @@
 """The provider boundary: what a page transcription asks for, what comes back, and how it fails.
 
 Everything the pipeline knows about a vision model goes through :class:`TranscriptionProvider`. The
-evidence of one call (tokens, cost, request id, latency, attempts) travels with its
+evidence of one call (tokens, cost, request id, latency, failed requests) travels with its
 :class:`Transcription`, never on the shared provider object, so concurrent calls cannot mix it up.
 """
 
@@ -55,16 +55,10 @@ class Transcription:
     cost: float | None  # USD, as OpenRouter reports it in usage.cost
     request_id: str | None  # the response "id", else the x-request-id header
     latency_seconds: float  # the whole call, retries and backoff included
-    http_attempts: int
     confidence: float | None = None  # an OCR engine's mean recognition confidence (0..1); a vision model has none
     rotation: int = 0  # degrees clockwise an OCR engine turned the image it was sent to read it upright
     failed_attempts: tuple[FailedAttempt, ...] = ()  # the requests before the one that answered, which failed
     lines: tuple[TextBox, ...] = ()  # an OCR engine's recognised lines, in pixels of the image it was sent
-
-    @property
-    def truncated(self) -> bool:
-        """The model stopped at the output token limit, so the text is probably incomplete."""
-        return self.finish_reason == "length"
 
 
 class ProviderError(Exception):

@@ -139,7 +139,6 @@ class RapidOcrProvider:
             cost=0.0,
             request_id=None,
             latency_seconds=loop.time() - started,
-            http_attempts=1,
             confidence=mean_confidence(boxes),
             rotation=rotation,
             lines=tuple(boxes) if not rotation else (),  # in pixels of the image sent, unless the engine turned it

@@ -14,7 +14,7 @@ Failure policy:
   environment and the page waits in the queue, not here.
 * Any other status (other 4xx, 501, 505, 3xx) is raised at once, not retryable.
 * A 200 whose body is an error object (OpenRouter does this) is treated like its code as a status.
-* ``finish_reason == "length"`` is a result (``Transcription.truncated``), not an error.
+* ``finish_reason == "length"`` is a result (the ``truncated`` flag of the checks), not an error.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 
 from pagescribe.providers.base import FailedAttempt, PageImage, ProviderError, Transcription, TranscriptionRequest
-from pagescribe.timebudget import TimeBudget
+from pagescribe.timepolicy import TimePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class OpenAICompatibleProvider:
         *,
         base_url: str,
         api_key: str | None,
-        time: TimeBudget,
+        time: TimePolicy,
         max_connections: int,
         usage_accounting: bool,
         app_name: str = "pagescribe",
@@ -96,16 +96,16 @@ class OpenAICompatibleProvider:
         started = loop.time()
         deadline = started + budget_seconds
         body = json.dumps(self._payload(request), separators=(",", ":")).encode()
-        attempts = 0
+        requests = 0  # made so far in this call
         last_error: ProviderError | None = None
         failed: list[FailedAttempt] = []  # the requests retried, each recorded by the caller as a call
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
-                    attempts += 1
-                    attempt_started = loop.time()
+                    requests += 1
+                    request_started = loop.time()
                     try:
-                        result = await self._attempt(body, request, attempts, started, deadline)
+                        result = await self._request(body, request, started, deadline)
                         return replace(result, failed_attempts=tuple(failed))
                     except ProviderError as error:
                         error.earlier_attempts = tuple(failed)
@@ -113,17 +113,17 @@ class OpenAICompatibleProvider:
                             raise
                         last_error = error
                     # Retry-After is a floor: "0" or a date in the past must not turn backoff into a tight loop.
-                    wait = max(_backoff(attempts), last_error.retry_after or 0.0)
+                    wait = max(_backoff(requests), last_error.retry_after or 0.0)
                     if loop.time() + wait >= deadline:
                         raise last_error
                     failed.append(
-                        FailedAttempt(last_error.status_code, last_error.message, loop.time() - attempt_started)
+                        FailedAttempt(last_error.status_code, last_error.message, loop.time() - request_started)
                     )
                     logger.warning(
                         "page %d of document %s: attempt %d failed (%s); retrying in %.2f s",
                         request.page_number,
                         request.document_id,
-                        attempts,
+                        requests,
                         last_error.message,
                         wait,
                     )
@@ -139,8 +139,8 @@ class OpenAICompatibleProvider:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _attempt(
-        self, body: bytes, request: TranscriptionRequest, attempt: int, started: float, deadline: float
+    async def _request(
+        self, body: bytes, request: TranscriptionRequest, started: float, deadline: float
     ) -> Transcription:
         """One HTTP request with timeouts from what is left of the budget."""
         loop = asyncio.get_running_loop()
@@ -156,7 +156,7 @@ class OpenAICompatibleProvider:
             raise ProviderError(f"cannot send the request to the provider: {_describe(exc)}", retryable=False) from exc
         except httpx.RequestError as exc:
             raise ProviderError(f"could not reach the provider: {_describe(exc)}", retryable=True) from exc
-        return _transcription(response, request, attempt, loop.time() - started)
+        return _transcription(response, request, loop.time() - started)
 
     def _payload(self, request: TranscriptionRequest) -> dict[str, object]:
         payload: dict[str, object] = {
@@ -291,9 +291,7 @@ def _optional_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _transcription(
-    response: httpx.Response, request: TranscriptionRequest, attempts: int, latency: float
-) -> Transcription:
+def _transcription(response: httpx.Response, request: TranscriptionRequest, latency: float) -> Transcription:
     """A 2xx chat completion as a Transcription; anything else as the ProviderError it amounts to."""
     body = _json_body(response)
     text, finish_reason = _answer(body)
@@ -311,7 +309,6 @@ def _transcription(
         cost=cost,
         request_id=response_id,
         latency_seconds=latency,
-        http_attempts=attempts,
     )
 
 

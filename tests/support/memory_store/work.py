@@ -13,6 +13,7 @@ from pagescribe.domain import (
     ClaimedJob,
     Claims,
     DocumentProgress,
+    EscalationState,
     FailedCall,
     JobStatus,
     PageOutcome,
@@ -167,7 +168,7 @@ class MemoryLedger:
                 _write_answer(row, outcome)
             row.flags = flags if answered else row.flags + flags
             row.status, row.error = status, error
-            row.escalation = "DONE" if row.escalation is not None else None
+            row.escalation = EscalationState.DONE if row.escalation is not None else None
             row.rate_slot_at = row.reserved_usd = row.lease_expires_at = None
             row.completed_at = self.state.now()
             return self._count(row.document_id, completed=status is JobStatus.COMPLETED)
@@ -193,7 +194,7 @@ class MemoryLedger:
                 job_id=job.job_id,
                 document_id=job.document_id,
                 claim=job.attempts,
-                outcome=recorded_as.value if recorded_as is not None else "LEASE_LOST",
+                outcome=(recorded_as or AttemptOutcome.LEASE_LOST).value,
                 model=outcome.model,
                 provider=outcome.provider,
                 finish_reason=outcome.finish_reason,
@@ -223,7 +224,7 @@ class MemoryLedger:
             if row is None or not written:
                 return False
             _write_answer(row, outcome)
-            row.escalation = "PENDING"
+            row.escalation = EscalationState.PENDING
             row.flags = list(outcome.page_flags if outcome.page_flags is not None else outcome.flags)
             return True
 
@@ -233,7 +234,7 @@ class MemoryLedger:
             if row is None or not row.leased_to(job.lease_token):
                 return None
             row.status, row.error, row.rate_slot_at, row.reserved_usd = JobStatus.SKIPPED, reason, None, None
-            row.escalation = "DONE" if row.escalation is not None else None
+            row.escalation = EscalationState.DONE if row.escalation is not None else None
             row.lease_expires_at, row.completed_at = None, self.state.now()
             return self._count(row.document_id, completed=False)
 
@@ -245,7 +246,7 @@ class MemoryLedger:
                     job_id=job.job_id,
                     document_id=job.document_id,
                     claim=job.attempts,
-                    outcome="RATE_LIMITED" if failed.status_code == 429 else "ERROR",
+                    outcome=(AttemptOutcome.RATE_LIMITED if failed.status_code == 429 else AttemptOutcome.ERROR).value,
                     model=failed.model,
                     provider=failed.provider,
                     latency_ms=failed.latency_ms,

@@ -241,7 +241,7 @@ class PgLedger(Connected):
                 "job_id": job.job_id,
                 "document_id": job.document_id,
                 "claim": job.attempts,
-                "outcome": "RATE_LIMITED" if failed.status_code == 429 else "ERROR",
+                "outcome": (AttemptOutcome.RATE_LIMITED if failed.status_code == 429 else AttemptOutcome.ERROR).value,
                 "model": failed.model,
                 "provider": failed.provider,
                 "latency_ms": failed.latency_ms,

@@ -8,10 +8,15 @@ to the queue). Within the call, each HTTP request may take what is left of the c
 PROVIDER_CONNECT_TIMEOUT_SECONDS at most. A claim's lease outlasts the invocation by LEASE_MARGIN_SECONDS, so that an
 expired lease proves its holder dead. The numbers are settings; nothing else in the package decides a time limit of
 a page's work.
+
+An invocation's end is one ``Deadline``, built once per invocation (per SQS batch, per sweep) from the Lambda's
+remaining time and the time policy, and passed to whatever times its work.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagescribe.settings import Settings
@@ -28,7 +33,9 @@ class RequestTimeouts:
 
 
 @dataclass(frozen=True)
-class TimeBudget:
+class TimePolicy:
+    """The time limits of a page's phases (settings), as functions of what is left of the invocation."""
+
     provider_timeout: float
     result_reserve: float
     min_call: float
@@ -37,7 +44,7 @@ class TimeBudget:
     render_timeout: float
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> TimeBudget:
+    def from_settings(cls, settings: Settings) -> TimePolicy:
         return cls(
             provider_timeout=settings.provider_timeout_seconds,
             result_reserve=settings.result_reserve_seconds,
@@ -63,3 +70,37 @@ class TimeBudget:
     def lease(self, remaining: float) -> float:
         """Seconds a claim's lease lasts: past the end of the invocation by the margin."""
         return remaining + self.lease_margin
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When one invocation's time is up, on ``clock`` (monotonic seconds), with the time policy that shares out what is
+    left of it."""
+
+    policy: TimePolicy
+    ends_at: float
+    clock: Callable[[], float] = time.monotonic
+
+    @classmethod
+    def after(cls, seconds: float, policy: TimePolicy, *, clock: Callable[[], float] = time.monotonic) -> Deadline:
+        """The deadline ``seconds`` from now (a Lambda context's remaining time)."""
+        return cls(policy, clock() + seconds, clock)
+
+    def remaining(self) -> float:
+        """Seconds left of the invocation, never below zero (like the Lambda context's)."""
+        return max(0.0, self.ends_at - self.clock())
+
+    def call(self) -> float:
+        """Seconds a model call starting now may take."""
+        return self.policy.call(self.remaining())
+
+    def enough_for_a_call(self) -> bool:
+        return self.policy.enough_for_a_call(self.remaining())
+
+    def lease(self) -> float:
+        """Seconds a claim made now lasts."""
+        return self.policy.lease(self.remaining())
+
+    def until_result(self) -> float:
+        """Seconds left before a page's result must be written (the reserve kept back for it is not counted)."""
+        return self.remaining() - self.policy.result_reserve

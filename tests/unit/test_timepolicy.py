@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from pagescribe.settings import Settings
-from pagescribe.timebudget import TimeBudget
+from pagescribe.timepolicy import Deadline, TimePolicy
 
-BUDGET = TimeBudget(
+BUDGET = TimePolicy(
     provider_timeout=180, result_reserve=10, min_call=5, lease_margin=60, connect_timeout=10, render_timeout=60
 )
 
@@ -35,7 +35,7 @@ def test_the_minimum_call_is_the_line_between_calling_and_leaving_the_page() -> 
 
 def test_a_lease_outlasts_the_invocation_by_the_margin() -> None:
     assert BUDGET.lease(120) == 180
-    assert TimeBudget(180, 10, 5, lease_margin=0, connect_timeout=10, render_timeout=60).lease(120) == 120
+    assert TimePolicy(180, 10, 5, lease_margin=0, connect_timeout=10, render_timeout=60).lease(120) == 120
 
 
 @pytest.mark.parametrize(
@@ -65,4 +65,28 @@ def test_the_budget_is_read_from_the_settings() -> None:
         provider_connect_timeout_seconds=4,
         render_timeout_seconds=20,
     )
-    assert TimeBudget.from_settings(settings) == TimeBudget(90, 7, 3, 30, connect_timeout=4, render_timeout=20)
+    assert TimePolicy.from_settings(settings) == TimePolicy(90, 7, 3, 30, connect_timeout=4, render_timeout=20)
+
+
+class _Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_deadline_shares_out_what_is_left_of_the_invocation_as_its_clock_runs() -> None:
+    # Given an invocation with 300 s left, under the policy above
+    clock = _Clock()
+    deadline = Deadline.after(300, BUDGET, clock=clock)
+    # Then a call now gets the provider timeout, a claim lasts past the end by the margin
+    assert (deadline.call(), deadline.lease(), deadline.until_result()) == (180, 360, 290)
+    # When 150 s pass, a call gets what is left less the reserve
+    clock.now += 150
+    assert (deadline.remaining(), deadline.call(), deadline.enough_for_a_call()) == (150, 140, True)
+    # And past the end, nothing is left (as the Lambda context says): no call
+    clock.now += 200
+    assert (deadline.remaining(), deadline.enough_for_a_call()) == (0, False)

@@ -1,0 +1,177 @@
+"""One model call for a rendered page: made, recorded and counted, its answer cleaned, grounded and checked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pagescribe.checks import (
+    Answer,
+    PageEvidence,
+    PageFlag,
+    Thresholds,
+    check_answer,
+    clean_answer,
+    ground,
+    hard_flags,
+    merge_flags,
+)
+from pagescribe.domain import FailedCall, PageOutcome
+from pagescribe.governor import Admission, RateGovernor
+from pagescribe.observability import count, count_flags, count_for_model, milliseconds
+from pagescribe.providers.base import (
+    FailedAttempt,
+    PageImage,
+    ProviderError,
+    Transcription,
+    TranscriptionProvider,
+    TranscriptionRequest,
+)
+from pagescribe.secondread import PendingRead, SecondReader
+from pagescribe.settings import Settings
+from pagescribe.sources.pages import RenderedPage
+from pagescribe.store.ports import Store
+from pagescribe.timepolicy import Deadline
+from pagescribe.transcription.outcomes import answer_outcome, grounding_kept
+from pagescribe.transcription.results import PageContext
+
+
+@dataclass(frozen=True)
+class SeenPage:
+    """A rendered page as its answers are checked: what the renderer saw, and its second read, on its way (None when
+    the page has its own words, or the offline engine reads it, or reads are off)."""
+
+    rendered: RenderedPage
+    evidence: PageEvidence
+    reading: PendingRead | None
+    mode: str  # the page's SECOND_READ
+    deadline: Deadline
+
+
+@dataclass(frozen=True)
+class CheckedAnswer:
+    """A model's answer, cleaned and checked."""
+
+    outcome: PageOutcome
+    flags: list[PageFlag]
+
+    @property
+    def hard(self) -> bool:
+        return bool(hard_flags(self.flags))
+
+
+class ModelCaller:
+    """Makes a page's model calls, records each (its failed requests too) and checks its answers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Store,
+        provider: TranscriptionProvider,
+        governor: RateGovernor,
+        thresholds: Thresholds,
+    ) -> None:
+        self._settings = settings
+        self._db = db
+        self._provider = provider
+        self._governor = governor
+        self._thresholds = thresholds
+
+    async def ask(
+        self, ctx: PageContext, seen: SeenPage, model: str, seconds: float, earlier: list[PageFlag], admitted: Admission
+    ) -> CheckedAnswer:
+        """One model call for the page within ``seconds``, its answer cleaned, grounded and checked. ``earlier``: the
+        flags of the answer the page escalated from, whose hard ones (why it escalated) stay the page's beside this
+        answer's own. A call that fails is recorded before its error goes on; a 429 pauses every environment's calls
+        to the model."""
+        rendered = seen.rendered
+        request = TranscriptionRequest(
+            image=PageImage(rendered.data, rendered.media_type),
+            prompt=ctx.document.prompt or self._settings.prompt,
+            model=model,
+            max_output_tokens=self._settings.max_output_tokens,
+            document_id=ctx.job.document_id,
+            page_number=ctx.job.page_number,
+        )
+        started = asyncio.get_running_loop().time()
+        ran = self._provider.answering_model(model)
+        try:
+            result = await self._provider.transcribe(request, budget_seconds=seconds)
+        except ProviderError as exc:
+            self._call_failed(ctx, model, ran, exc, started)
+            raise
+        self._record_failures(ctx, ran, result.failed_attempts)
+        self._count_call(ran, result)
+        self._governor.settle(model, admitted, (result.prompt_tokens or 0) + (result.completion_tokens or 0))
+        return await self._check(seen, result, earlier)
+
+    def _call_failed(self, ctx: PageContext, model: str, ran: str, exc: ProviderError, started: float) -> None:
+        """Record every request of a call that failed; after a 429, pause every environment's calls to ``model`` and
+        make the page wait at least as long."""
+        self._record_failures(ctx, ran, exc.earlier_attempts)
+        elapsed = asyncio.get_running_loop().time() - started - sum(a.latency_seconds for a in exc.earlier_attempts)
+        self._record_failures(ctx, ran, [FailedAttempt(exc.status_code, exc.message, elapsed)])
+        pause = self._governor.rate_limited(model, exc.retry_after) if exc.status_code == 429 else None
+        if pause is not None:
+            exc.retry_after = max(exc.retry_after or 0.0, pause)
+
+    @staticmethod
+    def _count_call(ran: str, result: Transcription) -> None:
+        count_for_model("ModelCalls", ran)
+        milliseconds("ModelLatency", round(result.latency_seconds * 1000))
+        count("PromptTokens", result.prompt_tokens or 0)
+        count("CompletionTokens", result.completion_tokens or 0)
+        count_for_model("CostUSD", ran, result.cost or 0.0)
+
+    async def _check(self, seen: SeenPage, result: Transcription, earlier: list[PageFlag]) -> CheckedAnswer:
+        """The answer cleaned, grounded to the page's words where it has any, and checked; its outcome with the flags
+        of the page (``earlier``'s hard ones beside its own)."""
+        answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
+        evidence, read = await self._evidence(seen, result)
+        if result.rotation:  # the engine turned the image it was sent: the page was turned that much more
+            evidence = replace(evidence, rotation=(evidence.rotation + result.rotation) % 360)
+        grounding = await asyncio.to_thread(ground, answer.text, evidence.words) if evidence.words else None
+        flags = check_answer(
+            answer, evidence, self._thresholds, max_output_tokens=self._settings.max_output_tokens, grounding=grounding
+        )
+        count_flags(flag.flag for flag in flags)
+        outcome = answer_outcome(result, self._provider.name, answer.text, flags)._replace(
+            grounding=grounding_kept(grounding, evidence, read), second_read=read or None
+        )
+        if earlier:
+            merged = merge_flags(hard_flags(earlier), flags)
+            outcome = outcome._replace(page_flags=tuple(flag.as_dict() for flag in merged))
+        return CheckedAnswer(outcome, flags)
+
+    async def _evidence(self, seen: SeenPage, result: Transcription) -> tuple[PageEvidence, dict[str, Any]]:
+        """The page's evidence with the words to ground the answer to, where there are any, and what the page's second
+        read is recorded as with the call ({} without one)."""
+        rendered = seen.rendered
+        if seen.evidence.words is not None:
+            return seen.evidence, {}
+        if result.lines:  # the offline engine's own answer, with its own boxes
+            from pagescribe.grounding import GroundingSource, PageText, words_from_boxes
+
+            words = words_from_boxes(result.lines)
+            engine = PageText(GroundingSource.ENGINE, tuple(words), rendered.width, rendered.height, None)
+            return replace(seen.evidence, words=engine), {}
+        if seen.reading is None:
+            return seen.evidence, {}
+        wait = SecondReader.wait_seconds(
+            seen.mode, call_seconds=result.latency_seconds, seconds_left=seen.deadline.until_result()
+        )
+        read = await seen.reading.evidence(wait_seconds=wait)
+        return replace(seen.evidence, words=read.words), read.record
+
+    def _record_failures(self, ctx: PageContext, model: str, failures: Sequence[FailedAttempt]) -> None:
+        """Record the requests of a call to ``model`` (the one that ran) that failed: each was made, and a 429 counts
+        in the rate limit's metrics."""
+        for failure in failures:
+            latency = round(failure.latency_seconds * 1000)
+            call = FailedCall(model, self._provider.name, failure.status_code, failure.message, latency)
+            self._db.record_failed_call(ctx.job, call)
+            count_for_model("ModelCalls", model)
+            if failure.status_code == 429:
+                count_for_model("RateLimited", model)

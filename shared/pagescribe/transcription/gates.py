@@ -1,0 +1,55 @@
+"""The gates before a model call: the cost caps and the tenant's daily budget, then the rate governor."""
+
+from __future__ import annotations
+
+from pagescribe.domain import PageResult, SpendGate
+from pagescribe.governor import Admission, RateGovernor
+from pagescribe.observability import gauge
+from pagescribe.settings import Settings
+from pagescribe.store.ports import Store
+from pagescribe.transcription.outcomes import budget_reason
+from pagescribe.transcription.results import PageContext, PageResults
+
+SPEND_DEFER_SECONDS = 2  # a capped document's page waits this long for the calls in flight to settle
+
+
+class CallGates:
+    """Whether a page's call may start now, or the page ends SKIPPED or waits DEFERRED in the queue."""
+
+    def __init__(self, settings: Settings, db: Store, governor: RateGovernor, results: PageResults) -> None:
+        self._settings = settings
+        self._db = db
+        self._governor = governor
+        self._results = results
+
+    async def admit(self, ctx: PageContext, model: str) -> Admission | PageResult:
+        """The gates before a call: the cost caps (the page ends SKIPPED when its call would exceed one), then the rate
+        governor (the page waits in the queue when no call may start now). Admitted: what the call took. The cost gate
+        costs no round trip when neither a cap nor a budget applies."""
+        document = ctx.document
+        budgeted = document.tenant_daily_budget_usd is not None or self._settings.daily_budget_usd is not None
+        if document.max_cost_usd is not None or budgeted:
+            skipped = await self._spend_gate(ctx, model)
+            if skipped is not None:
+                return skipped
+        admission = self._governor.admit(ctx.job, model)
+        if admission.wait > 0:
+            return await self._results.defer(ctx, admission)
+        return admission
+
+    async def _spend_gate(self, ctx: PageContext, model: str) -> PageResult | None:
+        """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""
+        verdict = self._db.admit_spend(
+            ctx.job,
+            model,
+            daily_budget_usd=self._settings.daily_budget_usd,
+            max_output_tokens=self._settings.max_output_tokens,
+        )
+        if verdict.daily_budget_usd:
+            gauge("DailyBudgetUsedPercent", 100 * verdict.spent_today / verdict.daily_budget_usd)
+        if verdict.verdict in (SpendGate.CAP, SpendGate.DAILY_BUDGET):
+            return await self._results.skip(ctx, budget_reason(verdict, model, ctx.document.tenant_id))
+        if verdict.verdict == SpendGate.DEFER:
+            held = "the calls in flight may leave room under the document's cap or the tenant's daily budget"
+            return await self._results.defer(ctx, Admission(SPEND_DEFER_SECONDS, why=held))
+        return None
