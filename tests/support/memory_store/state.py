@@ -6,6 +6,7 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from pagescribe.domain import (
@@ -15,9 +16,9 @@ from pagescribe.domain import (
     DocumentRecord,
     DocumentStatus,
     JobStatus,
-    PageCorrection,
     PageRecord,
 )
+from pagescribe.store.postgres import rows
 
 TERMINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.SKIPPED)
 
@@ -213,96 +214,39 @@ class MemoryState:
         return self.days.setdefault((tenant_id, self.clock.today()), DayRow())
 
     def document_record(self, row: DocumentRow) -> DocumentRecord:
+        """The record PostgreSQL's store reads for the row (the same mapping, on the same columns)."""
         tenant = self.tenants.get(row.tenant_id)
-        return DocumentRecord(
-            document_id=row.id,
-            bucket=row.bucket,
-            object_key=row.object_key,
-            etag=row.etag,
-            version_id=row.version_id,
-            size_bytes=row.size_bytes,
-            kind=row.kind,
-            page_count=row.page_count,
-            status=row.status,
-            error=row.error,
-            model=row.model,
-            escalation_model=row.escalation_model,
-            source_page_count=row.source_page_count,
-            prompt=row.prompt,
-            pages_completed=row.pages_completed,
-            pages_failed=row.pages_failed,
-            transcript_key=row.transcript_key,
-            created_at=row.created_at,
-            finished_at=row.finished_at,
-            filename=row.filename,
-            requested_pages=row.requested_pages,
-            callback_url=row.callback_url,
-            callback_status=row.callback_status,
-            callback_error=row.callback_error,
-            retries=row.retries,
-            tenant_id=row.tenant_id,
-            reuse=row.reuse,
-            reused_from=row.reused_from,
-            max_cost_usd=row.max_cost_usd,
-            tenant_daily_budget_usd=tenant.daily_budget_usd if tenant else None,
-            second_read=row.second_read,
-            chunks=row.chunks,
-            merge_tables=row.merge_tables,
-            furniture=row.furniture,
-        )
+        budget = tenant.daily_budget_usd if tenant else None
+        return rows.document_record(SimpleNamespace(**vars(row), tenant_daily_budget_usd=budget))
 
-    def correction_of(self, job: JobRow) -> PageCorrection | None:
+    def correction_of(self, job: JobRow) -> CorrectionRow | None:
+        """The latest correction made on the page's latest round of answers."""
         made = [
             c
             for c in self.corrections
             if (c.document_id, c.page_number, c.answer_round) == (job.document_id, job.page_number, job.answer_round)
         ]
-        latest = max(made, key=lambda c: c.revision, default=None)
-        return PageCorrection(latest.revision, latest.markdown, latest.created_at) if latest else None
+        return max(made, key=lambda c: c.revision, default=None)
 
     def page_record(self, job: JobRow) -> PageRecord:
-        return PageRecord(
-            page_number=job.page_number,
-            status=job.status,
-            attempts=job.attempts,
-            text=job.result_text,
-            finish_reason=job.finish_reason,
-            error=job.error,
-            prompt_tokens=job.prompt_tokens,
-            completion_tokens=job.completion_tokens,
-            cost=job.cost,
-            model=job.model,
-            provider=job.provider,
-            provider_request_id=job.provider_request_id,
-            flags=list(job.flags),
-            escalation=job.escalation,
-            confidence=job.confidence,
-            correction=self.correction_of(job),
-            grounding=job.grounding,
-            figures=job.figures or (),
+        correction = self.correction_of(job)
+        [record] = rows.page_records(
+            [
+                SimpleNamespace(
+                    **vars(job),
+                    corrected_revision=correction.revision if correction else None,
+                    corrected_markdown=correction.markdown if correction else None,
+                    corrected_at=correction.created_at if correction else None,
+                )
+            ]
         )
+        return record
 
     def attempt_records(self, document_id: str) -> list[AttemptRecord]:
-        rows = [a for a in self.attempts if a.document_id == document_id]
-        rows.sort(key=lambda a: (self.jobs[a.job_id].page_number, a.id))
-        return [
-            AttemptRecord(
-                page_number=self.jobs[a.job_id].page_number,
-                claim=a.claim,
-                outcome=a.outcome,
-                model=a.model,
-                provider=a.provider,
-                finish_reason=a.finish_reason,
-                prompt_tokens=a.prompt_tokens,
-                completion_tokens=a.completion_tokens,
-                cost=a.cost,
-                latency_ms=a.latency_ms,
-                provider_request_id=a.provider_request_id,
-                flags=list(a.flags),
-                confidence=a.confidence,
-                status_code=a.status_code,
-                error=a.error,
-                second_read=a.second_read,
-            )
-            for a in rows
-        ]
+        made = sorted(
+            (a for a in self.attempts if a.document_id == document_id),
+            key=lambda a: (self.jobs[a.job_id].page_number, a.id),
+        )
+        return rows.attempt_records(
+            [SimpleNamespace(**vars(a), page_number=self.jobs[a.job_id].page_number) for a in made]
+        )
