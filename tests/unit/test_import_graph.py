@@ -1,9 +1,10 @@
-"""The import graph runs one way: the local package → the handlers → the domain and its adapters; nothing the
-Lambda layer ships imports what it does not ship."""
+"""The import graph runs one way, without a cycle: the local package → the handlers → the domain and its adapters;
+nothing the Lambda layer ships imports what it does not ship."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import subprocess
 import sys
@@ -15,15 +16,30 @@ REPO = Path(__file__).resolve().parents[2]
 LAYER = REPO / "shared" / "pagescribe"
 
 
-def imported(path: Path) -> set[str]:
+def imported(path: Path, *, for_types: bool = True) -> set[str]:
+    """The modules (and names in them) a module imports, at any depth; without ``for_types``, not those imported
+    only for type checking (``if TYPE_CHECKING:``), which never run."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = set() if for_types else {id(n) for n in ast.walk(tree) if _for_types_only(n) for n in ast.walk(n)}
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
+
+
+def _for_types_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in {"TYPE_CHECKING", "typing.TYPE_CHECKING"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(LAYER.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def layer_modules() -> list[Path]:
@@ -46,6 +62,18 @@ def test_the_layer_imports_nothing_it_does_not_ship(path: Path) -> None:
 )
 def test_below_the_handlers_nothing_imports_them(path: Path) -> None:
     assert not {n for n in imported(path) if n.startswith("pagescribe.handlers")}
+
+
+def test_the_layers_modules_import_each_other_without_a_cycle() -> None:
+    # Given every import between the layer's modules that runs (at import time or deferred into a function)
+    modules = {module_name(path): path for path in layer_modules()}
+    graph = {name: (imported(path, for_types=False) & modules.keys()) - {name} for name, path in modules.items()}
+    # Then they can be ordered: no module needs, however indirectly, one that needs it
+    try:
+        order = list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as cycle:
+        pytest.fail(f"an import cycle: {' → '.join(cycle.args[1])}")
+    assert set(order) == modules.keys()
 
 
 def test_each_function_folder_takes_its_own_handler_and_nothing_else() -> None:

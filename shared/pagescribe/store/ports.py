@@ -223,7 +223,11 @@ class SpendStore(Protocol):
 
 
 class TenantStore(Protocol):
-    """Tenants, their API keys, callback secrets and idempotent answers."""
+    """Tenants, their API keys, callback secrets and idempotent answers.
+
+    The operator's administration (``pagescribe tenants``: keys added, listed and revoked, a callback secret, a daily
+    budget through ``SpendStore.set_daily_budget``) ships in the layer although only the local command calls it: it is
+    SQL, and SQL lives in the data-access layer; the command runs it on the deployed database as the functions do."""
 
     def ensure_tenant(self, tenant_id: str) -> None: ...
 
