@@ -167,7 +167,7 @@ class Reader:
     def read(self, rendered: RenderedPage, label: str, page: int) -> Transcription:
         """The provider's transcription of the page."""
         request = TranscriptionRequest(PageImage(rendered.data, rendered.media_type), "", "", 0, label, page)
-        answer = self._runner.run(self._provider.transcribe(request, budget_seconds=BUDGET_SECONDS))
+        answer = self._runner.run(self._provider.transcribe(request, call_seconds=BUDGET_SECONDS))
         self.engine = f"{self._provider.name} ({answer.model})"
         return answer
 

@@ -116,7 +116,7 @@ def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterato
     with _database_url(data_dir) as embedded:
         _reload_settings()
         settings = get_settings()
-        settings.check_model_call_budget()
+        settings.check_model_call_time()
         settings.check_escalation()
         upgrade_database(settings.sqlalchemy_url)
         resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))

@@ -6,12 +6,12 @@ waits on the network) reads the very image the model was sent into positioned li
 grounded to (:mod:`pagescribe.grounding`). It runs in a render process of its own, under the render processes' memory
 and time limits, so a heavy page never takes the function down and never holds up another page's render.
 
-It never delays the call (the call starts first) and never makes the page miss its time budget. ``SECOND_READ``
+It never delays the call (the call starts first) and never makes the page miss its deadline. ``SECOND_READ``
 (or the document's ``second_read``):
 
 - ``auto``: the read starts only when the reading process is free as the call starts (otherwise the CPU is busy with
   another page's read), and once the answer is in, the page waits for it at most a tenth of the call's own time;
-- ``always``: the read waits for the reading process, and the page waits for it as long as its time budget allows;
+- ``always``: the read waits for the reading process, and the page waits for it as long as its deadline allows;
 - ``off``: no read.
 
 A page that goes without says why, in what is stored with its call (``attempts.second_read``) and with its answer

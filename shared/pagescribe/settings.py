@@ -133,7 +133,7 @@ class Settings(BaseSettings):
 
     provider_timeout_seconds: float = Field(default=180.0, gt=0)
     provider_connect_timeout_seconds: float = Field(
-        default=10.0, gt=0, description="Longest wait for a connection to the provider (within the call's budget)."
+        default=10.0, gt=0, description="Longest wait for a connection to the provider (within the call's time)."
     )
     function_timeout_seconds: float = Field(default=300.0, gt=0)
     result_reserve_seconds: float = Field(
@@ -305,7 +305,7 @@ class Settings(BaseSettings):
         default="auto",
         description="A page without a usable text layer is read a second time by the offline engine, in a render "
         "process, while its model call is in flight, to ground the answer to. auto: when a render process is free "
-        "as the call starts, and for no longer than the call itself takes; always: whenever the page's time budget "
+        "as the call starts, and for no longer than the call itself takes; always: whenever the page's time "
         "allows; off: never. A page that goes without says why.",
     )
     second_read_memory_limit_mb: int = Field(
@@ -425,7 +425,7 @@ class Settings(BaseSettings):
             sources.append(file_secret_settings)
         return tuple(sources)
 
-    def check_model_call_budget(self) -> None:
+    def check_model_call_time(self) -> None:
         """For a function that calls the model: its calls must fit inside the function's own timeout.
 
         Checked at the cold start of such a function only; the upload function never calls the model, so a

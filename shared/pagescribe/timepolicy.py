@@ -4,7 +4,7 @@ A page is rendered, then sent to the model, then its result is written. The rend
 RENDER_TIMEOUT_SECONDS (a page over it is a bomb: it fails and its render process is replaced). A model call gets
 PROVIDER_TIMEOUT_SECONDS, capped by the invocation's remaining time less RESULT_RESERVE_SECONDS, kept back to write its
 result; a page that would get less than MIN_CALL_BUDGET_SECONDS is not called (it is left for redelivery, or sent back
-to the queue). Within the call, each HTTP request may take what is left of the call's budget, and its connection
+to the queue). Within the call, each HTTP request may take what is left of the call's time, and its connection
 PROVIDER_CONNECT_TIMEOUT_SECONDS at most. A claim's lease outlasts the invocation by LEASE_MARGIN_SECONDS, so that an
 expired lease proves its holder dead. The numbers are settings; nothing else in the package decides a time limit of
 a page's work.
@@ -62,7 +62,7 @@ class TimePolicy:
         return self.call(remaining) >= self.min_call
 
     def request(self, left_of_call: float) -> RequestTimeouts:
-        """Limits of one HTTP request when ``left_of_call`` seconds of the call's budget are left."""
+        """Limits of one HTTP request when ``left_of_call`` seconds of the call's time are left."""
         return RequestTimeouts(
             connect=min(self.connect_timeout, left_of_call), read=left_of_call, write=left_of_call, pool=left_of_call
         )

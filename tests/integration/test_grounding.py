@@ -1,6 +1,6 @@
 """Grounded transcripts end to end: every answer's blocks traced to the page (the text layer's words, or a second read
-of a scan by the offline engine during the model call), invented and dropped text flagged hard, and the time budget
-kept (a page near its deadline goes without its second read and says why)."""
+of a scan by the offline engine during the model call), invented and dropped text flagged hard, and the
+deadline kept (a page near its deadline goes without its second read and says why)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_a_scan_is_read_a_second_time_during_its_call_and_its_answer_grounded_to
 def test_a_scan_near_its_deadline_goes_without_its_second_read_and_says_why(
     grounded: Pipeline, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a scan whose model call can just get its budget in what is left of the invocation, but not a second read
+    # Given a scan whose model call can just get its time in what is left of the invocation, but not a second read
     monkeypatch.setenv("SECOND_READ", "always")
     get_settings.cache_clear()
     [doc] = grounded.upload("uploads/smile.png", corpus / "smile.png")["documents"]

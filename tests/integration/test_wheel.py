@@ -70,7 +70,8 @@ def test_the_wheel_holds_the_two_packages_and_leaves_the_local_dependencies_to_e
     # Then it holds the Lambda package with its handlers and migrations, and the local package, nothing else
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"pagescribe", "pagescribe_local"}
-    assert {f"pagescribe/handlers/{f}.py" for f in ("upload", "transcribe", "api", "sweeper", "migrate")} <= set(names)
+    handlers = {f"pagescribe/handlers/{f}.py" for f in ("upload", "transcribe", "sweeper", "migrate")}
+    assert handlers | {"pagescribe/handlers/api/__init__.py", "pagescribe/store/postgres/claims.py"} <= set(names)
     migrations = {Path(n).name for n in names if n.startswith("pagescribe/migrations/versions/")}
     assert migrations == {p.name for p in (REPO / "shared/pagescribe/migrations/versions").glob("*.py")}
     assert {"pagescribe/migrations/env.py", "pagescribe/py.typed", "pagescribe_local/cli.py"} <= set(names)

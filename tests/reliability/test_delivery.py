@@ -429,7 +429,7 @@ def test_a_result_write_delayed_past_the_lease_matches_no_row_and_the_newer_resu
             what="the worker to claim the page and call the model",
         )
         # And the network holds everything the worker sends from now on; the answer comes 2 s after the call,
-        # well within the call's budget, and the worker's next database traffic is its result write
+        # well within the call's time, and the worker's next database traffic is its result write
         relay.hold()
         wait_until(lambda: relay.held_bytes > 0, timeout=10, what="the worker's result write to be sent")
         # And meanwhile its lease runs out, the sweeper sends the page again and another invocation completes it

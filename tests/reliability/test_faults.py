@@ -3,7 +3,7 @@ fake chat-completions server misbehaving on purpose.
 
 Every fault must end in the documented state with its reason recorded (README, "How it works"):
 
-* retryable (429, 408, 5xx, resets, hangs and trickles past the budget, empty or malformed answers, an error
+* retryable (429, 408, 5xx, resets, hangs and trickles past the call's time, empty or malformed answers, an error
   body with a 5xx or no code) -> the page goes back to QUEUED with a new message, and after MAX_ATTEMPTS it
   is FAILED "attempts exhausted (n of N): <reason>";
 * other 4xx (and 501) -> FAILED at once with the provider's own message;
@@ -52,19 +52,19 @@ from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 
-# The transcribe function's configured timeout, and the model-call budget every hang and trickle runs into, in seconds:
-# long enough that a loaded machine answers at once within it (a first request slower than the budget would end as "no
-# answer" instead of the fault under test, as a 1 s budget did on CI), short enough for hangs to play out quickly.
+# The transcribe function's configured timeout, and the model call's time every hang and trickle runs into, in seconds:
+# long enough that a loaded machine answers at once within it (a first request slower than the call's time would end
+# as "no answer" instead of the fault under test, as a 1 s call did on CI), short enough for hangs to play out quickly.
 FUNCTION_TIMEOUT = 10.0
 PROVIDER_TIMEOUT = 4.0
 MAX_ATTEMPTS = 3
 
 
-def max_http_attempts(budget_seconds: float) -> int:
-    """The most HTTP requests one call may make in its budget: backoff inside a call waits at least 0.25 s, then
-    0.5 s, 1 s, ..., and no request starts after a wait that would end past the budget (4 s: 5 requests)."""
+def max_http_attempts(call_seconds: float) -> int:
+    """The most HTTP requests one call may make in its time: backoff inside a call waits at least 0.25 s, then
+    0.5 s, 1 s, ..., and no request starts after a wait that would end past the call's time (4 s: 5 requests)."""
     requests, waited, wait = 1, 0.0, 0.25
-    while waited + wait < budget_seconds:
+    while waited + wait < call_seconds:
         requests, waited, wait = requests + 1, waited + wait, wait * 2
     return requests
 
@@ -84,7 +84,7 @@ def faults(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipe
         monkeypatch.setenv(name, value)
     get_settings.cache_clear()
     shutdown_runtime()
-    get_settings().check_model_call_budget()  # the transcribe function's cold-start check holds
+    get_settings().check_model_call_time()  # the transcribe function's cold-start check holds
     yield pipeline
     shutdown_runtime()
 
@@ -212,9 +212,9 @@ PERSISTENT_RETRYABLE: list[Any] = [
     ),
     pytest.param(Reset, "could not reach the provider", id="connection-reset"),
     pytest.param(
-        lambda: Hang(60), f"no answer from the provider within the {PROVIDER_TIMEOUT:.1f} s budget", id="hang"
+        lambda: Hang(60), f"no answer from the provider within the call's {PROVIDER_TIMEOUT:.1f} s", id="hang"
     ),
-    pytest.param(lambda: Trickle(60, chunks=120), f"within the {PROVIDER_TIMEOUT:.1f} s budget", id="trickle"),
+    pytest.param(lambda: Trickle(60, chunks=120), f"within the call's {PROVIDER_TIMEOUT:.1f} s", id="trickle"),
     pytest.param(Empty, "provider returned an empty answer", id="empty-answer"),
     pytest.param(Malformed, "provider returned a malformed response: body is not JSON", id="malformed-json"),
     pytest.param(
@@ -414,7 +414,7 @@ def test_a_truncated_answer_fails_the_page_and_keeps_the_partial_text(
     assert_no_silent_pages(db)
 
 
-# Faults that clear: within one call's budget (one attempt), or on the next delivery (the page was requeued).
+# Faults that clear: within one call's time (one attempt), or on the next delivery (the page was requeued).
 TRANSIENT: list[Any] = [
     pytest.param([Status(500, "hiccup"), Ok()], 1, id="500-then-ok"),
     pytest.param([Status(503, "hiccup"), Ok()], 1, id="503-then-ok"),

@@ -179,7 +179,7 @@ def read() -> Iterator[object]:
             document_id="doc",
             page_number=page_number,
         )
-        return loop.run_until_complete(provider.transcribe(request, budget_seconds=300)).text
+        return loop.run_until_complete(provider.transcribe(request, call_seconds=300)).text
 
     yield read_page
     loop.run_until_complete(provider.aclose())

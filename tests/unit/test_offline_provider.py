@@ -59,7 +59,7 @@ def blank_image(width: int = 1100, height: int = 1500) -> PageImage:
 
 async def transcribe_all(provider: RapidOcrProvider, *images: PageImage, budget: float = 120.0) -> list[Transcription]:
     try:
-        return [await provider.transcribe(page_request(image), budget_seconds=budget) for image in images]
+        return [await provider.transcribe(page_request(image), call_seconds=budget) for image in images]
     finally:
         await provider.aclose()
 
@@ -94,7 +94,7 @@ def test_a_blank_page_reads_blank_page() -> None:
 
 @pytest.mark.offline_ocr
 def test_a_page_over_budget_raises_a_retryable_error() -> None:
-    provider = offline()  # its engine is not built yet: that alone takes longer than the budget
+    provider = offline()  # its engine is not built yet: that alone takes longer than the call's time
 
     with pytest.raises(ProviderError) as caught:
         asyncio.run(transcribe_all(provider, blank_image(), budget=0.01))

@@ -80,7 +80,7 @@ def transcribe(
     async def go() -> Transcription:
         provider = make_provider(base_url, **kwargs)
         try:
-            return await provider.transcribe(request or page_request(), budget_seconds=budget)
+            return await provider.transcribe(request or page_request(), call_seconds=budget)
         finally:
             await provider.aclose()
 
@@ -208,12 +208,12 @@ def test_calls_on_one_provider_reuse_pooled_connections(fake: FakeChatServer) ->
         provider = make_provider(fake.base_url, max_connections=10)
         try:
             sequential = [
-                (await provider.transcribe(page_request(image), budget_seconds=5)).text for image in images[:20]
+                (await provider.transcribe(page_request(image), call_seconds=5)).text for image in images[:20]
             ]
             after_sequential = fake.connections_opened
             fake.default_delay = 0.2  # keeps all 10 concurrent calls in flight at once
             results = await asyncio.gather(
-                *(provider.transcribe(page_request(image), budget_seconds=5) for image in images[20:])
+                *(provider.transcribe(page_request(image), call_seconds=5) for image in images[20:])
             )
             return sequential, after_sequential, [r.text for r in results]
         finally:
@@ -234,7 +234,7 @@ def test_concurrent_calls_queue_for_the_connection_limit(fake: FakeChatServer) -
     async def go() -> list[Transcription]:
         provider = make_provider(fake.base_url, max_connections=3)
         try:
-            return await asyncio.gather(*(provider.transcribe(page_request(), budget_seconds=5) for _ in range(10)))
+            return await asyncio.gather(*(provider.transcribe(page_request(), call_seconds=5) for _ in range(10)))
         finally:
             await provider.aclose()
 
@@ -246,7 +246,7 @@ def test_concurrent_calls_queue_for_the_connection_limit(fake: FakeChatServer) -
     assert time.monotonic() - started >= 0.7  # 10 calls through 3 connections: 4 rounds of 0.2 s
 
 
-# retries within the budget
+# retries within the call's time
 
 
 def test_429_with_retry_after_waits_then_succeeds(fake: FakeChatServer) -> None:
@@ -347,7 +347,7 @@ def test_unsupported_url_scheme_is_not_retried() -> None:
 def test_no_budget_left_means_no_request(fake: FakeChatServer) -> None:
     error, _ = transcribe_failing(fake.base_url, budget=0)
 
-    assert str(error) == "no answer from the provider within the 0.0 s budget"
+    assert str(error) == "no answer from the provider within the call's 0.0 s"
     assert error.retryable
     assert fake.calls == 0
 
@@ -393,7 +393,7 @@ def test_hanging_provider_is_cut_at_the_budget(fake: FakeChatServer) -> None:
 
     error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
 
-    assert str(error) == "no answer from the provider within the 1.0 s budget"
+    assert str(error) == "no answer from the provider within the call's 1.0 s"
     assert error.retryable
     assert 0.9 <= elapsed < 5
 
@@ -404,7 +404,7 @@ def test_budget_error_names_the_last_failure(fake: FakeChatServer) -> None:
     error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
 
     assert str(error) == (
-        "no answer from the provider within the 1.0 s budget (last error: provider returned HTTP 500: Internal error)"
+        "no answer from the provider within the call's 1.0 s (last error: provider returned HTTP 500: Internal error)"
     )
     assert error.retryable
     assert 0.9 <= elapsed < 5
@@ -416,7 +416,7 @@ def test_trickling_answer_is_cut_at_the_budget(fake: FakeChatServer) -> None:
 
     error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
 
-    assert str(error) == "no answer from the provider within the 1.0 s budget"
+    assert str(error) == "no answer from the provider within the call's 1.0 s"
     assert 0.9 <= elapsed < 2.5  # well before the trickle would have finished
 
 
@@ -447,7 +447,7 @@ def test_persistent_retryable_failure_is_retried_until_the_budget_runs_out(
 
     assert message in str(error)  # alone, or as the last error when an attempt was cut at the deadline
     assert error.retryable
-    assert fake.calls >= 2  # the first backoff (at most 0.5 s) fits in the budget
+    assert fake.calls >= 2  # the first backoff (at most 0.5 s) fits in the call's time
     assert elapsed < 1.5
 
 

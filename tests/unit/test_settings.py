@@ -14,7 +14,7 @@ def test_defaults_describe_a_working_configuration() -> None:
     settings = Settings()
     assert settings.provider_base_url == "https://openrouter.ai/api/v1"
     assert settings.provider_timeout_seconds == 180
-    settings.check_model_call_budget()
+    settings.check_model_call_time()
 
 
 def test_a_provider_timeout_not_below_the_function_timeout_fails_naming_both(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,7 +24,7 @@ def test_a_provider_timeout_not_below_the_function_timeout_fails_naming_both(mon
     get_settings.cache_clear()
     # When the transcribe function checks its configuration at cold start
     with pytest.raises(ConfigurationError) as raised:
-        get_settings().check_model_call_budget()
+        get_settings().check_model_call_time()
     get_settings.cache_clear()
     # Then the message names both values
     message = str(raised.value)
@@ -33,7 +33,7 @@ def test_a_provider_timeout_not_below_the_function_timeout_fails_naming_both(mon
 
 def test_any_positive_provider_timeout_is_accepted_without_a_hidden_cap() -> None:
     settings = Settings(provider_timeout_seconds=840, function_timeout_seconds=900)
-    settings.check_model_call_budget()
+    settings.check_model_call_time()
     assert settings.provider_timeout_seconds == 840
 
 

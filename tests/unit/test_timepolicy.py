@@ -42,7 +42,7 @@ def test_a_lease_outlasts_the_invocation_by_the_margin() -> None:
     ("left_of_call", "connect"),
     [
         (120, 10),  # a connection may take the connect timeout, the rest of the request what is left of the call
-        (4, 4),  # near the end of the call's budget, no phase outlasts it
+        (4, 4),  # near the end of the call's time, no phase outlasts it
     ],
 )
 def test_each_request_of_a_call_is_limited_per_phase_within_what_is_left(left_of_call: float, connect: float) -> None:

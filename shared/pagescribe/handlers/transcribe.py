@@ -15,7 +15,7 @@ from pagescribe.providers import openai_compat  # noqa: F401 - the provider unle
 from pagescribe.runtime import get_runtime
 from pagescribe.settings import get_settings
 
-get_settings().check_model_call_budget()  # validate the configuration at cold start
+get_settings().check_model_call_time()  # validate the configuration at cold start
 get_settings().check_render_memory()
 logger = Logger()
 

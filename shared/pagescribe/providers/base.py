@@ -98,10 +98,10 @@ class TranscriptionProvider(Protocol):
         whatever is asked (the offline OCR engine). Metrics and the ledger name it."""
         ...
 
-    async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
-        """Transcribe one page, retrying transient failures, finishing within ``budget_seconds``.
+    async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
+        """Transcribe one page, retrying transient failures, finishing within ``call_seconds``.
 
-        Raises :class:`ProviderError` on failure, including when the budget runs out.
+        Raises :class:`ProviderError` on failure, including when that time runs out.
         """
         ...
 

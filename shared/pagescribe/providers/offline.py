@@ -78,8 +78,8 @@ class RapidOcrProvider:
     """Transcribes page images with RapidOCR on the CPU, at most ``max_workers`` pages at a time.
 
     Each worker thread has its own engine (its own models in memory) and divides the CPU cores with the
-    others. A page whose budget runs out cannot be stopped: its thread finishes it in the background,
-    and later pages wait for a free worker within their own budgets.
+    others. A page whose time runs out cannot be stopped: its thread finishes it in the background,
+    and later pages wait for a free worker within their own time.
     """
 
     def __init__(
@@ -117,18 +117,18 @@ class RapidOcrProvider:
         """How many OCR engines this provider has built: at most one per worker thread."""
         return self._engine_loads
 
-    async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
-        """Transcribe one page; return or raise :class:`ProviderError` within ``budget_seconds``."""
+    async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
+        """Transcribe one page; return or raise :class:`ProviderError` within ``call_seconds``."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            async with asyncio.timeout(budget_seconds):
+            async with asyncio.timeout(call_seconds):
                 boxes, rotation, figures = await loop.run_in_executor(
                     self._executor, self._recognise, request.image.data
                 )
         except TimeoutError:
             raise ProviderError(
-                f"offline OCR did not finish within the {budget_seconds:g} s budget", retryable=True
+                f"offline OCR did not finish within the call's {call_seconds:g} s", retryable=True
             ) from None
         return Transcription(
             text=boxes_to_text(boxes, page_numbers=self._page_numbers, figures=figures),

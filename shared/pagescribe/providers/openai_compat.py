@@ -1,15 +1,15 @@
 """The OpenAI-compatible chat-completions adapter (OpenRouter, OpenAI, vLLM, LiteLLM, ...).
 
 One page is one POST to ``{base_url}/chat/completions`` carrying the prompt and the page image as a
-base64 data URL. Transient failures are retried inside the caller's time budget; whatever happens,
-:meth:`OpenAICompatibleProvider.transcribe` returns or raises within that budget.
+base64 data URL. Transient failures are retried inside the time the caller gives the call; whatever happens,
+:meth:`OpenAICompatibleProvider.transcribe` returns or raises within that time.
 
 Failure policy:
 
 * HTTP 408, 429 and 5xx (except 501 and 505), transport errors (refused, reset, protocol errors,
   timeouts), a 200 whose body is malformed, an empty answer and ``finish_reason == "error"`` are
   retried with exponential backoff and jitter, never sooner than the server's ``Retry-After`` on 429/503.
-  When the next wait does not fit in the remaining budget, the last error is raised, retryable.
+  When the next wait does not fit in the call's remaining time, the last error is raised, retryable.
   With ``retry_rate_limited=False`` (the rate governor is on) a 429 is raised at once: the governor pauses every
   environment and the page waits in the queue, not here.
 * Any other status (other 4xx, 501, 505, 3xx) is raised at once, not retryable.
@@ -90,11 +90,11 @@ class OpenAICompatibleProvider:
     def answering_model(self, requested: str) -> str:
         return requested
 
-    async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
-        """Transcribe one page; return or raise :class:`ProviderError` within ``budget_seconds``."""
+    async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
+        """Transcribe one page; return or raise :class:`ProviderError` within ``call_seconds``."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        deadline = started + budget_seconds
+        deadline = started + call_seconds
         body = json.dumps(self._payload(request), separators=(",", ":")).encode()
         requests = 0  # made so far in this call
         last_error: ProviderError | None = None
@@ -129,7 +129,7 @@ class OpenAICompatibleProvider:
                     )
                     await asyncio.sleep(wait)
         except TimeoutError:
-            message = f"no answer from the provider within the {budget_seconds:.1f} s budget"
+            message = f"no answer from the provider within the call's {call_seconds:.1f} s"
             if last_error is not None:
                 message += f" (last error: {last_error.message})"
             timed_out = ProviderError(message, retryable=True)
@@ -142,7 +142,7 @@ class OpenAICompatibleProvider:
     async def _request(
         self, body: bytes, request: TranscriptionRequest, started: float, deadline: float
     ) -> Transcription:
-        """One HTTP request with timeouts from what is left of the budget."""
+        """One HTTP request with timeouts from what is left of the call's time."""
         loop = asyncio.get_running_loop()
         remaining = deadline - loop.time()
         if remaining <= 0:

@@ -98,7 +98,7 @@ class ModelCaller:
         started = asyncio.get_running_loop().time()
         ran = self._provider.answering_model(model)
         try:
-            result = await self._provider.transcribe(request, budget_seconds=seconds)
+            result = await self._provider.transcribe(request, call_seconds=seconds)
         except ProviderError as exc:
             self._call_failed(ctx, model, ran, exc, started)
             raise

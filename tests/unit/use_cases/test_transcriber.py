@@ -46,7 +46,7 @@ class ScriptedModel:
     def answering_model(self, requested: str) -> str:
         return requested
 
-    async def transcribe(self, request: TranscriptionRequest, *, budget_seconds: float) -> Transcription:
+    async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
         self.asked.append(request.model)
         answer = self.answers.pop(0)
         if isinstance(answer, ProviderError):

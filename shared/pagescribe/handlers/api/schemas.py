@@ -46,7 +46,7 @@ class CreateDocumentRequest(BaseModel):
         default=None,
         description="A page without a usable text layer is read again by the offline engine while its model call is "
         "in flight, to ground the answer to (block boxes, the ungrounded and missed_text checks). auto: when the CPU "
-        "and the time allow; always: whenever the page's time budget allows; off: never. Absent: the stack's "
+        "and the time allow; always: whenever the page's time allows; off: never. Absent: the stack's "
         "SECOND_READ.",
     )
     chunks: bool | None = Field(
