@@ -108,10 +108,10 @@ def test_warm_invocations_reuse_one_provider_connection(
     assert fake_provider.connections_opened == 1
 
 
-def test_a_hanging_provider_is_cut_off_at_the_budget_and_the_page_goes_back(
+def test_a_hanging_provider_is_cut_off_at_the_calls_time_and_the_page_goes_back(
     pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
-    # Given a provider that never answers and an invocation with 12 s left (reserve 5 s → budget 7 s)
+    # Given a provider that never answers and an invocation with 12 s left (reserve 5 s → a call of 7 s)
     [doc] = pipeline.upload("uploads/hang.png", corpus / "smile.png")["documents"]
     [message] = pipeline.receive_all()
     fake_provider.set_default(Hang(120))
@@ -126,12 +126,12 @@ def test_a_hanging_provider_is_cut_off_at_the_budget_and_the_page_goes_back(
     # And the page is back in the queue: QUEUED, one attempt used, the reason recorded, a message sent
     [page] = page_rows(db, doc["document_id"])
     assert page["status"] == "QUEUED" and page["attempts"] == 1
-    assert "budget" in page["error"] and page["enqueued_at"] is not None
+    assert "within the call's" in page["error"] and page["enqueued_at"] is not None
     [again] = pipeline.receive_all()
     assert json.loads(again["Body"])["job_id"] == str(page["id"])
 
 
-def test_a_page_that_cannot_get_a_useful_budget_is_not_claimed(
+def test_a_page_that_cannot_get_a_useful_call_is_not_claimed(
     pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     [doc] = pipeline.upload("uploads/late.png", corpus / "smile.png")["documents"]
@@ -144,7 +144,7 @@ def test_a_page_that_cannot_get_a_useful_budget_is_not_claimed(
     assert fake_provider.calls == 0
 
 
-def test_rate_limits_are_retried_within_the_budget(
+def test_rate_limits_are_retried_within_the_calls_time(
     pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
 ) -> None:
     [doc] = pipeline.upload("uploads/429.png", corpus / "smile.png")["documents"]
@@ -182,7 +182,7 @@ def test_a_truncated_answer_is_a_failed_page_that_keeps_its_text(
 def test_server_errors_past_max_attempts_fail_the_page(
     pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a provider that is down for good and a budget too short to retry inside one call
+    # Given a provider that is down for good and a call too short to retry inside it
     monkeypatch.setenv("PROVIDER_TIMEOUT_SECONDS", "2")
     get_settings.cache_clear()
     from pagescribe.runtime import shutdown_runtime

@@ -592,7 +592,7 @@ def test_a_provider_down_for_a_whole_batch_fails_every_page_in_time(
     pages = page_rows(db, doc["document_id"])
     assert [(p["status"], p["attempts"]) for p in pages] == [("FAILED", MAX_ATTEMPTS)] * 4
     assert all("no answer from the provider within" in p["error"] for p in pages)
-    assert fake_provider.calls == 4 * MAX_ATTEMPTS  # a hang takes the whole budget: one HTTP request per attempt
+    assert fake_provider.calls == 4 * MAX_ATTEMPTS  # a hang takes the call's whole time: one HTTP request per attempt
     _, js = faults.transcript(doc["document_id"])
     assert js["status"] == "FAILED"
     assert_within_deadlines(run)

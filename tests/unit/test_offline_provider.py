@@ -57,9 +57,9 @@ def blank_image(width: int = 1100, height: int = 1500) -> PageImage:
     return PageImage(data=buffer.getvalue(), media_type="image/png")
 
 
-async def transcribe_all(provider: RapidOcrProvider, *images: PageImage, budget: float = 120.0) -> list[Transcription]:
+async def transcribe_all(provider: RapidOcrProvider, *images: PageImage, seconds: float = 120.0) -> list[Transcription]:
     try:
-        return [await provider.transcribe(page_request(image), call_seconds=budget) for image in images]
+        return [await provider.transcribe(page_request(image), call_seconds=seconds) for image in images]
     finally:
         await provider.aclose()
 
@@ -93,14 +93,14 @@ def test_a_blank_page_reads_blank_page() -> None:
 
 
 @pytest.mark.offline_ocr
-def test_a_page_over_budget_raises_a_retryable_error() -> None:
+def test_a_page_over_its_time_raises_a_retryable_error() -> None:
     provider = offline()  # its engine is not built yet: that alone takes longer than the call's time
 
     with pytest.raises(ProviderError) as caught:
-        asyncio.run(transcribe_all(provider, blank_image(), budget=0.01))
+        asyncio.run(transcribe_all(provider, blank_image(), seconds=0.01))
 
     assert caught.value.retryable
-    assert "budget" in caught.value.message
+    assert "within the call's 0.01 s" in caught.value.message
 
 
 @pytest.mark.offline_ocr
@@ -164,7 +164,7 @@ def test_a_dense_table_in_small_type_reads_from_its_title_down_and_nearly_every_
 
     # When the offline engine reads it (half a minute on two idle cores; the suite shares them among four workers)
     image = PageImage(data=page.data, media_type=page.media_type)
-    [result] = asyncio.run(transcribe_all(offline(), image, budget=900.0))
+    [result] = asyncio.run(transcribe_all(offline(), image, seconds=900.0))
 
     # Then its title and first rows are there (the engine's cap of 1,000 candidate lines, taken from the bottom up,
     # dropped the top third of the page: 59 % of its words), and nine words in ten at least (the lone digits of its
@@ -189,7 +189,7 @@ def test_a_sideways_page_of_small_type_is_turned_at_the_size_sent_and_read_enlar
 
     # Then it was turned back, and read four times: as sent, a quarter each way (finding the way up needs no small
     # type read well), and once enlarged, the way up; enlarging each reading took six, and more than the page's
-    # budget on a loaded machine
+    # time on a loaded machine
     assert rotation == 90
     assert len(engine.sizes) == 4
     assert engine.sizes[-1][0] > top.height and engine.sizes[-1][1] > top.width  # the last, enlarged and upright
