@@ -21,6 +21,10 @@ Glossary (one word per idea; the names of JSON keys, database columns and settin
   (backoff, up to MAX_ATTEMPTS); *defer*: sent back before any call, its claim given back (a gate said wait).
   *retry* is the user's: ``POST /documents/{id}/retry`` queues a finished document's failed pages again
   (``DocumentRecord.retries``); *re-run* queues chosen pages again.
+- *transcribe*: a page image into text, by a provider (``TranscriptionProvider.transcribe``: one call); a claimed
+  page, from its source to its result (``Transcriber.transcribe_claimed``); one message of a batch
+  (``TranscriptionBatch.transcribe``). The transcribe function runs batches; ``pagescribe transcribe`` runs the
+  pipeline locally on files. A document's *transcript* is its finished pages written as files (``TranscriptWriter``).
 - *budget*: money only, a tenant's daily budget (DAILY_BUDGET_USD) beside a document's cost cap (``max_cost_usd``).
   Time is the invocation's *deadline* (``pagescribe.timepolicy.Deadline``), shared out by the *time policy*;
   MIN_CALL_BUDGET_SECONDS keeps its older name.
