@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import boto3
 import pytest
-from pagescribe.aws import JobMessage, JobQueue
+from moto import mock_aws
+from pagescribe.aws import JobMessage, JobQueue, ObjectStore
 
 from tests.support.memory_store import MemoryStore
+
+BUCKET = "pagescribe-bucket"  # the stack's bucket: uploads/ and transcripts/
 
 
 @pytest.fixture
 def store() -> MemoryStore:
     return MemoryStore()
+
+
+@pytest.fixture
+def objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
+    """S3 through moto in this process, with the stack's bucket made, whatever the environment points boto3 at."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=BUCKET)
+        yield ObjectStore(client)
 
 
 @dataclass

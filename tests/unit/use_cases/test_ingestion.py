@@ -3,12 +3,8 @@ recorded; bad files end FAILED with their reason; S3's own calls go to moto in t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
-import pytest
-from moto import mock_aws
 from pagescribe.aws import ObjectStore
 from pagescribe.domain import DocumentStatus, JobStatus
 from pagescribe.ingestion import Ingestor, UploadedObject
@@ -17,9 +13,8 @@ from pagescribe.sources.documents import DocumentInfo, inspect_document
 
 from tests.support import CORPUS
 from tests.support.memory_store import MemoryStore
-from tests.unit.use_cases.conftest import QueueSpy
+from tests.unit.use_cases.conftest import BUCKET, QueueSpy
 
-BUCKET = "uploads-bucket"
 SETTINGS = Settings(bucket_name=BUCKET)
 
 
@@ -28,21 +23,6 @@ class InThisProcess:
 
     def inspect(self, path: Path, *, max_pages: int, max_image_pixels: int) -> DocumentInfo:
         return inspect_document(path, max_pages=max_pages, max_image_pixels=max_image_pixels)
-
-
-@pytest.fixture
-def objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "k",
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket=BUCKET)
-        yield ObjectStore(client)
 
 
 def _upload(objects: ObjectStore, key: str, body: bytes) -> UploadedObject:

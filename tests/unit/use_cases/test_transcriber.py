@@ -8,9 +8,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import boto3
 import pytest
-from moto import mock_aws
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore
 from pagescribe.domain import NewDocument, PageResult
@@ -24,9 +22,8 @@ from pagescribe.transcription.transcriber import Transcriber
 
 from tests.support import CORPUS
 from tests.support.memory_store import MemoryStore
-from tests.unit.use_cases.conftest import QueueSpy
+from tests.unit.use_cases.conftest import BUCKET, QueueSpy
 
-BUCKET = "pagescribe-bucket"
 SETTINGS = Settings(bucket_name=BUCKET, second_read="off", escalation_model="big/model", max_attempts=3)
 GOOD = "# A page\n\nIt reads as the page does, every word of it in place."
 LOOP = "the same words again " * 400
@@ -55,18 +52,6 @@ class ScriptedModel:
 
     async def aclose(self) -> None:
         """Nothing to release."""
-
-
-@pytest.fixture
-def objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
-    credentials = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}
-    for name, value in credentials.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket=BUCKET)
-        yield ObjectStore(client)
 
 
 @pytest.fixture(scope="module")
