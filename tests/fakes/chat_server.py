@@ -11,6 +11,11 @@ Requests are validated like a real server would (path, API key, JSON body with m
 base64 ``image_url`` data URL) before a scripted behaviour is consumed; invalid ones get an
 OpenAI-style error body and do not consume the script.
 
+A request with ``"stream": true`` is answered with server-sent events (``streams=False``: a server that cannot
+stream, answering with a JSON body): one event per word of the answer, spread over the answer's delay, usage (and
+cost) in a last event when ``stream_options.include_usage`` or ``usage.include`` asks, then ``data: [DONE]``.
+``fake.billed`` lists the completion tokens each answer actually sent, streamed ones up to the client going away.
+
 Standalone: ``python -m tests.fakes.chat_server --port 0 --delay 0`` prints its base URL and serves
 until killed.
 """
@@ -25,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import struct
@@ -63,6 +69,7 @@ class Ok:
     cost: float | None = 0.00012
     include_id: bool = True
     as_parts: bool = False
+    keepalives: int = 0  # streamed: SSE comments (": OPENROUTER PROCESSING") before the first event
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,28 @@ class Trickle:
     chunks: int = 10
 
 
-Behaviour = Ok | Status | BodyError | Hang | Reset | Malformed | Empty | Truncated | Trickle
+@dataclass(frozen=True)
+class Loop:
+    """A model stuck in a loop: ``unit`` written again and again up to the request's max_tokens (one token a word),
+    ``token_seconds`` apart, then finish_reason "length". Streamed, it stops when the client goes away; unstreamed,
+    the whole of it is generated (and billed) before the answer is sent."""
+
+    unit: str = "The same line once more. "
+    token_seconds: float = 0.001
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """Streamed: ``after`` words of an answer, then an error event (OpenRouter's mid-stream error); unstreamed: a 200
+    whose body is that error."""
+
+    code: int = 502
+    after: int = 3
+    message: str = "simulated upstream error mid-stream"
+
+
+Behaviour = Ok | Status | BodyError | Hang | Reset | Malformed | Empty | Truncated | Trickle | Loop | StreamError
+_UNSTREAMED = Status | BodyError | Hang | Reset | Malformed | Trickle  # the same whether streamed or not
 # Chooses the behaviour for a request from its JSON body and its decoded page image; None leaves it to the script.
 Rule = Callable[[dict[str, Any], bytes], Behaviour | None]
 
@@ -207,9 +235,13 @@ class ReceivedRequest:
 class FakeChatServer:
     """A threaded HTTP/1.1 chat-completions server on 127.0.0.1 with keep-alive and scripted faults."""
 
-    def __init__(self, *, port: int = 0, require_api_key: str | None = None, default_delay: float = 0.0) -> None:
+    def __init__(
+        self, *, port: int = 0, require_api_key: str | None = None, default_delay: float = 0.0, streams: bool = True
+    ) -> None:
         self.require_api_key = require_api_key
         self.default_delay = default_delay  # seconds before every Ok, Empty and Truncated answer
+        self.streams = streams  # answers "stream": true with events; False: with a JSON body, as it cannot stream
+        self._billed: list[int] = []
         self._port = port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -298,6 +330,13 @@ class FakeChatServer:
         return [r.body for r in self.received if r.body is not None]
 
     @property
+    def billed(self) -> list[int]:
+        """The completion tokens each answer sent, in the order the answers ended: a streamed answer's up to the
+        client's going away (what a provider bills for a call closed mid-answer)."""
+        with self._lock:
+            return list(self._billed)
+
+    @property
     def calls(self) -> int:
         """HTTP requests received, valid or not."""
         with self._lock:
@@ -322,6 +361,10 @@ class FakeChatServer:
                 return chosen
         with self._lock:
             return self._script.popleft() if self._script else self._default
+
+    def _bill(self, tokens: int) -> None:
+        with self._lock:
+            self._billed.append(tokens)
 
     def _next_answer_number(self) -> int:
         with self._lock:
@@ -431,16 +474,22 @@ class _Handler(BaseHTTPRequestHandler):
         except _InvalidRequest as exc:
             self._send_error(400, str(exc))
             return
-        self._perform(fake._next_behaviour(body, image), body, image)
+        behaviour = fake._next_behaviour(body, image)
+        if body.get("stream") is True and fake.streams and not isinstance(behaviour, _UNSTREAMED):
+            self._stream(_as_answer(behaviour), body, image)
+        else:
+            self._perform(behaviour, body, image)
 
     def _perform(self, behaviour: Behaviour, body: dict[str, Any], image: bytes) -> None:
         fake = self.server.fake
         match _as_answer(behaviour):
             case Ok() as ok:
                 self._answer(ok, body, image)
+            case Loop() as loop:
+                self._loop_answer(loop, body, image)
             case Status() as status:
                 self._status(status)
-            case BodyError(code=code, message=message):
+            case BodyError(code=code, message=message) | StreamError(code=code, message=message):
                 self._send_json(200, {"error": {"code": code, "message": message}})
             case Hang(seconds=seconds):
                 fake._pause(seconds)
@@ -460,7 +509,112 @@ class _Handler(BaseHTTPRequestHandler):
         if not fake._pause(fake.default_delay + ok.delay):
             self.close_connection = True
             return
-        self._send_json(200, _completion(fake._next_answer_number(), body, image, ok))
+        completion = _completion(fake._next_answer_number(), body, image, ok)
+        fake._bill(completion["usage"]["completion_tokens"])
+        self._send_json(200, completion)
+
+    def _loop_answer(self, loop: Loop, body: dict[str, Any], image: bytes) -> None:
+        """Unstreamed, a loop is generated to the output limit, all of it billed, before the answer is sent."""
+        fake = self.server.fake
+        tokens = body.get("max_tokens") or 4096
+        if not fake._pause(tokens * loop.token_seconds):
+            self.close_connection = True
+            return
+        fake._bill(tokens)
+        text = "".join(_words(loop.unit * (tokens // len(loop.unit.split()) + 1))[:tokens])
+        self._send_json(
+            200, _completion(fake._next_answer_number(), body, image, Ok(text=text, finish_reason="length"))
+        )
+
+    def _stream(self, behaviour: Behaviour, body: dict[str, Any], image: bytes) -> None:
+        """The answer as server-sent events, one a word, over a chunked response; billed up to what was sent."""
+        fake = self.server.fake
+        self._start_events()
+        sent = 0
+        try:
+            match behaviour:
+                case Ok() as ok:
+                    self._event(b": OPENROUTER PROCESSING" for _ in range(ok.keepalives))
+                    sent = self._stream_answer(ok, body, image)
+                case Loop(unit=unit, token_seconds=seconds):
+                    sent = self._stream_loop(unit, seconds, body)
+                case StreamError(code=code, after=after, message=message):
+                    head = {"id": f"gen-{fake._next_answer_number()}", "model": body["model"]}
+                    for sent in range(1, after + 1):
+                        self._data(head | {"choices": [{"index": 0, "delta": {"content": f"word{sent} "}}]})
+                    error = {"error": {"code": code, "message": message}}
+                    self._data(head | error | {"choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]})
+                    self._data_done()
+        finally:
+            fake._bill(sent)
+
+    def _stream_answer(self, ok: Ok, body: dict[str, Any], image: bytes) -> int:
+        fake = self.server.fake
+        completion = _completion(fake._next_answer_number(), body, image, ok)
+        text = expected_text(image) if ok.text is None else ok.text
+        words = _words(text)
+        head = {key: completion[key] for key in ("id", "model") if key in completion}
+        sent = 0
+        for word in words:
+            if not fake._pause((fake.default_delay + ok.delay) / len(words)):
+                self.close_connection = True
+                return sent
+            self._data(head | {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
+            sent += 1
+        if not words and not fake._pause(fake.default_delay + ok.delay):
+            self.close_connection = True
+            return sent
+        self._data(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": ok.finish_reason}]})
+        if _wants_usage(body):
+            self._data(head | {"choices": [], "usage": completion["usage"]})
+        self._data_done()
+        return sent
+
+    def _stream_loop(self, unit: str, seconds: float, body: dict[str, Any]) -> int:
+        fake = self.server.fake
+        head = {"id": f"gen-{fake._next_answer_number()}", "model": body["model"]}
+        tokens = body.get("max_tokens") or 4096
+        pieces = _words(unit)
+        for sent in range(tokens):
+            if not fake._pause(seconds):
+                self.close_connection = True
+                return sent
+            try:
+                self._data(head | {"choices": [{"index": 0, "delta": {"content": pieces[sent % len(pieces)]}}]})
+            except OSError:  # the client closed the stream: the provider stops generating
+                self.close_connection = True
+                return sent
+        self._data(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        if _wants_usage(body):
+            usage = {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": tokens,
+                "total_tokens": PROMPT_TOKENS + tokens,
+            }
+            self._data(head | {"choices": [], "usage": usage})
+        self._data_done()
+        return tokens
+
+    def _start_events(self) -> None:
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            f"Transfer-Encoding: chunked\r\nx-request-id: req-{self.server.fake._next_response_number()}\r\n\r\n"
+        )
+        self.wfile.write(head.encode("latin-1"))
+
+    def _event(self, lines: Any) -> None:
+        for line in lines:
+            self._chunk(line + b"\n\n")
+
+    def _data(self, payload: dict[str, Any]) -> None:
+        self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+    def _data_done(self) -> None:
+        self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
     def _status(self, status: Status) -> None:
         extra = {"Retry-After": status.retry_after} if status.retry_after is not None else {}
@@ -536,6 +690,18 @@ def _decode_data_url(url: str) -> bytes:
         return base64.b64decode(data, validate=True)
     except binascii.Error as exc:
         raise _InvalidRequest("Invalid image data: not valid base64") from exc
+
+
+def _words(text: str) -> list[str]:
+    """The answer's tokens as the fake counts them: each word with the white space around it."""
+    return re.findall(r"\s*\S+\s*", text)
+
+
+def _wants_usage(body: dict[str, Any]) -> bool:
+    options, usage = body.get("stream_options"), body.get("usage")
+    return (isinstance(options, dict) and options.get("include_usage") is True) or (
+        isinstance(usage, dict) and usage.get("include") is True
+    )
 
 
 def _completion(number: int, body: dict[str, Any], image: bytes, ok: Ok) -> dict[str, Any]:

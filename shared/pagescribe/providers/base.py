@@ -7,11 +7,15 @@ evidence of one call (tokens, cost, request id, latency, failed requests) travel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pagescribe.layout.boxes import TextBox
+
+# The finish reason of a call cut while it streamed: the answer so far was a loop (``TranscriptionRequest.loop_check``)
+LOOP_CUT = "loop"
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class TranscriptionRequest:
     max_output_tokens: int
     document_id: str  # for logs only
     page_number: int  # for logs only
+    # the answer so far is a loop: a streamed call is cut (closed) when this says so, and answers LOOP_CUT
+    loop_check: Callable[[str], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class Transcription:
     rotation: int = 0  # degrees clockwise an OCR engine turned the image it was sent to read it upright
     failed_attempts: tuple[FailedAttempt, ...] = ()  # the requests before the one that answered, which failed
     lines: tuple[TextBox, ...] = ()  # an OCR engine's recognised lines, in pixels of the image it was sent
+    cost_estimated: bool = False  # the cost (and tokens the provider did not report) are pagescribe's estimate
 
 
 class ProviderError(Exception):

@@ -15,6 +15,17 @@ Failure policy:
 * Any other status (other 4xx, 501, 505, 3xx) is raised at once, not retryable.
 * A 200 whose body is an error object (OpenRouter does this) is treated like its code as a status.
 * ``finish_reason == "length"`` is a result (the ``truncated`` flag of the checks), not an error.
+
+Streaming (``stream``: auto, on, off). Streamed, the answer comes as server-sent events (``stream: true``, with
+``stream_options.include_usage`` for the usage in the last event, where OpenRouter also puts ``usage.cost``); comments
+(``: OPENROUTER PROCESSING``) are keep-alives. The same failure policy holds: an error status before the stream, an
+error object in an event (mid-stream too: the partial answer is dropped) and a stream that ends before the answer
+did are classified and retried as above. While the answer arrives the request's ``loop_check`` is run on the text so
+far, every ``_CHECK_EVERY_CHARS`` characters at first, then every eighth more: when it finds a loop, the response is
+closed (the connection with it, so the provider stops generating) and the call answers with the text received,
+``finish_reason == LOOP_CUT``, the usage if it came, else the text events received counted as completion tokens.
+An endpoint that answers a streamed request with a plain JSON body is read as today; with ``auto``, one that rejects
+the stream parameter (HTTP 400/422 naming it) is called unstreamed from then on, for the life of the provider.
 """
 
 from __future__ import annotations
@@ -25,13 +36,22 @@ import json
 import logging
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import Literal
 
 import httpx
 
-from pagescribe.providers.base import FailedAttempt, PageImage, ProviderError, Transcription, TranscriptionRequest
+from pagescribe.providers.base import (
+    LOOP_CUT,
+    FailedAttempt,
+    PageImage,
+    ProviderError,
+    Transcription,
+    TranscriptionRequest,
+)
 from pagescribe.timepolicy import TimePolicy
 
 logger = logging.getLogger(__name__)
@@ -41,6 +61,14 @@ BACKOFF_CAP_SECONDS = 20.0
 _NOT_RETRYABLE_5XX = frozenset({501, 505})  # Not Implemented, HTTP Version Not Supported
 _RETRY_AFTER_STATUSES = frozenset({429, 503})
 _DETAIL_LIMIT = 500  # characters of a provider's error text kept in a message
+_CHECK_EVERY_CHARS = 512  # a streamed answer is checked for a loop at least this many new characters apart
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+StreamMode = Literal["auto", "on", "off"]
+
+
+class _StreamRefusedError(Exception):
+    """The endpoint rejected the stream parameter: call it unstreamed."""
 
 
 class OpenAICompatibleProvider:
@@ -62,6 +90,7 @@ class OpenAICompatibleProvider:
         app_url: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         retry_rate_limited: bool = True,
+        stream: StreamMode = "auto",
     ) -> None:
         headers = {"X-Title": app_name}
         if app_url:
@@ -77,6 +106,8 @@ class OpenAICompatibleProvider:
         self._time = time
         self._usage_accounting = usage_accounting
         self._retry_rate_limited = retry_rate_limited
+        self._stream_mode = stream
+        self._streams = stream != "off"  # auto turns it off when the endpoint rejects the stream parameter
         url = self._client.base_url
         self._name = f"openai-compatible:{url.host}" + (f":{url.port}" if url.port is not None else "")
 
@@ -95,7 +126,6 @@ class OpenAICompatibleProvider:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + call_seconds
-        body = json.dumps(self._payload(request), separators=(",", ":")).encode()
         requests = 0  # made so far in this call
         last_error: ProviderError | None = None
         failed: list[FailedAttempt] = []  # the requests retried, each recorded by the caller as a call
@@ -105,7 +135,7 @@ class OpenAICompatibleProvider:
                     requests += 1
                     request_started = loop.time()
                     try:
-                        result = await self._request(body, request, started, deadline)
+                        result = await self._request(request, started, deadline)
                         return replace(result, failed_attempts=tuple(failed))
                     except ProviderError as error:
                         error.earlier_attempts = tuple(failed)
@@ -139,26 +169,44 @@ class OpenAICompatibleProvider:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _request(
-        self, body: bytes, request: TranscriptionRequest, started: float, deadline: float
-    ) -> Transcription:
-        """One HTTP request with timeouts from what is left of the call's time."""
+    async def _request(self, request: TranscriptionRequest, started: float, deadline: float) -> Transcription:
+        """One HTTP request (streamed unless streaming is off) with timeouts from what is left of the call's time."""
         loop = asyncio.get_running_loop()
         remaining = deadline - loop.time()
         if remaining <= 0:
             raise TimeoutError  # reported like the deadline itself
         timeout = httpx.Timeout(**asdict(self._time.request(remaining)))
         try:
-            response = await self._client.post(
-                "chat/completions", content=body, headers={"Content-Type": "application/json"}, timeout=timeout
-            )
+            if self._streams:
+                try:
+                    return await self._streamed(request, started, timeout)
+                except _StreamRefusedError:
+                    self._streams = False
+                    logger.warning("%s rejects streamed calls; its calls are made unstreamed from now on", self._name)
+            body = json.dumps(self._payload(request, stream=False), separators=(",", ":")).encode()
+            response = await self._client.post("chat/completions", content=body, headers=_JSON_HEADERS, timeout=timeout)
         except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
             raise ProviderError(f"cannot send the request to the provider: {_describe(exc)}", retryable=False) from exc
         except httpx.RequestError as exc:
             raise ProviderError(f"could not reach the provider: {_describe(exc)}", retryable=True) from exc
         return _transcription(response, request, loop.time() - started)
 
-    def _payload(self, request: TranscriptionRequest) -> dict[str, object]:
+    async def _streamed(self, request: TranscriptionRequest, started: float, limits: httpx.Timeout) -> Transcription:
+        """A streamed request: its events read as they come, the answer checked for a loop on the way and the response
+        closed at the first one; a plain JSON answer (an endpoint that does not stream) read as today."""
+        body = json.dumps(self._payload(request, stream=True), separators=(",", ":")).encode()
+        stream = self._client.stream("POST", "chat/completions", content=body, headers=_JSON_HEADERS, timeout=limits)
+        async with stream as response:
+            if response.is_success and _is_event_stream(response):
+                answer = _StreamedAnswer(request.loop_check)
+                await answer.read(response)
+                return answer.transcription(response, request, asyncio.get_running_loop().time() - started)
+            await response.aread()
+            if self._stream_mode == "auto" and _refuses_stream(response):
+                raise _StreamRefusedError
+        return _transcription(response, request, asyncio.get_running_loop().time() - started)
+
+    def _payload(self, request: TranscriptionRequest, *, stream: bool) -> dict[str, object]:
         payload: dict[str, object] = {
             "model": request.model,
             "messages": [
@@ -175,7 +223,108 @@ class OpenAICompatibleProvider:
         }
         if self._usage_accounting:
             payload["usage"] = {"include": True}
+        if stream:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
         return payload
+
+
+class _StreamedAnswer:
+    """A streamed answer as its events arrive: the text so far, its finish reason, id, model and usage."""
+
+    def __init__(self, loop_check: Callable[[str], bool] | None) -> None:
+        self._loop_check = loop_check
+        self._parts: list[str] = []
+        self._chars = 0
+        self._checked_at = 0  # characters when the loop check last ran
+        self._pieces = 0  # events that carried text: the tokens received, where no usage comes
+        self._finish_reason: str | None = None
+        self._usage: object = None
+        self._model: object = None
+        self._id: object = None
+        self._done = False  # data: [DONE]
+        self._cut = False
+
+    async def read(self, response: httpx.Response) -> None:
+        """Read the events to the end of the answer, or to the first loop (then stop reading: the caller closes)."""
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # blank lines between events, comments (": OPENROUTER PROCESSING" keep-alives), other fields
+            data = line[5:].strip()
+            if data == "[DONE]" or self._done:  # read on to the body's end: the connection stays reusable
+                self._done = True
+                continue
+            try:
+                chunk: object = json.loads(data)
+            except ValueError as exc:
+                raise _malformed(f"an event is not JSON ({exc})") from exc
+            if not isinstance(chunk, dict):
+                raise _malformed("an event is not a JSON object")
+            self._take(chunk)
+            if self._looping():
+                self._cut = True
+                return
+
+    def _take(self, chunk: dict[str, object]) -> None:
+        error = chunk.get("error")
+        if isinstance(error, dict | str) and error:
+            raise _body_error(error)
+        self._id = chunk.get("id") or self._id
+        self._model = chunk.get("model") or self._model
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            return  # the usage event has no choices
+        delta = choice.get("delta")
+        text = _content_text(delta.get("content")) if isinstance(delta, dict) else None
+        if text:
+            self._parts.append(text)
+            self._chars += len(text)
+            self._pieces += 1
+        if isinstance(choice.get("finish_reason"), str):
+            self._finish_reason = str(choice["finish_reason"])
+
+    def _looping(self) -> bool:
+        """Whether the text so far is a loop, checked when it has grown enough since the check before."""
+        if self._loop_check is None or self._chars - self._checked_at < max(_CHECK_EVERY_CHARS, self._checked_at // 8):
+            return False
+        self._checked_at = self._chars
+        return self._loop_check("".join(self._parts))
+
+    def transcription(self, response: httpx.Response, request: TranscriptionRequest, latency: float) -> Transcription:
+        text = _storable("".join(self._parts))
+        if self._cut:
+            finish_reason = LOOP_CUT
+        elif self._finish_reason is None and not self._done:
+            raise _malformed("the stream ended before the answer did")
+        else:
+            finish_reason = _accepted(text, self._finish_reason or "unknown")
+        prompt_tokens, completion_tokens, cost = _usage({"usage": self._usage})
+        if completion_tokens is None and self._cut:
+            completion_tokens = self._pieces
+        model, response_id = self._model, self._id
+        return Transcription(
+            text=text,
+            finish_reason=finish_reason,
+            model=model if isinstance(model, str) and model else request.model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost=cost,
+            request_id=response_id if isinstance(response_id, str) else response.headers.get("x-request-id"),
+            latency_seconds=latency,
+        )
+
+
+def _is_event_stream(response: httpx.Response) -> bool:
+    content_type = str(response.headers.get("content-type", ""))
+    return content_type.split(";")[0].strip().lower() == "text/event-stream"
+
+
+def _refuses_stream(response: httpx.Response) -> bool:
+    """A 400 or 422 whose error names the stream parameter: the endpoint does not stream."""
+    return response.status_code in (400, 422) and "stream" in response.text.lower()
 
 
 def _data_url(image: PageImage) -> str:
@@ -342,11 +491,16 @@ def _answer(body: dict[str, object]) -> tuple[str, str]:
     text = _storable(text)
     raw_finish_reason = choices[0].get("finish_reason")
     finish_reason = raw_finish_reason if isinstance(raw_finish_reason, str) else "unknown"
+    return text, _accepted(text, finish_reason)
+
+
+def _accepted(text: str, finish_reason: str) -> str:
+    """The finish reason of an answer that may be kept; a failed or empty answer raises."""
     if finish_reason == "error":
         raise ProviderError("provider reported an error while answering (finish_reason=error)", retryable=True)
     if not text.strip() and finish_reason != "length":
         raise ProviderError(f"provider returned an empty answer (finish_reason={finish_reason})", retryable=True)
-    return text, finish_reason
+    return finish_reason
 
 
 def _usage(body: dict[str, object]) -> tuple[int | None, int | None, float | None]:
