@@ -244,6 +244,7 @@ class FakeChatServer:
         self._billed: list[int] = []
         self._port = port
         self._lock = threading.Lock()
+        self._billing = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._script: deque[Behaviour] = deque()
         self._rules: list[Rule] = []
@@ -362,9 +363,17 @@ class FakeChatServer:
         with self._lock:
             return self._script.popleft() if self._script else self._default
 
+    def wait_billed(self, answers: int, timeout: float = 30.0) -> list[int]:
+        """``billed`` once that many answers have ended (a streamed one ends when the server sees the client gone)."""
+        with self._billing:
+            if not self._billing.wait_for(lambda: len(self._billed) >= answers, timeout):
+                raise TimeoutError(f"{len(self._billed)} answers billed, not {answers}, within {timeout} s")
+            return list(self._billed)
+
     def _bill(self, tokens: int) -> None:
-        with self._lock:
+        with self._billing:
             self._billed.append(tokens)
+            self._billing.notify_all()
 
     def _next_answer_number(self) -> int:
         with self._lock:

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.checks import repetition
 from pagescribe.providers.base import (
+    LOOP_CUT,
     PageImage,
     ProviderError,
     Transcription,
@@ -36,10 +38,12 @@ from tests.fakes.chat_server import (
     Empty,
     FakeChatServer,
     Hang,
+    Loop,
     Malformed,
     Ok,
     Reset,
     Status,
+    StreamError,
     Trickle,
     Truncated,
     expected_text,
@@ -475,3 +479,151 @@ def test_fake_server_runs_standalone_for_subprocess_tests() -> None:
     finally:
         process.terminate()
         assert process.wait(timeout=5) == 0
+
+
+# streamed calls
+
+
+def loops(text: str) -> bool:
+    """The loop check the pipeline gives a call: the repetition check at its default threshold."""
+    return repetition(text, SETTINGS.flag_repetition_threshold) >= SETTINGS.flag_repetition_threshold
+
+
+def looping_request(max_output_tokens: int = 4096, *, check: bool = True) -> TranscriptionRequest:
+    request = page_request()
+    return TranscriptionRequest(
+        image=request.image,
+        prompt=request.prompt,
+        model=request.model,
+        max_output_tokens=max_output_tokens,
+        document_id=request.document_id,
+        page_number=request.page_number,
+        loop_check=loops if check else None,
+    )
+
+
+def test_streamed_answer_is_read_from_its_events_with_the_usage_of_the_last(fake: FakeChatServer) -> None:
+    fake.script(Ok(keepalives=3, text="One two three four five six."))
+
+    result = transcribe(fake.base_url)
+
+    body = fake.requests[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert result.text == "One two three four five six."  # six events, after three keep-alive comments
+    assert result.finish_reason == "stop"
+    assert (result.prompt_tokens, result.completion_tokens, result.cost) == (1000, 6, 0.00012)
+    assert result.request_id == "gen-1"
+    assert result.model == "vendor/vision-model"
+    assert fake.wait_billed(1) == [6]
+
+
+def test_stream_off_makes_the_call_unstreamed(fake: FakeChatServer) -> None:
+    result = transcribe(fake.base_url, stream="off")
+
+    assert result.text == expected_text(IMAGE.data)
+    assert "stream" not in fake.requests[0] and "stream_options" not in fake.requests[0]
+
+
+def test_endpoint_that_cannot_stream_is_read_from_its_json_body() -> None:
+    with FakeChatServer(streams=False) as plain:
+        result = transcribe(plain.base_url)
+
+        assert plain.requests[0]["stream"] is True  # asked to stream, it answered with one JSON body
+        assert result.text == expected_text(IMAGE.data)
+        assert (result.prompt_tokens, result.cost) == (1000, 0.00012)
+
+
+def refuses_streaming(body: dict[str, Any], image: bytes) -> Status | None:
+    """An endpoint that rejects the stream parameter, as some OpenAI-compatible servers do."""
+    return Status(400, "Unrecognized request argument supplied: stream") if "stream" in body else None
+
+
+def test_endpoint_that_rejects_the_stream_parameter_is_called_unstreamed_from_then_on(fake: FakeChatServer) -> None:
+    fake.route(refuses_streaming)
+
+    async def go() -> list[Transcription]:
+        provider = make_provider(fake.base_url)
+        try:
+            return [await provider.transcribe(page_request(), call_seconds=5) for _ in range(2)]
+        finally:
+            await provider.aclose()
+
+    results = asyncio.run(go())
+
+    assert [result.text for result in results] == [expected_text(IMAGE.data)] * 2
+    assert ["stream" in body for body in fake.requests] == [True, False, False]  # refused once, then never asked
+    assert results[0].failed_attempts == ()  # the refusal is no failed request of the call
+
+
+def test_stream_on_does_not_fall_back_when_the_endpoint_rejects_it(fake: FakeChatServer) -> None:
+    fake.route(refuses_streaming)
+
+    error, _ = transcribe_failing(fake.base_url, stream="on")
+
+    assert error.status_code == 400 and not error.retryable
+    assert "stream" in error.message
+    assert fake.calls == 1
+
+
+def test_error_event_mid_stream_is_retried_like_an_error_body(fake: FakeChatServer) -> None:
+    fake.script(StreamError(502, after=3), Ok())
+
+    result = transcribe(fake.base_url)
+
+    assert result.text == expected_text(IMAGE.data)  # the partial answer before the error is dropped
+    assert [failure.status_code for failure in result.failed_attempts] == [502]
+    assert "simulated upstream error mid-stream" in result.failed_attempts[0].message
+    assert fake.calls == 2
+
+
+def test_error_event_with_a_client_error_code_is_not_retried(fake: FakeChatServer) -> None:
+    fake.script(StreamError(400, message="context length exceeded"))
+
+    error, _ = transcribe_failing(fake.base_url)
+
+    assert not error.retryable and error.status_code == 400
+    assert "context length exceeded" in error.message
+    assert fake.calls == 1
+
+
+def test_stream_slower_than_the_call_is_cut_at_its_time(fake: FakeChatServer) -> None:
+    fake.script(Ok(delay=30.0))  # its words arrive 5 s apart
+
+    error, elapsed = transcribe_failing(fake.base_url, budget=1.0)
+
+    assert error.retryable
+    assert "within the call's 1.0 s" in error.message
+    assert elapsed < 3.0
+
+
+def test_looping_stream_is_cut_at_the_first_loop_and_billed_a_fraction_of_the_limit(fake: FakeChatServer) -> None:
+    fake.script(Loop())
+
+    result = transcribe(fake.base_url, request=looping_request(4096))
+
+    assert result.finish_reason == LOOP_CUT
+    assert loops(result.text)  # the text received is the loop, as the final check will see it
+    assert result.completion_tokens is not None and 0 < result.completion_tokens <= 409
+    assert result.cost is None  # the usage never came: the stream was closed before its last event
+    billed = fake.wait_billed(1)  # what the server sent before it saw the client gone
+    assert billed[0] <= 409  # at most 10 % of the output limit
+    assert billed[0] >= result.completion_tokens
+
+
+def test_looping_stream_without_a_loop_check_runs_to_the_output_limit(fake: FakeChatServer) -> None:
+    fake.script(Loop())
+
+    result = transcribe(fake.base_url, request=looping_request(300, check=False))
+
+    assert result.finish_reason == "length"
+    assert result.completion_tokens == 300
+    assert fake.wait_billed(1) == [300]
+
+
+def test_unstreamed_loop_is_billed_to_the_output_limit(fake: FakeChatServer) -> None:
+    fake.script(Loop())
+
+    result = transcribe(fake.base_url, request=looping_request(300), stream="off")
+
+    assert result.finish_reason == "length"  # nothing could cut it: the check sees it only once it is all paid
+    assert fake.wait_billed(1) == [300]
