@@ -252,6 +252,7 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         "prompt_tokens": attempt.prompt_tokens,
         "completion_tokens": attempt.completion_tokens,
         "cost": attempt.cost,
+        **({"cost_estimated": True} if attempt.cost_estimated else {}),  # a call cut at a loop; none reported
         "latency_ms": attempt.latency_ms,
         "provider_request_id": attempt.provider_request_id,
         "confidence": attempt.confidence,

@@ -354,6 +354,7 @@ class AttemptRecord(NamedTuple):
     status_code: int | None = None  # a failed call's HTTP status
     error: str | None = None  # a failed call's error
     second_read: dict[str, Any] | None = None  # the offline engine's read of the page during the call, or why none
+    cost_estimated: bool = False  # its cost (and tokens the provider did not report) estimated: none came (LOOP_CUT)
 
 
 class DocumentProgress(NamedTuple):
@@ -376,6 +377,17 @@ class AttemptOutcome(StrEnum):
     LEASE_LOST = "LEASE_LOST"  # it answered, but a newer claim owned the page: the answer was not written
     ERROR = "ERROR"  # it failed
     RATE_LIMITED = "RATE_LIMITED"  # it failed with a 429
+    LOOP_CUT = "LOOP_CUT"  # closed as it streamed, at the first loop in its answer: the page escalated or failed on it
+
+
+# The finish reason of a call cut while it streamed: its answer so far was a loop
+LOOP_CUT = "loop"
+
+
+def recorded_as(outcome: PageOutcome, written: AttemptOutcome) -> AttemptOutcome:
+    """How a call whose page write held is recorded: as asked, or LOOP_CUT for a call cut at a loop (whether its page
+    escalated or failed on it, the page says; the call's own outcome says it was cut, and paid that far)."""
+    return AttemptOutcome.LOOP_CUT if outcome.finish_reason == LOOP_CUT else written
 
 
 class PageOutcome(NamedTuple):
@@ -397,6 +409,15 @@ class PageOutcome(NamedTuple):
     confidence: float | None = None  # an OCR engine's mean recognition confidence
     grounding: dict[str, Any] | None = None  # the answer aligned to the page's own text (pagescribe.grounding)
     second_read: dict[str, Any] | None = None  # what the offline engine read of the page meanwhile, or why not
+    cost_estimated: bool = False  # the cost (and tokens the provider did not report) estimated at the tenant's prices
+
+
+class PricedCall(NamedTuple):
+    """One earlier call of a model with the cost its provider reported: what a call's cost is estimated from."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
 
 
 NO_OUTCOME = PageOutcome(None, None, None, None, None, None, None, None, called=False)

@@ -142,6 +142,7 @@ class Runtime:
             max_connections=settings.page_concurrency,
             usage_accounting=settings.provider_usage_accounting,
             retry_rate_limited=settings.rate_limit_rpm == 0,  # with the governor on, a 429 pauses everyone instead
+            stream=settings.provider_stream,
             time=self.time_policy,
         )
 

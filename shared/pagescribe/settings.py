@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     provider_usage_accounting: bool = Field(
         default=True, description="Ask the provider to report cost (OpenRouter's usage.include)."
     )
+    provider_stream: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Stream the model's answers (server-sent events) and cut a call at the first loop in its answer. "
+        "auto: stream, and call unstreamed an endpoint that rejects the stream parameter; on: always stream; off: "
+        "never (an answer is checked once it is whole, and paid whole).",
+    )
     model: str = "google/gemini-2.5-flash"
     escalation_model: str | None = Field(
         default=None,

@@ -39,6 +39,13 @@ LOOP = captured("repetition")[0]
 REFUSAL = captured("refusal")[0]
 
 
+@pytest.fixture(autouse=True)
+def _answers_come_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answers here come whole, as from an endpoint that does not stream: checked once they are in, the loops
+    paid in full. Streamed, a loop is cut as it comes: tests/integration/test_loops_cut.py."""
+    monkeypatch.setenv("PROVIDER_STREAM", "off")
+
+
 def _digest(image: bytes) -> str:
     return hashlib.sha256(image).hexdigest()
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from pagescribe.checks import repetition
+from pagescribe.domain import LOOP_CUT
 from pagescribe.providers.base import (
-    LOOP_CUT,
     PageImage,
     ProviderError,
     Transcription,

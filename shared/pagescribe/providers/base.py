@@ -14,9 +14,6 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from pagescribe.layout.boxes import TextBox
 
-# The finish reason of a call cut while it streamed: the answer so far was a loop (``TranscriptionRequest.loop_check``)
-LOOP_CUT = "loop"
-
 
 @dataclass(frozen=True)
 class PageImage:
@@ -36,7 +33,8 @@ class TranscriptionRequest:
     max_output_tokens: int
     document_id: str  # for logs only
     page_number: int  # for logs only
-    # the answer so far is a loop: a streamed call is cut (closed) when this says so, and answers LOOP_CUT
+    # the answer so far is a loop: a streamed call is cut (closed) when this says so, and answers with
+    # finish_reason pagescribe.domain.LOOP_CUT
     loop_check: Callable[[str], bool] | None = None
 
 

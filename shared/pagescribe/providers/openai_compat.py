@@ -44,8 +44,8 @@ from typing import Literal
 
 import httpx
 
+from pagescribe.domain import LOOP_CUT
 from pagescribe.providers.base import (
-    LOOP_CUT,
     FailedAttempt,
     PageImage,
     ProviderError,

@@ -36,6 +36,7 @@ from pagescribe.domain import (
     PageRerunState,
     PageSummary,
     PendingDocument,
+    PricedCall,
     RateBucket,
     RateGrant,
     Spend,
@@ -207,6 +208,10 @@ class SpendStore(Protocol):
     def model_price(self, model: str, tenant_id: str) -> tuple[float | None, int]:
         """The mean cost per call of the model's latest (up to 100) calls for the tenant's documents that reported
         one, and how many."""
+
+    def price_history(self, model: str, tenant_id: str) -> list[PricedCall]:
+        """The tenant's latest (up to 100) calls of the model with the tokens and cost their provider reported, newest
+        first: the prices a call that reported no cost is estimated at."""
 
     def set_daily_budget(self, tenant_id: str, usd: float | None) -> bool: ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,7 +19,7 @@ from pagescribe.checks import (
     hard_flags,
     merge_flags,
 )
-from pagescribe.domain import FailedCall, PageOutcome
+from pagescribe.domain import LOOP_CUT, FailedCall, PageOutcome
 from pagescribe.governor import Admission, RateGovernor
 from pagescribe.observability import count, count_flags, count_for_model, milliseconds
 from pagescribe.providers.base import (
@@ -34,8 +35,11 @@ from pagescribe.settings import Settings
 from pagescribe.sources.pages import RenderedPage
 from pagescribe.store.ports import Store
 from pagescribe.timepolicy import Deadline
+from pagescribe.transcription.loops import loop_check, priced
 from pagescribe.transcription.outcomes import answer_outcome, grounding_kept
 from pagescribe.transcription.results import PageContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class ModelCaller:
             max_output_tokens=self._settings.max_output_tokens,
             document_id=ctx.job.document_id,
             page_number=ctx.job.page_number,
+            loop_check=loop_check(self._thresholds.repetition, seen.evidence.text_layer),
         )
         started = asyncio.get_running_loop().time()
         ran = self._provider.answering_model(model)
@@ -103,6 +108,8 @@ class ModelCaller:
             self._call_failed(ctx, model, ran, exc, started)
             raise
         self._record_failures(ctx, ran, result.failed_attempts)
+        if result.finish_reason == LOOP_CUT:
+            result = self._cut(ctx, ran, result)
         self._count_call(ran, result)
         self._governor.settle(model, admitted, (result.prompt_tokens or 0) + (result.completion_tokens or 0))
         return await self._check(seen, result, earlier)
@@ -116,6 +123,22 @@ class ModelCaller:
         pause = self._governor.rate_limited(model, exc.retry_after) if exc.status_code == 429 else None
         if pause is not None:
             exc.retry_after = max(exc.retry_after or 0.0, pause)
+
+    def _cut(self, ctx: PageContext, ran: str, result: Transcription) -> Transcription:
+        """A call cut at a loop as it streamed: counted, and priced at the tenant's own prices of the model where its
+        provider reported no cost (the usage comes last, and a cut call never gets it)."""
+        count_for_model("LoopsCut", ran)
+        if result.cost is None:
+            result = priced(result, self._db.price_history(result.model, ctx.document.tenant_id))
+        log.warning(
+            "call to %s cut at a loop after %s completion tokens (cost %s%s)",
+            ran,
+            result.completion_tokens,
+            result.cost,
+            ", estimated" if result.cost_estimated else "",
+            extra=ctx.log_extra,
+        )
+        return result
 
     @staticmethod
     def _count_call(ran: str, result: Transcription) -> None:

@@ -75,6 +75,7 @@ def answer_outcome(result: Transcription, provider: str, text: str, flags: list[
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         cost=result.cost,
+        cost_estimated=result.cost_estimated,
         model=result.model,
         provider=provider,
         provider_request_id=result.request_id,

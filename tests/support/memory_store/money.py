@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pagescribe.domain import ClaimedJob, JobStatus, RateBucket, RateGrant, SpendVerdict, TenantDay
+from pagescribe.domain import ClaimedJob, JobStatus, PricedCall, RateBucket, RateGrant, SpendVerdict, TenantDay
 
 from tests.support.memory_store.state import AttemptRow, BucketRow, DocumentRow, MemoryState
 
@@ -19,7 +19,10 @@ class MemorySpend:
         mine = [
             a
             for a in self.state.attempts
-            if a.model == model and a.cost is not None and self.state.documents[a.document_id].tenant_id == tenant_id
+            if a.model == model
+            and a.cost is not None
+            and not a.cost_estimated
+            and self.state.documents[a.document_id].tenant_id == tenant_id
         ]
         return sorted(mine, key=lambda a: a.id, reverse=True)[:HISTORY]
 
@@ -84,6 +87,14 @@ class MemorySpend:
         with self.state.lock:
             history = self._history(tenant_id, model)
             return (sum(a.cost or 0 for a in history) / len(history) if history else None), len(history)
+
+    def price_history(self, model: str, tenant_id: str) -> list[PricedCall]:
+        with self.state.lock:
+            return [
+                PricedCall(a.prompt_tokens, a.completion_tokens, a.cost or 0.0)
+                for a in self._history(tenant_id, model)
+                if a.prompt_tokens is not None and a.completion_tokens is not None
+            ]
 
     def set_daily_budget(self, tenant_id: str, usd: float | None) -> bool:
         with self.state.lock:

@@ -18,6 +18,7 @@ from pagescribe.domain import (
     JobStatus,
     PageOutcome,
     Spend,
+    recorded_as,
 )
 
 from tests.support.memory_store.state import AttemptRow, JobRow, MemoryState
@@ -184,7 +185,7 @@ class MemoryLedger:
         document.updated_at = self.state.now()
         return document.progress()
 
-    def _record(self, job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome | None) -> None:
+    def _record(self, job: ClaimedJob, outcome: PageOutcome, written: AttemptOutcome | None) -> None:
         """The call that produced ``outcome``, recorded whether or not its write held (LEASE_LOST when not)."""
         if not outcome.called:
             return
@@ -194,13 +195,14 @@ class MemoryLedger:
                 job_id=job.job_id,
                 document_id=job.document_id,
                 claim=job.attempts,
-                outcome=(recorded_as or AttemptOutcome.LEASE_LOST).value,
+                outcome=recorded_as(outcome, written).value if written is not None else AttemptOutcome.LEASE_LOST.value,
                 model=outcome.model,
                 provider=outcome.provider,
                 finish_reason=outcome.finish_reason,
                 prompt_tokens=outcome.prompt_tokens,
                 completion_tokens=outcome.completion_tokens,
                 cost=outcome.cost,
+                cost_estimated=outcome.cost_estimated,
                 latency_ms=outcome.latency_ms,
                 provider_request_id=outcome.provider_request_id,
                 flags=list(outcome.flags),

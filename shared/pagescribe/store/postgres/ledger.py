@@ -14,6 +14,7 @@ from pagescribe.domain import (
     FailedCall,
     PageOutcome,
     Spend,
+    recorded_as,
 )
 from pagescribe.store.postgres.connection import Connected
 from pagescribe.store.postgres.rows import (
@@ -21,7 +22,7 @@ from pagescribe.store.postgres.rows import (
 )
 
 
-def fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome) -> dict[str, Any]:
+def fenced_write(job: ClaimedJob, outcome: PageOutcome, written: AttemptOutcome) -> dict[str, Any]:
     """The parameters of a fenced result write (COMPLETE_JOB, FAIL_JOB, ESCALATE_JOB): the lease that must still
     hold, what the model answered, and how its call is recorded."""
     return {
@@ -31,12 +32,13 @@ def fenced_write(job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutc
         "claim": job.attempts,
         "answered": outcome.text is not None,
         "called": outcome.called,
-        "outcome": recorded_as.value,
+        "outcome": recorded_as(outcome, written).value,
         "result_text": outcome.text,
         "finish_reason": outcome.finish_reason,
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,
         "cost": outcome.cost,
+        "cost_estimated": outcome.cost_estimated,
         "model": outcome.model,
         "provider": outcome.provider,
         "provider_request_id": outcome.provider_request_id,
@@ -59,8 +61,10 @@ class PgLedger(Connected):
     #
     # A model call that answered is recorded whether or not its result may be written (recorded AS, in COMPLETE_JOB,
     # FAIL_JOB and ESCALATE_JOB): it was paid for. Its outcome is the one asked for when the fenced write it travels
-    # with succeeds, LEASE_LOST when the write found the lease gone. A page answered without a call (its own text
-    # layer) records nothing. The call's cost counts in its tenant's day at once (counted AS).
+    # with succeeds (LOOP_CUT for a call cut at a loop, whether its page escalated or failed), LEASE_LOST when the write
+    # found the lease gone. A cut call's cost is the provider's figure or, marked cost_estimated, pagescribe's. A page
+    # answered without a call (its own text layer) records nothing. The call's cost counts in its tenant's day at once
+    # (counted AS).
     #
     # Fenced completion: only the holder of the current lease may write; the document's counter moves in the
     # same statement, so exactly one completion sees the last page land.
@@ -87,11 +91,13 @@ class PgLedger(Connected):
     ),
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
-                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence, second_read)
+                              completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
+                              confidence, second_read)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
-               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(second_read)s
+               %(cost_estimated)s, %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s,
+               %(second_read)s
         WHERE %(called)s
     ),
     counted AS (
@@ -134,11 +140,13 @@ class PgLedger(Connected):
     ),
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
-                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence, second_read)
+                              completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
+                              confidence, second_read)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
-               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(second_read)s
+               %(cost_estimated)s, %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s,
+               %(second_read)s
         WHERE %(called)s
     ),
     counted AS (
@@ -180,11 +188,13 @@ class PgLedger(Connected):
     ),
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
-                              completion_tokens, cost, latency_ms, provider_request_id, flags, confidence, second_read)
+                              completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
+                              confidence, second_read)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
-               %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(second_read)s
+               %(cost_estimated)s, %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s,
+               %(second_read)s
         WHERE %(called)s
     ),
     counted AS (

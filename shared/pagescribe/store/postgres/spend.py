@@ -9,6 +9,7 @@ from psycopg.rows import namedtuple_row
 
 from pagescribe.domain import (
     ClaimedJob,
+    PricedCall,
     RateBucket,
     RateGrant,
     SpendVerdict,
@@ -60,7 +61,8 @@ class PgSpend(Connected):
     history AS (
         SELECT a.cost, a.prompt_tokens, a.completion_tokens
         FROM attempts a JOIN documents d ON d.id = a.document_id
-        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND d.tenant_id = (SELECT tenant_id FROM doc)
+        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND NOT a.cost_estimated
+          AND d.tenant_id = (SELECT tenant_id FROM doc)
         ORDER BY a.id DESC LIMIT 100
     ),
     price AS (
@@ -149,7 +151,7 @@ class PgSpend(Connected):
     MODEL_PRICE = """
     SELECT avg(cost) AS usd, count(*) AS calls FROM (
         SELECT a.cost FROM attempts a JOIN documents d ON d.id = a.document_id
-        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND d.tenant_id = %(tenant_id)s
+        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND NOT a.cost_estimated AND d.tenant_id = %(tenant_id)s
         ORDER BY a.id DESC LIMIT 100
     ) latest
     """
@@ -157,6 +159,19 @@ class PgSpend(Connected):
     def model_price(self, model: str, tenant_id: str) -> tuple[float | None, int]:
         row = self._row(self.MODEL_PRICE, {"model": model, "tenant_id": tenant_id})
         return (float_or_none(row.usd), int(row.calls)) if row is not None else (None, 0)
+
+    # What a call's cost is estimated from when its provider reported none (a call cut at a loop): the tenant's own
+    # latest calls of the model with the tokens and the cost their provider reported (never an estimate).
+    PRICE_HISTORY = """
+    SELECT a.prompt_tokens, a.completion_tokens, a.cost FROM attempts a JOIN documents d ON d.id = a.document_id
+    WHERE a.model = %(model)s AND a.cost IS NOT NULL AND NOT a.cost_estimated AND a.prompt_tokens IS NOT NULL
+      AND a.completion_tokens IS NOT NULL AND d.tenant_id = %(tenant_id)s
+    ORDER BY a.id DESC LIMIT 100
+    """
+
+    def price_history(self, model: str, tenant_id: str) -> list[PricedCall]:
+        rows = self._rows(self.PRICE_HISTORY, {"model": model, "tenant_id": tenant_id})
+        return [PricedCall(r.prompt_tokens, r.completion_tokens, float(r.cost)) for r in rows]
 
     SET_TENANT_BUDGET = "UPDATE tenants SET daily_budget_usd = %(usd)s WHERE id = %(tenant_id)s RETURNING id"
 
