@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from pagescribe.domain import (
+    LOOP_CUT,
     ClaimedJob,
     DocumentStatus,
     FailedCall,
@@ -19,6 +20,7 @@ from pagescribe.domain import (
     NewDocument,
     PageOutcome,
     PendingDocument,
+    PricedCall,
     RateBucket,
 )
 from pagescribe.store.ports import Store
@@ -378,6 +380,25 @@ def test_a_call_is_held_at_its_worst_case_on_the_tenants_own_prices(store: Store
     price, calls = store.model_price("test/model", "acme")
     assert price == pytest.approx(0.01) and calls == 1
     assert store.model_price("test/model", "default") == (None, 0)
+
+
+def test_a_call_cut_at_a_loop_is_recorded_as_cut_and_its_estimated_cost_is_no_price(store: Store) -> None:
+    # Given a tenant's call answered whole, at a cost its provider reported
+    store.ensure_tenant("acme")
+    document_id, [first, second] = _document(store, pages=2, tenant_id="acme")
+    store.complete_job(_claim(store, first), _answer(cost=0.01))
+    # When a call cut at a loop is written as its page escalates, with a cost pagescribe estimated
+    cut = _answer(cost=0.004)._replace(finish_reason=LOOP_CUT, completion_tokens=40, cost_estimated=True)
+    assert store.escalate_job(_claim(store, second), cut)
+    # Then it is recorded as cut, its cost marked estimated and counted in the document's spend
+    attempts = store.load_attempts(document_id)
+    assert [(a.outcome, a.cost_estimated) for a in attempts] == [("KEPT", False), ("LOOP_CUT", True)]
+    assert [a.cost for a in attempts] == pytest.approx([0.01, 0.004])
+    assert store.spend(document_id).cost == pytest.approx(0.014)
+    # And the prices calls are estimated and held at are the reported ones only
+    assert store.price_history("test/model", "acme") == [PricedCall(1000, 100, 0.01)]
+    assert store.price_history("test/model", "default") == []
+    assert store.model_price("test/model", "acme") == (0.01, 1)
 
 
 def test_the_rate_bucket_grants_its_burst_then_reserves_slots_ahead(store: Store) -> None:
