@@ -563,9 +563,9 @@ class _Handler(BaseHTTPRequestHandler):
         text = expected_text(image) if ok.text is None else ok.text
         words = _words(text)
         head = {key: completion[key] for key in ("id", "model") if key in completion}
-        sent = 0
-        for word in words:
-            if not fake._pause((fake.default_delay + ok.delay) / len(words)):
+        sent, started, step = 0, time.monotonic(), (fake.default_delay + ok.delay) / max(1, len(words))
+        for word in words:  # each at its time from the start: the last at the answer's delay, as unstreamed
+            if not fake._pause(started + (sent + 1) * step - time.monotonic()):
                 self.close_connection = True
                 return sent
             self._data(head | {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
