@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore
-from pagescribe.domain import NewDocument, PageResult
+from pagescribe.domain import LOOP_CUT, NewDocument, PageResult
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.rendering import RenderPool
 from pagescribe.secondread import SecondReader
@@ -29,11 +29,26 @@ GOOD = "# A page\n\nIt reads as the page does, every word of it in place."
 LOOP = "the same words again " * 400
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """An answer streamed as the adapter reads one: watched with the request's loop check every 64 characters, and cut
+    (LOOP_CUT, no usage: it comes last) at the first loop it finds."""
+
+    text: str
+
+    def read(self, request: TranscriptionRequest, number: int) -> Transcription:
+        for end in range(64, len(self.text) + 64, 64):
+            received = self.text[:end]
+            if request.loop_check is not None and request.loop_check(received):
+                return Transcription(received, LOOP_CUT, request.model, None, len(received.split()), None, None, 0.1)
+        return Transcription(self.text, "stop", request.model, 1000, 50, 0.002, f"gen-{number}", 0.1)
+
+
 @dataclass
 class ScriptedModel:
     """A model in this process that answers each call with the next of ``answers`` (a ProviderError is raised)."""
 
-    answers: list[str | ProviderError]
+    answers: list[str | Streamed | ProviderError]
     asked: list[str] = field(default_factory=list)
 
     @property
@@ -48,6 +63,8 @@ class ScriptedModel:
         answer = self.answers.pop(0)
         if isinstance(answer, ProviderError):
             raise answer
+        if isinstance(answer, Streamed):
+            return answer.read(request, len(self.asked))
         return Transcription(answer, "stop", request.model, 1000, 50, 0.002, f"gen-{len(self.asked)}", 0.1)
 
     async def aclose(self) -> None:
@@ -74,11 +91,11 @@ class Setup:
         parts = (self.queue, model, SourceCache(self.objects), self.renderer, transcripts, reader)
         return Transcriber(SETTINGS, self.store, *parts)
 
-    def scanned_document(self) -> tuple[str, str]:
+    def scanned_document(self, key: str = "uploads/scan.png") -> tuple[str, str]:
         """A one-page image (no text layer, so the model is asked): its document and job ids."""
         body = (CORPUS / "smile.png").read_bytes()
-        self.objects.put_bytes(BUCKET, "uploads/scan.png", body, content_type="image/png")
-        new = NewDocument(BUCKET, "uploads/scan.png", "", "", len(body), "small/model", escalation_model="big/model")
+        self.objects.put_bytes(BUCKET, key, body, content_type="image/png")
+        new = NewDocument(BUCKET, key, "", "", len(body), "small/model", escalation_model="big/model")
         created = self.store.create_document(new, kind="png", pages=[1])
         return created.document_id, created.job_ids[0]
 
@@ -129,6 +146,27 @@ def test_a_loop_the_escalation_repeats_fails_the_page_naming_it(setup: Setup) ->
     [page] = setup.store.load_pages(document_id)
     assert page.error is not None and "repetition" in page.error
     assert [a.outcome for a in setup.store.load_attempts(document_id)] == ["ESCALATED", "REJECTED"]
+
+
+def test_a_loop_cut_as_it_streams_is_recorded_cut_priced_at_the_calls_gone_by_and_escalated(setup: Setup) -> None:
+    # Given a page the model answered whole earlier, at a cost it reported, and a model now looping on the next page
+    earlier, earlier_job = setup.scanned_document()
+    looping, looping_job = setup.scanned_document("uploads/looping.png")
+    model = ScriptedModel([GOOD, Streamed(LOOP), GOOD])
+    transcriber = setup.transcriber(model)
+    assert _deliver(transcriber, earlier_job) == [PageResult.COMPLETED]
+    # When the looping page is transcribed
+    assert _deliver(transcriber, looping_job) == [PageResult.COMPLETED]
+    # Then its call was cut at the loop's start, recorded as cut and priced at the earlier call's price per token, and
+    # the page escalated to the answer kept
+    assert model.asked == ["small/model", "small/model", "big/model"]
+    cut, kept = setup.store.load_attempts(looping)
+    assert (cut.outcome, cut.finish_reason, kept.outcome) == ("LOOP_CUT", LOOP_CUT, "KEPT")
+    assert cut.completion_tokens is not None and cut.completion_tokens < len(LOOP.split()) // 10
+    assert cut.cost_estimated and cut.prompt_tokens == 1000
+    assert cut.cost == pytest.approx(0.002 / 1050 * (1000 + cut.completion_tokens))
+    assert setup.store.spend(looping).cost == pytest.approx(cut.cost + 0.002)
+    assert [a.outcome for a in setup.store.load_attempts(earlier)] == ["KEPT"]
 
 
 def test_a_provider_outage_requeues_the_page_with_a_delay_and_a_refusal_fails_it(setup: Setup) -> None:

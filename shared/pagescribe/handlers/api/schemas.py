@@ -125,7 +125,10 @@ class ListedDocument(BaseModel):
     pages_completed: int
     pages_failed: int
     flagged: int = Field(description="Pages with flags")
-    cost: float = Field(description="USD, every model call that answered")
+    cost: float = Field(
+        description="USD, every model call that answered, a call cut at a loop included (at pagescribe's estimate, "
+        "marked cost_estimated in the JSON transcript's attempts, where the provider reported no cost)"
+    )
     model: str
     created_at: datetime
     finished_at: datetime | None
