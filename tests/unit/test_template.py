@@ -305,6 +305,22 @@ def test_the_dashboard_shows_spend_per_model_the_429_rate_and_the_daily_budget(t
         assert variables[variable] == {"Ref": parameter} and parameter in template["Parameters"]
 
 
+def test_the_dashboard_shows_loops_cut_per_model_and_streaming_is_a_parameter(template: dict[str, Any]) -> None:
+    from pagescribe.settings import Settings
+
+    # Given the dashboard's expressions
+    body = json.loads(re.sub(r"\$\{([^}]+)\}", lambda m: m.group(1), _dashboard_text(template)))
+    expressions = _dashboard_expressions(body)
+    # Then the calls cut at a loop are searched per Model dimension, as the transcribe function counts them
+    assert any("{Pagescribe,Model,service}" in e and 'MetricName="LoopsCut"' in e for e in expressions.values())
+    # And PROVIDER_STREAM is a parameter every function receives, offering the setting's values, its default the same
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["PROVIDER_STREAM"] == {"Ref": "ProviderStream"}
+    parameter = template["Parameters"]["ProviderStream"]
+    assert {str(value) for value in parameter["AllowedValues"]} == {"auto", "on", "off"}
+    assert parameter["Default"] == Settings().provider_stream
+
+
 # --- queue and retries ------------------------------------------------------------------------------------
 
 
