@@ -555,6 +555,25 @@ def test_endpoint_that_rejects_the_stream_parameter_is_called_unstreamed_from_th
     assert results[0].failed_attempts == ()  # the refusal is no failed request of the call
 
 
+def test_a_400_about_something_else_does_not_turn_streaming_off(fake: FakeChatServer) -> None:
+    fake.script(Status(400, "Upstream provider rejected the request"))
+
+    async def go() -> tuple[ProviderError, Transcription]:
+        provider = make_provider(fake.base_url)
+        try:
+            with pytest.raises(ProviderError) as info:
+                await provider.transcribe(page_request(), call_seconds=5)
+            return info.value, await provider.transcribe(page_request(), call_seconds=5)
+        finally:
+            await provider.aclose()
+
+    error, result = asyncio.run(go())
+
+    assert error.status_code == 400 and "Upstream provider" in error.message
+    assert result.text == expected_text(IMAGE.data)
+    assert ["stream" in body for body in fake.requests] == [True, True]  # still streaming
+
+
 def test_stream_on_does_not_fall_back_when_the_endpoint_rejects_it(fake: FakeChatServer) -> None:
     fake.route(refuses_streaming)
 

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import random
+import re
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
@@ -63,6 +64,7 @@ _RETRY_AFTER_STATUSES = frozenset({429, 503})
 _DETAIL_LIMIT = 500  # characters of a provider's error text kept in a message
 _CHECK_EVERY_CHARS = 512  # a streamed answer is checked for a loop at least this many new characters apart
 _JSON_HEADERS = {"Content-Type": "application/json"}
+_NAMES_STREAM = re.compile(r"\bstream(?:_options)?\b", re.IGNORECASE)  # the parameter, not "upstream" or "streaming"
 
 StreamMode = Literal["auto", "on", "off"]
 
@@ -324,7 +326,7 @@ def _is_event_stream(response: httpx.Response) -> bool:
 
 def _refuses_stream(response: httpx.Response) -> bool:
     """A 400 or 422 whose error names the stream parameter: the endpoint does not stream."""
-    return response.status_code in (400, 422) and "stream" in response.text.lower()
+    return response.status_code in (400, 422) and _NAMES_STREAM.search(response.text) is not None
 
 
 def _data_url(image: PageImage) -> str:
