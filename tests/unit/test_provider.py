@@ -538,6 +538,14 @@ def refuses_streaming(body: dict[str, Any], image: bytes) -> Status | None:
     return Status(400, "Unrecognized request argument supplied: stream") if "stream" in body else None
 
 
+def test_refusals_of_streaming_are_told_from_other_client_errors() -> None:
+    from pagescribe.providers.openai_compat import _NAMES_STREAM
+
+    refusals = ["Unrecognized request argument supplied: stream", "Streaming is not supported", "stream_options: bad"]
+    assert all(_NAMES_STREAM.search(text) for text in refusals)
+    assert not _NAMES_STREAM.search("Upstream provider rejected the request")
+
+
 def test_endpoint_that_rejects_the_stream_parameter_is_called_unstreamed_from_then_on(fake: FakeChatServer) -> None:
     fake.route(refuses_streaming)
 

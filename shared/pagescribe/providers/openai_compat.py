@@ -64,7 +64,8 @@ _RETRY_AFTER_STATUSES = frozenset({429, 503})
 _DETAIL_LIMIT = 500  # characters of a provider's error text kept in a message
 _CHECK_EVERY_CHARS = 512  # a streamed answer is checked for a loop at least this many new characters apart
 _JSON_HEADERS = {"Content-Type": "application/json"}
-_NAMES_STREAM = re.compile(r"\bstream(?:_options)?\b", re.IGNORECASE)  # the parameter, not "upstream" or "streaming"
+# "stream", "stream_options" or "streaming is not supported"; not "upstream error"
+_NAMES_STREAM = re.compile(r"\bstream(?:_options|ing)?\b", re.IGNORECASE)
 
 StreamMode = Literal["auto", "on", "off"]
 
