@@ -26,7 +26,7 @@ from bench.common import CorrectnessError, Mode, Result
 from tests.fakes.chat_server import FakeChatServer, Loop, Ok
 
 # rounds (each one streamed and one unstreamed call), seconds the answer takes, the loop's output limit
-SIZES = {Mode.FULL: (30, 1.0, 8192), Mode.QUICK: (10, 1.0, 8192), Mode.SMOKE: (2, 0.2, 1024)}
+SIZES = {Mode.FULL: (30, 1.0, 8192), Mode.QUICK: (10, 1.0, 8192), Mode.SMOKE: (2, 0.2, 2048)}
 LOOP_TOKEN_SECONDS = 0.0005  # the fake loop's pace: 2000 tokens a second
 
 
