@@ -91,6 +91,7 @@ class PageResult(StrEnum):
     DUPLICATE = "DUPLICATE"
     LEASE_LOST = "LEASE_LOST"
     REJECTED = "REJECTED"
+    PARKED = "PARKED"  # rendered and waiting in the batch lane, under its lease, for a provider batch's answer
 
 
 class NewDocument(NamedTuple):

@@ -491,10 +491,10 @@ def test_parked_pages_are_sent_in_a_batch_of_their_model_and_answered_under_the_
     assert store.get_documents([parked[0].document_id])[parked[0].document_id].lane == "batch"
     assert store.batch_pages_waiting() == 4 and sorted(store.waiting_models(limit=10)) == ["other/model", "test/model"]
     # When a batch of at most two is opened for the model, then another
-    opened = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400)
-    again = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400)
+    opened = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
+    again = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
     assert opened is not None and again is not None
-    assert store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400) is None
+    assert store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE) is None
     # Then the two batches hold the model's three pages once each, with what they were parked with
     batch_id, pages = opened
     sent = [page.job.job_id for page in pages + again[1]]
@@ -517,7 +517,7 @@ def test_a_page_moved_to_sync_is_queued_on_the_sync_lane_and_its_batch_answer_is
     # Given a page sent in a batch
     [job_id] = _batch_document(store, 1)
     _parked(store, job_id)
-    opened = store.open_batch(dialect="openrouter", model="test/model", limit=10, window_seconds=60)
+    opened = store.open_batch(dialect="openrouter", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE)
     assert opened is not None
     batch_id, [page] = opened
     # When it is moved to the sync lane
@@ -541,10 +541,10 @@ def test_pages_of_a_batch_not_sent_or_not_answered_wait_again(store: Store) -> N
     jobs = _batch_document(store, 2)
     for job_id in jobs:
         _parked(store, job_id)
-    opened = store.open_batch(dialect="openai", model="test/model", limit=10, window_seconds=60)
+    opened = store.open_batch(dialect="openai", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE)
     assert opened is not None
     store.batch_not_sent(opened[0], "503 from the provider")
-    reopened = store.open_batch(dialect="openai", model="test/model", limit=10, window_seconds=60)
+    reopened = store.open_batch(dialect="openai", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE)
     assert reopened is not None and all(page.submissions == 1 for page in reopened[1])
     assert store.back_to_waiting(reopened[1][0].job)
     assert store.batch_pages_waiting() == 2

@@ -304,10 +304,10 @@ class BatchStore(Protocol):
         """The models that pages WAITING for a batch are asked of."""
 
     def open_batch(
-        self, *, dialect: str, model: str, limit: int, window_seconds: float
+        self, *, dialect: str, model: str, limit: int, window_seconds: float, lease_seconds: float
     ) -> tuple[str, list[BatchPage]] | None:
-        """Record a batch of up to ``limit`` of the model's WAITING pages, oldest first, SUBMITTED in it: its id and
-        pages; None when none waits."""
+        """Record a batch of up to ``limit`` of the model's WAITING pages, oldest first, SUBMITTED in it with their
+        leases renewed for ``lease_seconds``: its id and pages; None when none waits."""
 
     def batch_sent(self, batch_id: str, *, provider_batch_id: str, input_file_id: str | None, status: str) -> None: ...
 

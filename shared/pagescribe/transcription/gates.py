@@ -37,6 +37,15 @@ class CallGates:
             return await self._results.defer(ctx, admission)
         return admission
 
+    async def admit_spend(self, ctx: PageContext, model: str) -> PageResult | None:
+        """The cost caps alone, for a page of the batch lane (its call is the batch's, which no rate governor paces):
+        the page's result when it may not start, None when it may."""
+        document = ctx.document
+        budgeted = document.tenant_daily_budget_usd is not None or self._settings.daily_budget_usd is not None
+        if document.max_cost_usd is not None or budgeted:
+            return await self._spend_gate(ctx, model)
+        return None
+
     async def _spend_gate(self, ctx: PageContext, model: str) -> PageResult | None:
         """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""
         verdict = self._db.admit_spend(

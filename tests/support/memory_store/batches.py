@@ -94,18 +94,21 @@ class MemoryBatches:
             return sorted({j.batch_model for j in self._waiting() if j.batch_model is not None})[:limit]
 
     def open_batch(
-        self, *, dialect: str, model: str, limit: int, window_seconds: float
+        self, *, dialect: str, model: str, limit: int, window_seconds: float, lease_seconds: float
     ) -> tuple[str, list[BatchPage]] | None:
         with self.state.lock:
             now = self.state.now()
             taken = sorted(self._waiting(model), key=lambda j: j.updated_at or now)[:limit]
             if not taken:
                 return None
-            batch = BatchRow(str(uuid.uuid4()), dialect, model, now, now + timedelta(seconds=window_seconds), len(taken))
+            batch = BatchRow(
+                str(uuid.uuid4()), dialect, model, now, now + timedelta(seconds=window_seconds), len(taken)
+            )
             self._batches()[batch.id] = batch
             for job in taken:
                 job.batch_state, job.batch_id, job.updated_at = BatchState.SUBMITTED, batch.id, now
                 job.batch_submissions += 1
+                job.lease_expires_at = now + timedelta(seconds=lease_seconds)
             return batch.id, sorted((_page(job, parked=True) for job in taken), key=lambda page: page.job.job_id)
 
     def batch_sent(self, batch_id: str, *, provider_batch_id: str, input_file_id: str | None, status: str) -> None:

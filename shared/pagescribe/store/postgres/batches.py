@@ -96,7 +96,8 @@ class PgBatches(Connected):
         return [row.batch_model for row in self._rows(self.WAITING_MODELS, {"limit": limit})]
 
     # A batch opened with up to ``limit`` of the model's waiting pages, oldest first, in one statement: the batch's row
-    # (none when no page waits) and its pages, SUBMITTED in it. Concurrent sweepers take different pages.
+    # (none when no page waits) and its pages, SUBMITTED in it, their leases renewed for ``lease_seconds`` (the
+    # batch's window and a margin). Concurrent sweepers take different pages.
     OPEN_BATCH = """
     WITH taken AS (
         SELECT id FROM jobs
@@ -113,14 +114,14 @@ class PgBatches(Connected):
     )
     UPDATE jobs
     SET batch_state = 'SUBMITTED', batch_id = (SELECT id FROM opened), batch_submissions = batch_submissions + 1,
-        updated_at = now()
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
     WHERE id IN (SELECT id FROM taken) AND EXISTS (SELECT 1 FROM opened)
     RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags, requested_model, lane,
               batch_model, image_key, batch_evidence, true AS parked, batch_submissions
     """
 
     def open_batch(
-        self, *, dialect: str, model: str, limit: int, window_seconds: float
+        self, *, dialect: str, model: str, limit: int, window_seconds: float, lease_seconds: float
     ) -> tuple[str, list[BatchPage]] | None:
         batch_id = str(uuid.uuid4())
         params = {
@@ -129,6 +130,7 @@ class PgBatches(Connected):
             "model": model,
             "limit": limit,
             "window_seconds": window_seconds,
+            "lease_seconds": lease_seconds,
         }
         pages = batch_pages(self._rows(self.OPEN_BATCH, params))
         return (batch_id, sorted(pages, key=lambda page: page.job.job_id)) if pages else None
