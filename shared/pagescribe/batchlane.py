@@ -45,8 +45,11 @@ MAX_BATCHES_PER_SWEEP = 20  # batches sent, and batches polled, by one sweep
 
 def lane_of(document: DocumentRecord, job_lane: str | None, settings: Settings) -> Lane:
     """The lane a claimed page goes by: its own (a page moved to sync), else its document's, else DEFAULT_LANE; the
-    sync lane for a document whose deadline is nearer than a batch may take."""
+    sync lane for a document whose deadline is nearer than a batch may take, and with the offline engine (which has
+    no batch API)."""
     lane = Lane(job_lane or document.lane or settings.default_lane)
+    if settings.uses_offline_provider:
+        return Lane.SYNC
     if lane is Lane.BATCH and document.deadline is not None:
         left = (document.deadline - datetime.now(UTC)).total_seconds()
         if left < settings.batch_sync_reserve_seconds:
@@ -107,6 +110,9 @@ class BatchLane:
         waiting = self._db.batch_pages_waiting()
         gauge("BatchPagesWaiting", waiting)
         return BatchSweep(moved, batches, pages, collected, totals.answered, totals.not_kept, waiting)
+
+    def close(self) -> None:
+        self._api.close()
 
     # --- the deadline ----------------------------------------------------------------------------------------------
 

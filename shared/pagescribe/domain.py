@@ -485,13 +485,6 @@ class Lane(StrEnum):
     BATCH = "batch"
 
 
-class BatchState(StrEnum):
-    """Where a page of the batch lane waits (``jobs.batch_state``), PROCESSING under its lease."""
-
-    WAITING = "WAITING"  # rendered, its image kept; not yet sent in a batch
-    SUBMITTED = "SUBMITTED"  # sent in its batch (``jobs.batch_id``), its answer awaited
-
-
 class BatchPage(NamedTuple):
     """A page of a provider batch (or waiting for one): its job as claimed when it was parked (``parked``: it still
     waits under that lease, so its answer may be written; otherwise the page moved on and an answer for it is only

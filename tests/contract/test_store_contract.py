@@ -494,7 +494,10 @@ def test_parked_pages_are_sent_in_a_batch_of_their_model_and_answered_under_the_
     opened = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
     again = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
     assert opened is not None and again is not None
-    assert store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE) is None
+    assert (
+        store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
+        is None
+    )
     # Then the two batches hold the model's three pages once each, with what they were parked with
     batch_id, pages = opened
     sent = [page.job.job_id for page in pages + again[1]]
@@ -517,7 +520,9 @@ def test_a_page_moved_to_sync_is_queued_on_the_sync_lane_and_its_batch_answer_is
     # Given a page sent in a batch
     [job_id] = _batch_document(store, 1)
     _parked(store, job_id)
-    opened = store.open_batch(dialect="openrouter", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE)
+    opened = store.open_batch(
+        dialect="openrouter", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE
+    )
     assert opened is not None
     batch_id, [page] = opened
     # When it is moved to the sync lane

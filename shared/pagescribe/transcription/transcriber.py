@@ -31,7 +31,6 @@ from pagescribe.transcription.results import PageContext, PageResults
 from pagescribe.transcription.sourcecache import SourceCache
 
 log = logging.getLogger(__name__)
-NO_ADMISSION = Admission(0.0)  # a batch-lane page's call is its batch's: no rate governor's slot is taken for it
 
 
 class NotEnoughTimeError(RuntimeError):
@@ -138,9 +137,8 @@ class Transcriber:
                     return await self._results.complete(ctx, text_layer_outcome(embedded.laid_out, []))
             model, earlier, escalated_to = _model_to_ask(job, document)
             batch = lane_of(document, job.lane, settings) is Lane.BATCH and not job.escalation_pending
-            if batch and (skipped := await self._gates.admit_spend(ctx, model)) is not None:
-                return skipped
-            admitted = NO_ADMISSION if batch else await self._gates.admit(ctx, model)  # before the render
+            # before the render: a page held back renders nothing
+            admitted = await (self._gates.admit_batch(ctx, model) if batch else self._gates.admit(ctx, model))
             if isinstance(admitted, PageResult):
                 return admitted
             rendered = await self._renderer.render(

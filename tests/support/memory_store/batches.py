@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pagescribe.domain import BatchPage, BatchState, ClaimedJob, JobStatus, Lane, ProviderBatch
+from pagescribe.domain import BatchPage, ClaimedJob, JobStatus, Lane, ProviderBatch
 
 from tests.support.memory_store.state import JobRow, MemoryState
 
 STALE_SECONDS = 900
+WAITING, SUBMITTED = "WAITING", "SUBMITTED"  # jobs.batch_state
 
 
 @dataclass
@@ -80,13 +81,13 @@ class MemoryBatches:
             if row is None:
                 return False
             now = self.state.now()
-            row.batch_state, row.batch_id, row.batch_model = BatchState.WAITING, None, model
+            row.batch_state, row.batch_id, row.batch_model = WAITING, None, model
             row.image_key, row.batch_evidence, row.rate_slot_at = image_key, dict(evidence), None
             row.lease_expires_at, row.updated_at = now + timedelta(seconds=wait_seconds), now
             return True
 
     def _waiting(self, model: str | None = None) -> list[JobRow]:
-        rows = [j for j in self.state.jobs.values() if _in_lane(j) and j.batch_state == BatchState.WAITING]
+        rows = [j for j in self.state.jobs.values() if _in_lane(j) and j.batch_state == WAITING]
         return [j for j in rows if model is None or j.batch_model == model]
 
     def waiting_models(self, *, limit: int) -> list[str]:
@@ -106,7 +107,7 @@ class MemoryBatches:
             )
             self._batches()[batch.id] = batch
             for job in taken:
-                job.batch_state, job.batch_id, job.updated_at = BatchState.SUBMITTED, batch.id, now
+                job.batch_state, job.batch_id, job.updated_at = SUBMITTED, batch.id, now
                 job.batch_submissions += 1
                 job.lease_expires_at = now + timedelta(seconds=lease_seconds)
             return batch.id, sorted((_page(job, parked=True) for job in taken), key=lambda page: page.job.job_id)
@@ -119,8 +120,8 @@ class MemoryBatches:
     def batch_not_sent(self, batch_id: str, error: str) -> None:
         with self.state.lock:
             for job in self.state.jobs.values():
-                if job.batch_id == batch_id and _in_lane(job) and job.batch_state == BatchState.SUBMITTED:
-                    job.batch_state, job.batch_id, job.updated_at = BatchState.WAITING, None, self.state.now()
+                if job.batch_id == batch_id and _in_lane(job) and job.batch_state == SUBMITTED:
+                    job.batch_state, job.batch_id, job.updated_at = WAITING, None, self.state.now()
                     job.batch_submissions -= 1
             batch = self._batches()[batch_id]
             batch.status, batch.error, batch.collected_at = "not_sent", error[:1000], self.state.now()
@@ -143,10 +144,7 @@ class MemoryBatches:
     def batch_pages(self, batch_id: str) -> list[BatchPage]:
         with self.state.lock:
             sent = [j for j in self.state.jobs.values() if j.batch_id == batch_id]
-            return [
-                _page(j, parked=j.status is JobStatus.PROCESSING and j.batch_state == BatchState.SUBMITTED)
-                for j in sent
-            ]
+            return [_page(j, parked=j.status is JobStatus.PROCESSING and j.batch_state == SUBMITTED) for j in sent]
 
     def close_batch(self, batch_id: str, *, status: str, answered: int, failed: int) -> bool:
         with self.state.lock:
@@ -162,7 +160,7 @@ class MemoryBatches:
             row = self._leased(job)
             if row is None:
                 return False
-            row.batch_state, row.batch_id, row.updated_at = BatchState.WAITING, None, self.state.now()
+            row.batch_state, row.batch_id, row.updated_at = WAITING, None, self.state.now()
             return True
 
     def move_to_sync(self, job: ClaimedJob, reason: str) -> bool:

@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import boto3
 import pytest
@@ -55,7 +56,7 @@ class Lane:
     def parked_documents(self, documents: int, pages: int) -> list[str]:
         """``documents`` batch-lane documents of ``pages`` pages each, every page claimed, its image kept and parked
         as the transcribe function leaves it: their job ids."""
-        job_ids = []
+        job_ids: list[str] = []
         for _ in range(documents):
             pending_id = str(uuid.uuid4())
             key = f"uploads/{pending_id}.pdf"
@@ -83,11 +84,11 @@ class Lane:
         )
 
 
-def _lane(dialect: str, aws_env: str, fake: FakeBatchServer, **settings: object) -> Lane:
+def _lane(dialect: str, aws_env: str, fake: FakeBatchServer, **settings: Any) -> Lane:
     bucket = f"pagescribe-batch-{secrets.token_hex(4)}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     configured = Settings(
-        bucket_name=bucket, batch_dialect=dialect, batch_base_url=fake.base_url, second_read="off", **settings
+        bucket_name=bucket, batch_base_url=fake.base_url, second_read="off", **{"batch_dialect": dialect, **settings}
     )
     return Lane(MemoryStore(), ObjectStore(s3_client()), bucket, configured, fake)
 
