@@ -3,11 +3,14 @@ page images in S3 (a moto server) that the fake fetches through their presigned 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -15,17 +18,26 @@ import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore, s3_client
 from pagescribe.batchlane import BatchLane, park_seconds
-from pagescribe.domain import ClaimedJob, DocumentStatus, JobStatus, NewDocument, PendingDocument
+from pagescribe.domain import ClaimedJob, DocumentStatus, JobStatus, NewDocument, PageResult, PendingDocument
 from pagescribe.providers.batches import batch_api
+from pagescribe.providers.openai_compat import OpenAICompatibleProvider
+from pagescribe.rendering import RenderPool
+from pagescribe.secondread import SecondReader
 from pagescribe.settings import Settings
+from pagescribe.timepolicy import Deadline, TimePolicy
 from pagescribe.transcription.outcomes import thresholds
+from pagescribe.transcription.sourcecache import SourceCache
+from pagescribe.transcription.transcriber import Transcriber
+from pydantic import SecretStr
 
-from tests.fakes.batch_server import Errors, Expire, Fail, FakeBatchServer, Partial
-from tests.fakes.chat_server import expected_text
+from tests.fakes.batch_server import Errors, Expire, Fail, FakeBatchServer, Hold, Partial
+from tests.fakes.chat_server import FakeChatServer, expected_text
+from tests.support import CORPUS
 from tests.support.memory_store import MemoryStore
 from tests.unit.use_cases.conftest import QueueSpy
 
 MODEL = "vision/model"
+SETTINGS_TIME = Settings()  # the time policy of a default stack: what a delivery's deadline is timed with
 
 
 @pytest.fixture
@@ -88,7 +100,11 @@ def _lane(dialect: str, aws_env: str, fake: FakeBatchServer, **settings: Any) ->
     bucket = f"pagescribe-batch-{secrets.token_hex(4)}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     configured = Settings(
-        bucket_name=bucket, batch_base_url=fake.base_url, second_read="off", **{"batch_dialect": dialect, **settings}
+        bucket_name=bucket,
+        provider_api_key=SecretStr("sk-test"),
+        batch_base_url=fake.base_url,
+        second_read="off",
+        **{"batch_dialect": dialect, **settings},
     )
     return Lane(MemoryStore(), ObjectStore(s3_client()), bucket, configured, fake)
 
@@ -125,3 +141,116 @@ def test_a_thousand_pages_through_the_batch_lane_each_done_once_despite_partial_
     assert Counter(a.outcome for a in store.state.attempts) == {"KEPT": 1000, "ERROR": 3}
     # And every document is finished with its transcript
     assert {d.status for d in store.state.documents.values()} == {DocumentStatus.COMPLETED}
+
+
+# --- a deadline the batch cannot meet ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def renderer() -> Iterator[RenderPool]:
+    pool = RenderPool(workers=1, memory_limit_mb=1024, timeout_seconds=60)
+    yield pool
+    pool.close()
+
+
+def _transcriber(lane: Lane, chat: FakeChatServer, renderer: RenderPool) -> Transcriber:
+    settings = lane.settings
+    provider = OpenAICompatibleProvider(
+        base_url=chat.base_url,
+        api_key="sk-test",
+        time=TimePolicy.from_settings(settings),
+        max_connections=4,
+        usage_accounting=True,
+    )
+    transcripts = TranscriptWriter(settings, lane.store, lane.objects)
+    reader = SecondReader(lambda: renderer, language="en")
+    parts = (lane.queue, provider, SourceCache(lane.objects), renderer, transcripts, reader)
+    return Transcriber(settings, lane.store, *parts)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, transcriber: Transcriber, job_ids: list[str]) -> list[PageResult]:
+    """One SQS batch naming these jobs, its messages transcribed concurrently, on the environment's one loop."""
+    bodies = [json.dumps({"job_id": job_id}) for job_id in job_ids]
+
+    async def run() -> list[PageResult]:
+        batch = transcriber.batch(bodies, Deadline.after(600, TimePolicy.from_settings(SETTINGS_TIME)))
+        return list(await asyncio.gather(*(batch.transcribe(body) for body in bodies)))
+
+    return loop.run_until_complete(run())
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """The long-lived event loop of a transcribe environment (its provider client belongs to it)."""
+    running = asyncio.new_event_loop()
+    yield running
+    running.close()
+
+
+@pytest.mark.parametrize("dialect", ["openai", "openrouter"])
+def test_pages_whose_batch_would_miss_the_deadline_finish_on_the_sync_lane_before_it_each_answer_kept_once(
+    dialect: str,
+    aws_env: str,
+    fake_batches: FakeBatchServer,
+    fake_provider: FakeChatServer,
+    renderer: RenderPool,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # Given a 4-page document in the batch lane due in two hours, whose pages the transcriber parked and the sweeper
+    # sent in a batch that the provider holds (it would not answer in time)
+    lane = _lane(
+        dialect,
+        aws_env,
+        fake_batches,
+        text_layer="off",
+        model=MODEL,
+        batch_sync_reserve_seconds=900,
+        flag_ungrounded_threshold=1,  # the fakes answer a page with its image's digest, not its words
+        flag_ungrounded_block_chars=0,
+        flag_missed_text_threshold=1,
+    )
+    body = (CORPUS / "pdflatex-4-pages.pdf").read_bytes()
+    key, pending_id = "uploads/late.pdf", str(uuid.uuid4())
+    lane.objects.put_bytes(lane.bucket, key, body, content_type="application/pdf")
+    deadline = datetime.now(UTC) + timedelta(hours=2)
+    lane.store.create_pending_document(
+        PendingDocument(
+            pending_id, lane.bucket, key, "late.pdf", MODEL, None, None, None, lane="batch", deadline=deadline
+        )
+    )
+    new = NewDocument(lane.bucket, key, "", "", len(body), MODEL)
+    job_ids = list(lane.store.create_document(new, kind="pdf", pages=[1, 2, 3, 4], pending_id=pending_id).job_ids)
+    transcriber = _transcriber(lane, fake_provider, renderer)
+    assert _deliver(loop, transcriber, job_ids) == [PageResult.PARKED] * 4
+    fake_batches.script(Hold())
+    batches = lane.lane()
+    assert batches.sweep().pages_submitted == 4
+    assert batches.sweep().pages_waiting == 4 and fake_provider.calls == 0
+
+    # When the deadline is nearer than BATCH_SYNC_RESERVE_SECONDS (an hour and fifty-one minutes later) and the sweeper
+    # runs, then the pages' messages are delivered
+    lane.store.state.clock.advance(timedelta(hours=1, minutes=51).total_seconds())
+    moved = batches.sweep()
+    assert moved.moved_to_sync == 4 and moved.pages_waiting == 0
+    assert sorted(m.job_id for m in lane.queue.sent) == sorted(job_ids)
+    assert _deliver(loop, transcriber, job_ids) == [PageResult.COMPLETED] * 4
+
+    # Then every page is done on the sync lane before the deadline, its one call kept and paid once
+    store = lane.store
+    assert all(store.state.jobs[j].completed_at < deadline for j in job_ids)  # type: ignore[operator]
+    assert store.state.documents[pending_id].status is DocumentStatus.COMPLETED
+    assert fake_provider.calls == 4
+    assert Counter((a.job_id, a.outcome) for a in store.state.attempts) == {(j, "KEPT"): 1 for j in job_ids}
+    # And the batch no page waits in any more is cancelled where the API allows it (OpenAI's); OpenRouter's, which
+    # offers no cancellation, answers at last: its answers are recorded with their cost, and none is kept
+    if dialect == "openai":
+        assert list(fake_batches.cancelled) == list(fake_batches.batches)
+        assert batches.sweep().answers_not_kept == 0
+    else:
+        fake_batches.release()
+        assert batches.sweep().answers_not_kept == 4
+        late = [a for a in store.state.attempts if a.outcome == "LEASE_LOST"]
+        assert sorted(a.job_id for a in late) == sorted(job_ids)
+        assert sum(a.cost or 0 for a in late) == pytest.approx(4 * fake_batches.cost())
+    # And the answer each page keeps is its sync call's
+    assert {store.state.jobs[j].provider.split(":")[0] for j in job_ids} == {"openai-compatible"}  # type: ignore[union-attr]
