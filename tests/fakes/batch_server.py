@@ -42,6 +42,7 @@ import json
 import threading
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -112,6 +113,7 @@ class FakeBatchServer:
         self.files: dict[str, bytes] = {}
         self.fetches = 0
         self.cancelled: list[str] = []
+        self.answer: Callable[[bytes], str] = expected_text  # the text a page's image is answered with
         self._script: deque[Ending] = deque()
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
@@ -232,7 +234,7 @@ class FakeBatchServer:
             "object": "chat.completion",
             "model": batch.model,
             "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": expected_text(image)}, "finish_reason": "stop"}
+                {"index": 0, "message": {"role": "assistant", "content": self.answer(image)}, "finish_reason": "stop"}
             ],
             "usage": {
                 "prompt_tokens": PROMPT_TOKENS,

@@ -138,6 +138,16 @@ def _answer(line: dict[str, Any], model: str, latency_seconds: float) -> BatchAn
     return BatchAnswer(custom_id, None, reason)
 
 
+def _answer_line(text: str, model: str, latency_seconds: float) -> BatchAnswer | None:
+    """One JSONL line of a result file as its answer; None for a blank or unreadable line (its request, unanswered,
+    is sent again)."""
+    try:
+        line = json.loads(text) if text.strip() else None
+    except ValueError:
+        return None
+    return _answer(line, model, latency_seconds) if isinstance(line, dict) else None
+
+
 class _HttpBatchApi:
     def __init__(self, *, base_url: str, api_key: str | None, transport: httpx.BaseTransport | None = None) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -220,8 +230,7 @@ class OpenAIBatchApi(_HttpBatchApi):
             if file_id is None:
                 continue
             for text in self._call("GET", f"files/{file_id}/content").text.splitlines():
-                line = json.loads(text) if text.strip() else None
-                answer = _answer(line, model, latency_seconds) if isinstance(line, dict) else None
+                answer = _answer_line(text, model, latency_seconds)
                 if answer is not None:
                     answers.append(answer)
         return answers

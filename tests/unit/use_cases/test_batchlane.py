@@ -65,7 +65,7 @@ class Lane:
             self.settings, self.store, self.queue, self.objects, api, writer.finish, thresholds(self.settings)
         )
 
-    def parked_documents(self, documents: int, pages: int) -> list[str]:
+    def parked_documents(self, documents: int, pages: int, *, escalation_model: str | None = None) -> list[str]:
         """``documents`` batch-lane documents of ``pages`` pages each, every page claimed, its image kept and parked
         as the transcribe function leaves it: their job ids."""
         job_ids: list[str] = []
@@ -73,7 +73,9 @@ class Lane:
             pending_id = str(uuid.uuid4())
             key = f"uploads/{pending_id}.pdf"
             self.store.create_pending_document(
-                PendingDocument(pending_id, self.bucket, key, "a.pdf", MODEL, None, None, None, lane="batch")
+                PendingDocument(
+                    pending_id, self.bucket, key, "a.pdf", MODEL, None, None, None, escalation_model, lane="batch"
+                )
             )
             created = self.store.create_document(
                 NewDocument(self.bucket, key, "etag", "", 1, MODEL), kind="pdf", pages=range(1, pages + 1),
@@ -141,6 +143,31 @@ def test_a_thousand_pages_through_the_batch_lane_each_done_once_despite_partial_
     assert Counter(a.outcome for a in store.state.attempts) == {"KEPT": 1000, "ERROR": 3}
     # And every document is finished with its transcript
     assert {d.status for d in store.state.documents.values()} == {DocumentStatus.COMPLETED}
+
+
+def test_a_hard_flagged_batch_answer_escalates_its_page_on_the_sync_lane_and_a_clean_one_completes(
+    aws_env: str, fake_batches: FakeBatchServer
+) -> None:
+    # Given two parked pages of a document with an escalation model, the first of which the batch answers in a loop
+    lane = _lane("openai", aws_env, fake_batches)
+    job_ids = lane.parked_documents(1, 2, escalation_model="big/model")
+    looping = lane.images[job_ids[0]]
+    fake_batches.answer = lambda image: "the same words again " * 400 if image == looping else expected_text(image)
+    batches = lane.lane()
+    # When the sweeper sends them and collects their answers
+    batches.sweep()
+    assert batches.sweep().pages_answered == 2
+    # Then the clean answer completes its page, and the looping one escalates its page: its answer recorded as
+    # ESCALATED, the page QUEUED on the sync lane with its escalation pending and its message sent
+    store = lane.store
+    looped, clean = store.state.jobs[job_ids[0]], store.state.jobs[job_ids[1]]
+    assert clean.status is JobStatus.COMPLETED
+    assert (looped.status, looped.escalation, looped.lane) == (JobStatus.QUEUED, "PENDING", "sync")
+    assert [m.job_id for m in lane.queue.sent] == [job_ids[0]]
+    assert sorted(a.outcome for a in store.state.attempts) == ["ESCALATED", "KEPT"]
+    # And its next claim goes to the escalation model, on the sync lane
+    claimed = store.claim_jobs([job_ids[0]], lease_seconds=60, max_attempts=3).claimed[job_ids[0]]
+    assert claimed.escalation_pending and claimed.lane == "sync"
 
 
 # --- a deadline the batch cannot meet ---------------------------------------------------------------------------
