@@ -206,36 +206,32 @@ class BatchLane:
             count("BatchPagesResubmitted", len(pages) - len(spent))
 
     def _settle(self, page: BatchPage, document: DocumentRecord, result: Transcription) -> bool:
-        """A batch's answer for a page, checked and written under the page's parked lease; False when the page had
-        moved on (the call is recorded, with its cost, and not kept)."""
+        """A batch's answer for a page, checked and written under the lease the page was parked with; False when the
+        fence refused it (the page had moved on): the call is recorded all the same, with its cost, and not kept."""
         evidence = _evidence(page.evidence)
         answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
         flags = check_answer(answer, evidence, self._thresholds, max_output_tokens=self._settings.max_output_tokens)
         outcome = answer_outcome(result, self._api.name, answer.text, flags)
         _count_call(result)
-        job = page.job
-        if not page.parked:
-            self._db.complete_job(job, outcome)  # the fence refuses it: recorded LEASE_LOST, with its cost
-            count("BatchAnswersNotKept")
-            return False
         count_flags(flag.flag for flag in flags)
-        hard = hard_flags(flags)
+        job, hard = page.job, hard_flags(flags)
         escalation_model = document.escalation_model
         if hard and job.escalation is None and escalation_model:
-            if self._db.escalate_job(job, outcome):
-                count("PagesEscalated")
-                why = f"escalated to {escalation_model} on the sync lane ({describe_flags(hard)})"
-                self._to_sync([page], why)
+            if not self._db.escalate_job(job, outcome):
+                return _not_kept()
+            count("PagesEscalated")
+            self._to_sync([page], f"escalated to {escalation_model} on the sync lane ({describe_flags(hard)})")
             return True
         if hard:
             progress = self._db.fail_job(job, rejection(flags, escalated_to=None), outcome)
-            count("PagesFailed")
         else:
             progress = self._db.complete_job(job, outcome)
-            count("PagesCompleted")
-        if progress is not None and progress.all_pages_done:
+        if progress is None:
+            return _not_kept()
+        count("PagesFailed" if hard else "PagesCompleted")
+        if progress.all_pages_done:
             self._finish(progress.document_id)
-        return progress is not None
+        return True
 
     # --- sending ---------------------------------------------------------------------------------------------------
 
@@ -292,6 +288,11 @@ def _evidence(recorded: dict[str, Any]) -> PageEvidence:
         text_layer=str(recorded.get("text_layer", "")),
         rotation=int(recorded.get("rotation", 0)),
     )
+
+
+def _not_kept() -> bool:
+    count("BatchAnswersNotKept")
+    return False
 
 
 def _count_call(result: Transcription) -> None:
