@@ -27,6 +27,7 @@ error line. How a batch ends is scripted, one behaviour per batch in the order t
 * ``Complete()``: every request answered (the default);
 * ``Partial(missing)``: completed, the last ``missing`` requests absent from the results;
 * ``Errors(count)``: completed, the first ``count`` requests answered with an error line;
+* ``Repeat()``: completed, every answer given twice (two result lines for each request);
 * ``Expire(answered)``: expired, only the first ``answered`` requests answered;
 * ``Fail()``: failed, no results;
 * ``Hold()``: in_progress at every poll until ``release()`` (then completed) or a cancel (then cancelled, no
@@ -77,6 +78,11 @@ class Expire:
 
 
 @dataclass(frozen=True)
+class Repeat:
+    pass
+
+
+@dataclass(frozen=True)
 class Fail:
     pass
 
@@ -86,7 +92,7 @@ class Hold:
     pass
 
 
-Ending = Complete | Partial | Errors | Expire | Fail | Hold
+Ending = Complete | Partial | Errors | Expire | Fail | Hold | Repeat
 
 
 @dataclass
@@ -149,9 +155,14 @@ class FakeBatchServer:
         return (PROMPT_TOKENS + COMPLETION_TOKENS) * self.price_per_token
 
     def answered_ids(self) -> list[str]:
-        """The custom_id of every answer the fake gave, over all batches (an id twice: answered twice)."""
+        """The custom_id of every request the fake answered, once per batch that answered it (an id twice: answered by
+        two batches)."""
         with self._lock:
-            return [r["custom_id"] for b in self.batches.values() for r in b.results if "response" in r]
+            return [
+                custom_id
+                for b in self.batches.values()
+                for custom_id in dict.fromkeys(r["custom_id"] for r in b.results if r.get("response"))
+            ]
 
     # --- the protocol ----------------------------------------------------------------------------------------------
 
@@ -202,14 +213,16 @@ class FakeBatchServer:
             self._error(r["custom_id"], "simulated request error") if n < errors else self._answer(batch, r)
             for n, r in enumerate(requests)
         ]
+        if isinstance(ending, Repeat):
+            batch.results += batch.results
         batch.status = "expired" if isinstance(ending, Expire) else "completed"
         self._files_for(batch)
 
     def _files_for(self, batch: FakeBatch) -> None:
         if batch.dialect != "openai":
             return
-        answered = [r for r in batch.results if "response" in r]
-        failed = [r for r in batch.results if "error" in r]
+        answered = [r for r in batch.results if r.get("response")]
+        failed = [r for r in batch.results if r.get("error")]
         for lines, attribute in ((answered, "output_file_id"), (failed, "error_file_id")):
             if lines:
                 file_id = self.new_id("file")
@@ -271,8 +284,8 @@ def _valid_request(request: object, *, urls_only: bool) -> str | None:
 
 
 def _batch_json(batch: FakeBatch) -> dict[str, Any]:
-    answered = sum("response" in r for r in batch.results)
-    failed = sum("error" in r for r in batch.results)
+    answered = len({r["custom_id"] for r in batch.results if r.get("response")})
+    failed = sum(bool(r.get("error")) for r in batch.results)
     body: dict[str, Any] = {
         "id": batch.id,
         "object": "batch",
