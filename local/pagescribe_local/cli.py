@@ -43,7 +43,7 @@ from pagescribe.service import (
     estimate_cost,
     parse_page_selection,
 )
-from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
+from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, Settings, get_settings
 from pagescribe.sources.documents import InvalidDocumentError, detect_kind, inspect_document
 from pagescribe.status import PageFlags
 from pagescribe.store.postgres import Database, create_database_engine
@@ -366,8 +366,7 @@ def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
                     pages = sum(1 for page in chosen if page <= pages)
             except (InvalidDocumentError, ValueError) as exc:
                 raise CommandError(f"{path}: {exc}") from exc
-            batch = (args.lane or settings.default_lane) == "batch"
-            factor = settings.batch_price_factor if batch else None
+            factor = _batch_price_factor(args.lane, settings)
             estimate = estimate_cost(db, model, pages, settings.default_tenant, batch_price_factor=factor)
             cost = f"${estimate.cost_usd:.6f}" if estimate.cost_usd is not None else "unknown"
             print(f"{path.name}: {pages} pages x {model}: {cost}")
@@ -730,6 +729,11 @@ def _usd_argument(value: str) -> float:
     if not 0 <= usd <= 1_000_000 or usd != usd:
         raise argparse.ArgumentTypeError(f"{value!r}: an amount in USD is between 0 and 1000000")
     return usd
+
+
+def _batch_price_factor(lane: str | None, settings: Settings) -> float | None:
+    """The factor of the batch price, for an estimate in the batch lane (--lane, else DEFAULT_LANE); None for sync."""
+    return settings.batch_price_factor if (lane or settings.default_lane) == "batch" else None
 
 
 def _deadline_argument(value: str) -> datetime:
