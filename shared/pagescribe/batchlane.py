@@ -20,6 +20,7 @@ of its render (ink, text layer, rotation). The sweeper, already scheduled, then
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -102,8 +103,15 @@ class BatchLane:
         self._api = api
         self._finish = finish
         self._thresholds = thresholds
+        self._stop_at: float | None = None  # when this pass stops polling and sending (time.monotonic())
 
-    def sweep(self) -> BatchSweep:
+    def _out_of_time(self) -> bool:
+        return self._stop_at is not None and time.monotonic() >= self._stop_at
+
+    def sweep(self, seconds: float | None = None) -> BatchSweep:
+        """One pass: move the late pages, collect the ended batches, send the waiting pages. With ``seconds``, no
+        batch is polled or sent once they are spent (the rest waits for the next pass)."""
+        self._stop_at = None if seconds is None else time.monotonic() + seconds
         moved = self.move_late_pages()
         collected, totals = self.collect()
         batches, pages = self.submit()
@@ -140,6 +148,8 @@ class BatchLane:
         to)"""
         totals, collected = _Collected(), 0
         for batch in self._db.open_batches(limit=MAX_BATCHES_PER_SWEEP):
+            if self._out_of_time():
+                break
             if batch.provider_batch_id is None:  # its sweeper stopped before the provider took it
                 self._db.batch_not_sent(batch.batch_id, "never sent: its sweeper stopped before the provider took it")
                 continue
@@ -239,7 +249,7 @@ class BatchLane:
         """Send the waiting pages, a batch per model of at most BATCH_MAX_PAGES: (batches sent, pages sent)."""
         settings, batches, pages = self._settings, 0, 0
         for model in self._db.waiting_models(limit=MAX_BATCHES_PER_SWEEP):
-            while batches < MAX_BATCHES_PER_SWEEP:
+            while batches < MAX_BATCHES_PER_SWEEP and not self._out_of_time():
                 opened = self._db.open_batch(
                     dialect=settings.batch_dialect,
                     model=model,

@@ -32,7 +32,7 @@ from pagescribe.providers.openai_compat import completion
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-_TIMEOUT = httpx.Timeout(60.0, connect=10.0)  # one file of a few hundred requests up or down
+_TIMEOUT = httpx.Timeout(30.0, connect=10.0)  # one file of a few hundred requests up or down, within a sweep
 
 
 class BatchApiError(RuntimeError):

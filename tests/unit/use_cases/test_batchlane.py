@@ -146,6 +146,18 @@ def test_a_thousand_pages_through_the_batch_lane_each_done_once_despite_partial_
     assert {d.status for d in store.state.documents.values()} == {DocumentStatus.COMPLETED}
 
 
+def test_a_sweep_with_no_time_left_sends_and_polls_nothing_and_the_next_one_does(
+    aws_env: str, fake_batches: FakeBatchServer
+) -> None:
+    lane = _lane("openrouter", aws_env, fake_batches)
+    lane.parked_documents(1, 3)
+    batches = lane.lane()
+    spent = batches.sweep(0)
+    assert (spent.batches_submitted, spent.pages_waiting, len(fake_batches.batches)) == (0, 3, 0)
+    assert batches.sweep(60).pages_submitted == 3
+    assert batches.sweep(0).batches_collected == 0 and batches.sweep(60).pages_answered == 3
+
+
 def test_a_hard_flagged_batch_answer_escalates_its_page_on_the_sync_lane_and_a_clean_one_completes(
     aws_env: str, fake_batches: FakeBatchServer
 ) -> None:
