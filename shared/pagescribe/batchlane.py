@@ -80,7 +80,6 @@ class BatchSweep:
 class _Collected:
     answered: int = 0
     not_kept: int = 0
-    failed: int = 0
 
 
 class BatchLane:
@@ -171,12 +170,15 @@ class BatchLane:
             return 0
         waited = (datetime.now(UTC) - batch.submitted_at).total_seconds()
         answers = self._api.answers(view, batch.model, latency_seconds=max(waited, 0.0))
+        received = {a.custom_id for a in answers if a.transcription is not None}
+        failed = {a.custom_id for a in answers} - received
+        # the sweeper that closes the batch takes its answers: an overlapping sweep that polled it too takes none
+        if not self._db.close_batch(batch.batch_id, status=view.status, answered=len(received), failed=len(failed)):
+            return 0
+        count("BatchesCollected")
         done = self._take_answers(pages, answers, view.status)
-        if self._db.close_batch(batch.batch_id, status=view.status, answered=done.answered, failed=done.failed):
-            count("BatchesCollected")
         totals.answered += done.answered
         totals.not_kept += done.not_kept
-        totals.failed += done.failed
         return 1
 
     def _take_answers(self, pages: list[BatchPage], answers: list[BatchAnswer], status: str) -> _Collected:
@@ -194,7 +196,6 @@ class BatchLane:
                     page.job, FailedCall(page.model, self._api.name, None, answer.error or "", None)
                 )
                 count_for_model("ModelCalls", page.model)
-                done.failed += 1
                 continue
             answered.add(answer.custom_id)
             if self._settle(page, documents[page.job.document_id], answer.transcription):

@@ -171,7 +171,7 @@ def describe_document(db: Store, document: DocumentRecord) -> DocumentSummary:
         max_cost_usd=document.max_cost_usd,
         lane=document.lane,
         deadline=document.deadline,
-        batch_pages_waiting=db.batch_pages_waiting(document.document_id) if document.lane else 0,
+        batch_pages_waiting=db.batch_pages_waiting(document.document_id),
         created_at=document.created_at,
         finished_at=document.finished_at,
         transcript_key=document.transcript_key,

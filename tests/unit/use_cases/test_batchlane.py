@@ -18,7 +18,15 @@ import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore, s3_client
 from pagescribe.batchlane import BatchLane, park_seconds
-from pagescribe.domain import ClaimedJob, DocumentStatus, JobStatus, NewDocument, PageResult, PendingDocument
+from pagescribe.domain import (
+    ClaimedJob,
+    DocumentStatus,
+    JobStatus,
+    NewDocument,
+    PageResult,
+    PendingDocument,
+    ProviderBatch,
+)
 from pagescribe.providers.batches import batch_api
 from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 from pagescribe.rendering import RenderPool
@@ -156,6 +164,33 @@ def test_a_sweep_with_no_time_left_sends_and_polls_nothing_and_the_next_one_does
     assert (spent.batches_submitted, spent.pages_waiting, len(fake_batches.batches)) == (0, 3, 0)
     assert batches.sweep(60).pages_submitted == 3
     assert batches.sweep(0).batches_collected == 0 and batches.sweep(60).pages_answered == 3
+
+
+def test_a_batch_polled_by_two_overlapping_sweeps_has_its_answers_taken_by_one(
+    aws_env: str, fake_batches: FakeBatchServer
+) -> None:
+    # Given a batch sent, and a second sweeper that read the open batches before the first collected it
+    lane = _lane("openai", aws_env, fake_batches)
+    job_ids = lane.parked_documents(1, 2)
+    first = lane.lane()
+    first.sweep()
+    stale = lane.store.open_batches(limit=10)
+
+    class Overlapping(MemoryStore):
+        def open_batches(self, *, limit: int) -> list[ProviderBatch]:
+            return stale
+
+    overlapping = Overlapping()
+    overlapping.state = lane.store.state
+    second = BatchLane(
+        lane.settings, overlapping, lane.queue, lane.objects, first._api, lambda _: None, thresholds(lane.settings)
+    )
+    # When the first sweep collects it, then the second
+    assert first.sweep().pages_answered == 2
+    late = second.sweep()
+    # Then the second takes no answer: each page's answer is recorded once
+    assert (late.batches_collected, late.pages_answered, late.answers_not_kept) == (0, 0, 0)
+    assert Counter(a.job_id for a in lane.store.state.attempts) == dict.fromkeys(job_ids, 1)
 
 
 def test_a_hard_flagged_batch_answer_escalates_its_page_on_the_sync_lane_and_a_clean_one_completes(
