@@ -28,6 +28,11 @@ Glossary (one word per idea; the names of JSON keys, database columns and settin
 - *budget*: money only, a tenant's daily budget (DAILY_BUDGET_USD) beside a document's cost cap (``max_cost_usd``).
   Time is the invocation's *deadline* (``pagescribe.timepolicy.Deadline``), shared out by the *time policy*;
   MIN_CALL_BUDGET_SECONDS keeps its older name.
+- *lane*: how a document's pages are asked of the model: the *sync* lane, a call per claimed page, or the *batch*
+  lane, its pages sent together in a *provider batch* (``ProviderBatch``; not an SQS batch) at the provider's batch
+  price. A batch-lane page is *parked*: claimed, rendered, its image kept, then waiting PROCESSING under that claim's
+  lease for its provider batch's answer (``PageResult.PARKED``, ``BatchPage``); a page *moved to sync* leaves the
+  lane for good (``ClaimedJob.lane``).
 """
 
 from __future__ import annotations
