@@ -22,7 +22,8 @@ A batch does its work when it is first polled after it was sent (a provider work
 request's image URL, as a real provider does (a presigned S3 URL from moto), and answers each with
 ``expected_text(<image bytes>)`` (the chat fake's answer), priced at ``price_per_token`` (the batch price) for
 ``PROMPT_TOKENS`` + ``COMPLETION_TOKENS`` tokens in ``usage.cost``. A request whose image cannot be fetched gets an
-error line. How a batch ends is scripted, one behaviour per batch in the order they are sent:
+error line. ``refuse_batches`` answers that many batch creations 503, as an outage would. How a batch ends is
+scripted, one behaviour per batch in the order they are sent:
 
 * ``Complete()``: every request answered (the default);
 * ``Partial(missing)``: completed, the last ``missing`` requests absent from the results;
@@ -120,6 +121,7 @@ class FakeBatchServer:
         self.fetches = 0
         self.cancelled: list[str] = []
         self.answer: Callable[[bytes], str] = expected_text  # the text a page's image is answered with
+        self.refuse_batches = 0  # how many batch creations to answer 503 (an outage) before taking them again
         self._script: deque[Ending] = deque()
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
@@ -372,7 +374,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake.files[file_id] = fields["file"]
         return self._send(200, {"id": file_id, "object": "file", "purpose": "batch"})
 
+    def _refused(self) -> bool:
+        """Answer 503 to a batch's creation while the fake is told to refuse them."""
+        with self.fake._lock:
+            if self.fake.refuse_batches <= 0:
+                return False
+            self.fake.refuse_batches -= 1
+        self._error(503, "the batch service is unavailable")
+        return True
+
     def _create_openai(self, body: bytes) -> None:
+        if self._refused():
+            return None
         request = json.loads(body)
         content = self.fake.files.get(request.get("input_file_id", ""))
         if content is None:
@@ -390,6 +403,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(200, _batch_json(batch))
 
     def _create_openrouter(self, body: bytes) -> None:
+        if self._refused():
+            return None
         request = json.loads(body)
         if list(request)[:2] != ["endpoint", "model"] or request.get("endpoint") != ENDPOINT:
             return self._error(400, f"endpoint ({ENDPOINT}) and model must come before requests")

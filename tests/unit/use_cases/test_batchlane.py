@@ -17,9 +17,10 @@ import boto3
 import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore, s3_client
-from pagescribe.batchlane import BatchLane, park_seconds
+from pagescribe.batchlane import BatchLane, lane_of, park_seconds
 from pagescribe.domain import (
     ClaimedJob,
+    DocumentRecord,
     DocumentStatus,
     JobStatus,
     NewDocument,
@@ -27,6 +28,7 @@ from pagescribe.domain import (
     PendingDocument,
     ProviderBatch,
 )
+from pagescribe.domain import Lane as LaneName
 from pagescribe.providers.batches import batch_api
 from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 from pagescribe.rendering import RenderPool
@@ -152,6 +154,47 @@ def test_a_thousand_pages_through_the_batch_lane_each_done_once_despite_partial_
     assert Counter(a.outcome for a in store.state.attempts) == {"KEPT": 1000, "ERROR": 3}
     # And every document is finished with its transcript
     assert {d.status for d in store.state.documents.values()} == {DocumentStatus.COMPLETED}
+
+
+@pytest.mark.parametrize("dialect", ["openai", "openrouter"])
+def test_a_batch_the_provider_refuses_loses_no_page_its_pages_are_sent_by_the_next_sweep(
+    dialect: str, aws_env: str, fake_batches: FakeBatchServer
+) -> None:
+    lane = _lane(dialect, aws_env, fake_batches)
+    job_ids = lane.parked_documents(1, 3)
+    fake_batches.refuse_batches = 1
+    batches = lane.lane()
+    refused = batches.sweep()
+    assert (refused.batches_submitted, refused.pages_waiting) == (0, 3)
+    assert batches.sweep().pages_submitted == 3
+    assert batches.sweep().pages_answered == 3
+    assert {lane.store.state.jobs[j].status for j in job_ids} == {JobStatus.COMPLETED}
+    # (the refused batch is closed as not sent, its pages' submission not counted: each was sent once)
+    assert sorted(b.status for b in lane.store.state.batches.values()) == ["completed", "not_sent"]
+    assert {lane.store.state.jobs[j].batch_submissions for j in job_ids} == {1}
+
+
+def _record(lane: str | None, deadline: datetime | None = None) -> DocumentRecord:
+    store, document_id = MemoryStore(), str(uuid.uuid4())
+    store.create_pending_document(
+        PendingDocument(document_id, "b", "k", "a.pdf", MODEL, None, None, None, lane=lane, deadline=deadline)
+    )
+    record = store.get_document(document_id)
+    assert record is not None
+    return record
+
+
+def test_the_lane_of_a_page() -> None:
+    settings = Settings(provider_api_key=SecretStr("sk-test"), batch_sync_reserve_seconds=900)
+    now = datetime.now(UTC)
+    record = _record(lane=None)
+    assert lane_of(record, None, settings) is LaneName.SYNC  # DEFAULT_LANE
+    assert lane_of(record, None, settings.model_copy(update={"default_lane": "batch"})) is LaneName.BATCH
+    assert lane_of(_record(lane="batch"), "sync", settings) is LaneName.SYNC  # a page moved to sync stays there
+    assert lane_of(_record(lane="batch", deadline=now + timedelta(hours=1)), None, settings) is LaneName.BATCH
+    assert lane_of(_record(lane="batch", deadline=now + timedelta(minutes=10)), None, settings) is LaneName.SYNC
+    offline = settings.model_copy(update={"provider_api_key": None})
+    assert lane_of(_record(lane="batch"), None, offline) is LaneName.SYNC  # the offline engine has no batch API
 
 
 def test_a_sweep_with_no_time_left_sends_and_polls_nothing_and_the_next_one_does(
