@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from bench import (
+    batchlane,
     built,
     caps,
     claims,
@@ -52,6 +53,7 @@ def benchmarks(mode: Mode, scratch: Path, built_ahead: Future[None] | None) -> l
         ("caps", lambda: caps.run(mode, scratch=scratch)),
         ("secondread", lambda: secondread.run(mode, scratch=scratch)),
         ("streaming", lambda: streaming.run(mode)),
+        ("batchlane", lambda: batchlane.run(mode, scratch=scratch)),
     ]
 
 

@@ -21,6 +21,10 @@ jobs_unsent
 documents_finished
 callbacks_delivered
 uploads_expired
+batch_pages_moved
+batch_pages_submitted
+batch_answers_not_kept
+batch_pages_answered
 test_id
 
 # Powertools' LambdaContext reads these attributes behind its properties (pagescribe_local/stack.py)

@@ -71,7 +71,7 @@ def db(database_url: str) -> Iterator[Database]:
         conn.execute(
             text(
                 "TRUNCATE documents, jobs, attempts, page_corrections, api_keys, idempotency_keys, rate_buckets, "
-                "tenant_days"
+                "tenant_days, provider_batches"
             )
         )
         conn.execute(text("DELETE FROM tenants WHERE id <> 'default'"))

@@ -43,7 +43,7 @@ from pagescribe.service import (
     estimate_cost,
     parse_page_selection,
 )
-from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, get_settings
+from pagescribe.settings import OCR_LANGUAGES, ConfigurationError, Settings, get_settings
 from pagescribe.sources.documents import InvalidDocumentError, detect_kind, inspect_document
 from pagescribe.status import PageFlags
 from pagescribe.store.postgres import Database, create_database_engine
@@ -307,6 +307,8 @@ def _upload_options(args: argparse.Namespace) -> NewUpload:
         merge_tables=args.merge_tables,
         furniture=args.furniture,
         profile=args.profile,
+        lane=args.lane,
+        deadline=args.deadline,
     )
 
 
@@ -364,7 +366,8 @@ def _estimate(args: argparse.Namespace, paths: list[Path]) -> int:
                     pages = sum(1 for page in chosen if page <= pages)
             except (InvalidDocumentError, ValueError) as exc:
                 raise CommandError(f"{path}: {exc}") from exc
-            estimate = estimate_cost(db, model, pages, settings.default_tenant)
+            factor = _batch_price_factor(args.lane, settings)
+            estimate = estimate_cost(db, model, pages, settings.default_tenant, batch_price_factor=factor)
             cost = f"${estimate.cost_usd:.6f}" if estimate.cost_usd is not None else "unknown"
             print(f"{path.name}: {pages} pages x {model}: {cost}")
             total = total + estimate.cost_usd if total is not None and estimate.cost_usd is not None else None
@@ -728,6 +731,21 @@ def _usd_argument(value: str) -> float:
     return usd
 
 
+def _batch_price_factor(lane: str | None, settings: Settings) -> float | None:
+    """The factor of the batch price, for an estimate in the batch lane (--lane, else DEFAULT_LANE); None for sync."""
+    return settings.batch_price_factor if (lane or settings.default_lane) == "batch" else None
+
+
+def _deadline_argument(value: str) -> datetime:
+    try:
+        deadline = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO 8601 time (say 2026-01-31T18:00:00Z)") from None
+    if deadline.utcoffset() is None:
+        raise argparse.ArgumentTypeError(f"{value!r}: give the time with its offset (say 2026-01-31T18:00:00Z)")
+    return deadline
+
+
 def _tenant_budget(args: argparse.Namespace) -> int:
     with _database(Path(args.data_dir)) as db:
         db.ensure_tenant(args.tenant)
@@ -831,6 +849,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="pages without a text layer read again by the offline engine during their model call, to ground the "
         "answer to: auto (when the CPU and time allow), always (whenever the time budget allows), off "
         "(default: SECOND_READ)",
+    )
+    transcribe.add_argument(
+        "--lane",
+        choices=["sync", "batch"],
+        help="sync: each page asked of the model as it comes; batch: the pages sent in the provider's batch API "
+        "(BATCH_DIALECT), about half the price, answered within its window (default: DEFAULT_LANE)",
+    )
+    transcribe.add_argument(
+        "--deadline",
+        type=_deadline_argument,
+        metavar="TIME",
+        help="when the pages must be done by (ISO 8601 with its offset): batch pages that would miss it are moved to "
+        "the sync lane in time",
     )
     transcribe.add_argument(
         "--estimate",

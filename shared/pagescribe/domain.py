@@ -28,6 +28,11 @@ Glossary (one word per idea; the names of JSON keys, database columns and settin
 - *budget*: money only, a tenant's daily budget (DAILY_BUDGET_USD) beside a document's cost cap (``max_cost_usd``).
   Time is the invocation's *deadline* (``pagescribe.timepolicy.Deadline``), shared out by the *time policy*;
   MIN_CALL_BUDGET_SECONDS keeps its older name.
+- *lane*: how a document's pages are asked of the model: the *sync* lane, a call per claimed page, or the *batch*
+  lane, its pages sent together in a *provider batch* (``ProviderBatch``; not an SQS batch) at the provider's batch
+  price. A batch-lane page is *parked*: claimed, rendered, its image kept, then waiting PROCESSING under that claim's
+  lease for its provider batch's answer (``PageResult.PARKED``, ``BatchPage``); a page *moved to sync* leaves the
+  lane for good (``ClaimedJob.lane``).
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class PageResult(StrEnum):
     DUPLICATE = "DUPLICATE"
     LEASE_LOST = "LEASE_LOST"
     REJECTED = "REJECTED"
+    PARKED = "PARKED"  # rendered and waiting in the batch lane, under its lease, for a provider batch's answer
 
 
 class NewDocument(NamedTuple):
@@ -144,6 +150,7 @@ class ClaimedJob(NamedTuple):
     flags: Sequence[dict[str, Any]] = ()  # the page's flags so far (those of the answer it escalated from)
     slot_in_seconds: float | None = None  # when the governor's slot it reserved comes (negative: passed); None: none
     requested_model: str | None = None  # a re-run's model, instead of the document's
+    lane: str | None = None  # a Lane the page was moved to, instead of its document's (SYNC: out of the batch lane)
 
     @property
     def escalation_pending(self) -> bool:
@@ -185,6 +192,8 @@ class DocumentRecord(NamedTuple):
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it (<transcript>.chunks.jsonl)
     merge_tables: bool = True  # tables that cross pages are joined in its transcript (pagescribe.tables)
     furniture: str = "mark"  # its running headers, footers and page numbers in the markdown: mark, drop or keep
+    lane: str | None = None  # a Lane: sync or batch (None: the stack's DEFAULT_LANE)
+    deadline: datetime | None = None  # when its pages must be done by: a batch that would miss it is left for sync
 
 
 class PendingDocument(NamedTuple):
@@ -206,6 +215,8 @@ class PendingDocument(NamedTuple):
     chunks: bool = False  # its transcript's chunks for retrieval are written beside it
     merge_tables: bool = True  # tables that cross pages are joined in its transcript
     furniture: str = "mark"  # its running headers, footers and page numbers in the markdown: mark, drop or keep
+    lane: str | None = None  # a Lane (None: the stack's DEFAULT_LANE)
+    deadline: datetime | None = None  # when its pages must be done by
 
 
 class PageSummary(NamedTuple):
@@ -490,3 +501,39 @@ CALLBACK_PORTS = "80, 443, or 1024 and above"  # a callback never reaches a host
 def callback_port_allowed(port: int) -> bool:
     """May a callback be sent to this port (CALLBACK_PORTS)?"""
     return port in (80, 443) or 1024 <= port <= 65535
+
+
+class Lane(StrEnum):
+    """How a document's pages are asked of the model: one call each (SYNC), or in a provider's batch (BATCH), which
+    costs less and answers within its window (hours) instead of seconds."""
+
+    SYNC = "sync"
+    BATCH = "batch"
+
+
+class BatchPage(NamedTuple):
+    """A page of a provider batch (or waiting for one): its job as claimed when it was parked (``parked``: it still
+    waits under that lease, so its answer may be written; otherwise the page moved on and an answer for it is only
+    recorded), the model it is asked of, its kept image and what the checks need of its render."""
+
+    job: ClaimedJob
+    model: str
+    image_key: str | None
+    evidence: dict[str, Any]
+    parked: bool
+    submissions: int  # the batches it was sent in so far
+
+
+class ProviderBatch(NamedTuple):
+    """A batch sent to the provider's batch API (``provider_batches``), until its answers are collected."""
+
+    batch_id: str
+    provider_batch_id: str | None
+    dialect: str
+    model: str
+    status: str
+    submitted_at: datetime
+    expires_at: datetime
+    input_file_id: str | None
+    output_file_id: str | None
+    request_count: int

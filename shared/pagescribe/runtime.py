@@ -35,6 +35,7 @@ from pagescribe.timepolicy import Deadline, TimePolicy
 # through its own handler module.
 if TYPE_CHECKING:
     from pagescribe.assembly import TranscriptWriter
+    from pagescribe.batchlane import BatchLane
     from pagescribe.callbacks import CallbackNotifier
     from pagescribe.ingestion import Ingestor
     from pagescribe.providers.base import TranscriptionProvider
@@ -130,21 +131,40 @@ class Runtime:
             )
         from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 
-        if settings.provider_api_key is not None:
-            key: str | None = settings.provider_api_key.get_secret_value()
-        elif settings.provider_api_key_parameter:
-            key = read_secure_parameter(settings.provider_api_key_parameter)
-        else:
-            key = None
         return OpenAICompatibleProvider(
             base_url=settings.provider_base_url,
-            api_key=key,
+            api_key=self.provider_key,
             max_connections=settings.page_concurrency,
             usage_accounting=settings.provider_usage_accounting,
             retry_rate_limited=settings.rate_limit_rpm == 0,  # with the governor on, a 429 pauses everyone instead
             stream=settings.provider_stream,
             time=self.time_policy,
         )
+
+    @cached_property
+    def provider_key(self) -> str | None:
+        settings = self.settings
+        if settings.provider_api_key is not None:
+            return settings.provider_api_key.get_secret_value()
+        if settings.provider_api_key_parameter:
+            return read_secure_parameter(settings.provider_api_key_parameter)
+        return None
+
+    @cached_property
+    def batch_lane(self) -> BatchLane:
+        """The sweeper's part of the batch lane, on the provider's batch API (BATCH_DIALECT at BATCH_BASE_URL)."""
+        from pagescribe.batchlane import BatchLane
+        from pagescribe.providers.batches import batch_api
+        from pagescribe.transcription.outcomes import thresholds
+
+        settings = self.settings
+        api = batch_api(
+            settings.batch_dialect,
+            base_url=settings.batch_base_url or settings.provider_base_url,
+            api_key=self.provider_key,
+        )
+        finish = self.transcripts.finish
+        return BatchLane(settings, self.db, self.queue, self.objects, api, finish, thresholds(settings))
 
     @cached_property
     def notifier(self) -> CallbackNotifier:
@@ -250,6 +270,7 @@ class Runtime:
             self.notifier,
             lambda: self.ingestor,
             failed_uploads,
+            None if self.settings.uses_offline_provider else lambda: self.batch_lane,
         )
 
     @cached_property
@@ -260,6 +281,8 @@ class Runtime:
         """Release what this environment holds: provider connections, database pool, render processes,
         scratch files."""
         built = self.__dict__
+        if "batch_lane" in built:
+            self.batch_lane.close()
         if "provider" in built and not self.loop.is_running():
             self.run(self.provider.aclose())
         if "db" in built:

@@ -24,6 +24,7 @@ from pagescribe.domain import (
     DocumentRecord,
     DocumentStatus,
     JobStatus,
+    Lane,
     PageCorrection,
     PendingDocument,
 )
@@ -94,6 +95,8 @@ class NewUpload:
     merge_tables: bool | None = None  # join its tables that cross pages (None: the stack's MERGE_TABLES)
     furniture: str | None = None  # mark, drop or keep its running headers and footers (None: the profile's)
     profile: str | None = None  # faithful (None: the stack's PROMPT and FURNITURE) or clean (CLEAN_PROMPT, drop)
+    lane: str | None = None  # sync or batch (None: the stack's DEFAULT_LANE)
+    deadline: datetime | None = None  # when its pages must be done by
 
 
 @dataclass(frozen=True)
@@ -106,18 +109,27 @@ class Estimate:
     cost_per_page_usd: float | None
     cost_usd: float | None
     basis: str
+    lane: str = Lane.SYNC
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def estimate_cost(db: Store, model: str, pages: int | None, tenant: str) -> Estimate:
-    """What ``pages`` pages would cost on ``model``, from the tenant's own calls of it (never another tenant's)."""
+def estimate_cost(
+    db: Store, model: str, pages: int | None, tenant: str, *, batch_price_factor: float | None = None
+) -> Estimate:
+    """What ``pages`` pages would cost on ``model``, from the tenant's own calls of it (never another tenant's); with
+    ``batch_price_factor``, in the batch lane: the mean price of a sync call times the factor."""
+    lane = Lane.SYNC if batch_price_factor is None else Lane.BATCH
     price, calls = db.model_price(model, tenant)
     if price is None:
-        return Estimate(model, pages, None, None, f"unknown: no call of {model} for your documents has reported a cost")
+        unknown = f"unknown: no call of {model} for your documents has reported a cost"
+        return Estimate(model, pages, None, None, unknown, lane)
     basis = f"the mean cost per page of your latest {calls} calls of {model}, escalations not counted"
-    return Estimate(model, pages, round(price, 8), round(price * pages, 8) if pages is not None else None, basis)
+    if batch_price_factor is not None:
+        price *= batch_price_factor
+        basis += f", at the batch price (BATCH_PRICE_FACTOR {batch_price_factor:g} of it)"
+    return Estimate(model, pages, round(price, 8), round(price * pages, 8) if pages is not None else None, basis, lane)
 
 
 class Described(NamedTuple):
@@ -269,7 +281,7 @@ class DocumentService:
                 "Idempotency-Key must be printable ASCII (a UUID, say); it holds a control or non-ASCII character",
                 field="Idempotency-Key",
             )
-        digest = hashlib.sha256(json.dumps(asdict(upload), sort_keys=True).encode()).digest()
+        digest = hashlib.sha256(json.dumps(asdict(upload), sort_keys=True, default=str).encode()).digest()
         first = self._db.idempotent_answer(tenant, idempotency_key)
         if first is None:
             created = self._create(upload, tenant)
@@ -315,6 +327,7 @@ class DocumentService:
                     field=name,
                 )
         escalation_model = self._escalation_model(upload)
+        lane = self._lane(upload)
         model = upload.model or self._settings.model
         bucket = self._settings.require("bucket_name")
         document_id = str(uuid.uuid4())
@@ -337,11 +350,14 @@ class DocumentService:
                 chunks=self._settings.chunks if upload.chunks is None else upload.chunks,
                 merge_tables=self._settings.merge_tables if upload.merge_tables is None else upload.merge_tables,
                 furniture=upload.furniture or ("drop" if upload.profile == "clean" else self._settings.furniture),
+                lane=lane,
+                deadline=upload.deadline,
             )
         )
         expires_in = self._settings.upload_url_expiry_seconds
         url = self._objects.presign_put(bucket, key, content_type=upload.content_type, expires_in=expires_in)
-        estimate = estimate_cost(self._db, model, len(requested) if requested else None, tenant)
+        pages = len(requested) if requested else None
+        estimate = estimate_cost(self._db, model, pages, tenant, batch_price_factor=self._batch_price(lane))
         return CreatedUpload(
             document_id,
             key,
@@ -350,6 +366,28 @@ class DocumentService:
             datetime.now(UTC) + timedelta(seconds=expires_in),
             estimate.as_dict(),
         )
+
+    def _lane(self, upload: NewUpload) -> str:
+        """The document's lane: the request's, else the stack's DEFAULT_LANE; a deadline must be in the future."""
+        lane = upload.lane or self._settings.default_lane
+        if lane not in (Lane.SYNC, Lane.BATCH):
+            raise Refused.invalid(f"lane {lane!r} is not one of sync, batch", field="lane")
+        if lane == Lane.BATCH and self._settings.uses_offline_provider:
+            raise Refused.invalid(
+                "lane 'batch' needs a vision model provider with a batch API; this stack transcribes with the offline "
+                "OCR engine",
+                field="lane",
+            )
+        deadline = upload.deadline
+        if deadline is not None and (deadline.utcoffset() is None or deadline <= datetime.now(UTC)):
+            raise Refused.invalid(
+                f"deadline {deadline.isoformat()} must be a time in the future, with its offset", field="deadline"
+            )
+        return lane
+
+    def _batch_price(self, lane: str | None) -> float | None:
+        """The factor of the batch price in an estimate of the lane (None for the sync lane)."""
+        return self._settings.batch_price_factor if (lane or self._settings.default_lane) == Lane.BATCH else None
 
     def _escalation_model(self, upload: NewUpload) -> str | None:
         """The model a hard-flagged page of this document goes to: the request's, else the stack's; None for none."""
@@ -379,7 +417,9 @@ class DocumentService:
         """The document's summary and what it is expected to cost."""
         document = self._document(document_id, tenant)
         pages = document.page_count if document.status is not DocumentStatus.AWAITING_UPLOAD else None
-        return Described(describe_document(self._db, document), estimate_cost(self._db, document.model, pages, tenant))
+        factor = self._batch_price(document.lane)
+        estimate = estimate_cost(self._db, document.model, pages, tenant, batch_price_factor=factor)
+        return Described(describe_document(self._db, document), estimate)
 
     def transcript(
         self, document_id: str, fmt: TranscriptFormat, tenant: str, bounds: ChunkBounds = DEFAULT_CHUNK_BOUNDS

@@ -360,6 +360,53 @@ class Settings(BaseSettings):
     aws_lambda_function_memory_size: int | None = Field(
         default=None, description="Set by Lambda: the function's memory (MB), which the render processes share."
     )
+    # The batch lane (pagescribe.batchlane): pages sent in a provider's batch at its batch price, collected by the
+    # sweeper.
+    default_lane: Literal["sync", "batch"] = Field(
+        default="sync",
+        description="The lane of a document that names none (an upload to the bucket, or POST /documents without "
+        "lane): sync, one model call per page as it comes; batch, its pages sent in the provider's batch API at its "
+        "batch price and collected by the sweeper within the batch's window.",
+    )
+    batch_dialect: Literal["openai", "openrouter"] = Field(
+        default="openai",
+        description="The batch API spoken: openai (POST /files of JSONL, then POST /batches; the flow many "
+        "OpenAI-compatible endpoints serve) or openrouter (POST /beta/batches with the requests inline, results in "
+        "the batch). Both send each page as a presigned URL of its kept image.",
+    )
+    batch_base_url: str | None = Field(
+        default=None, description="The batch API's base URL, where it is not PROVIDER_BASE_URL."
+    )
+    batch_price_factor: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A batch call's price against a synchronous one's (0.5: half): what estimates of the batch lane "
+        "use.",
+    )
+    batch_max_pages: int = Field(default=500, ge=1, le=50_000, description="The most pages sent in one batch.")
+    batch_window_hours: int = Field(
+        default=24, ge=1, le=168, description="The batch's completion window (the provider's, 24h for most)."
+    )
+    batch_image_url_seconds: int = Field(
+        default=7 * 24 * 3600,
+        ge=3600,
+        le=7 * 24 * 3600,
+        description="How long a page image's presigned URL sent in a batch stays valid: at least the batch's window "
+        "(SigV4 allows 7 days; a URL signed with temporary credentials ends with them).",
+    )
+    batch_sync_reserve_seconds: float = Field(
+        default=900,
+        ge=0,
+        description="A batch page of a document with a deadline moves to the sync lane this long before the deadline "
+        "(a sync call's time and the sweeper's interval, with room to spare).",
+    )
+    batch_max_submissions: int = Field(
+        default=2,
+        ge=1,
+        le=10,
+        description="Batches a page is sent in before one that no batch answered moves to the sync lane.",
+    )
 
     @field_validator("database_url")
     @classmethod
@@ -380,6 +427,7 @@ class Settings(BaseSettings):
         "provider_api_key_parameter",
         "callback_secret_parameter",
         "daily_budget_usd",
+        "batch_base_url",
         mode="before",
     )
     @classmethod
@@ -402,6 +450,17 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"OCR_LANGUAGE={value!r} has no recognition model in the rapidocr wheel, and pagescribe never "
                 f"downloads models; the languages that ship: {', '.join(sorted(OCR_LANGUAGES))}"
+            )
+        return value
+
+    @field_validator("batch_image_url_seconds")
+    @classmethod
+    def _image_urls_outlive_the_window(cls, value: int, info: ValidationInfo) -> int:
+        hours = info.data.get("batch_window_hours")
+        if hours is not None and value < hours * 3600:
+            raise ValueError(
+                f"BATCH_IMAGE_URL_SECONDS={value} must be at least BATCH_WINDOW_HOURS={hours} (= {hours * 3600} s): "
+                "a page's image must still be there when the provider reads it"
             )
         return value
 

@@ -89,6 +89,17 @@ class DocumentSummary(BaseModel):
     completion_tokens: int
     cost: float = Field(description="USD, the sum over every model call of the document, kept or not.")
     max_cost_usd: float | None = Field(description="The document's cost cap, if it has one.")
+    lane: str | None = Field(
+        default=None,
+        description="sync: a model call per page; batch: its pages sent in the provider's batch API at its batch "
+        "price. null: the stack's DEFAULT_LANE (a file put straight into the bucket).",
+    )
+    deadline: datetime | None = Field(
+        default=None, description="When its pages must be done by: batch pages that would miss it go to the sync lane."
+    )
+    batch_pages_waiting: int = Field(
+        default=0, description="Pages rendered and waiting in the batch lane: for a batch, or in one sent."
+    )
     created_at: datetime
     finished_at: datetime | None
     transcript_key: str | None
@@ -158,6 +169,9 @@ def describe_document(db: Store, document: DocumentRecord) -> DocumentSummary:
         completion_tokens=spend.completion_tokens,
         cost=round(spend.cost, 8),
         max_cost_usd=document.max_cost_usd,
+        lane=document.lane,
+        deadline=document.deadline,
+        batch_pages_waiting=db.batch_pages_waiting(document.document_id),
         created_at=document.created_at,
         finished_at=document.finished_at,
         transcript_key=document.transcript_key,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from pagescribe.aws import FailedInvocations, JobMessage, JobQueue
@@ -16,6 +16,7 @@ from pagescribe.store.ports import Store
 from pagescribe.timepolicy import Deadline
 
 if TYPE_CHECKING:  # the ingestion (and the file formats it reads) loads only when a failed upload is to be recorded
+    from pagescribe.batchlane import BatchLane
     from pagescribe.ingestion import Ingestor
 
 Finish = Callable[[str], DocumentStatus | None]  # writes a document's transcript files; None if already finished
@@ -34,6 +35,13 @@ class SweepReport:
     callbacks_delivered: int
     uploads_failed: int  # objects the upload function gave up on, now FAILED documents
     uploads_expired: int  # API documents whose file never arrived, now FAILED
+    batch_pages_moved: int = 0  # batch-lane pages moved to the sync lane (a deadline near, or no batch answered them)
+    batches_submitted: int = 0
+    batch_pages_submitted: int = 0
+    batches_collected: int = 0
+    batch_pages_answered: int = 0
+    batch_answers_not_kept: int = 0  # answers of pages that had moved on: recorded with their cost, not kept
+    batch_pages_waiting: int = 0
 
 
 class Sweeper:
@@ -46,6 +54,7 @@ class Sweeper:
         notifier: CallbackNotifier,
         ingestor: Callable[[], Ingestor],
         failed_uploads: FailedInvocations | None,
+        batches: Callable[[], BatchLane] | None = None,
     ) -> None:
         self._settings = settings
         self._db = db
@@ -54,6 +63,7 @@ class Sweeper:
         self._notifier = notifier
         self._ingestor = ingestor
         self._failed_uploads = failed_uploads
+        self._batches = batches  # the batch lane, built on the first sweep (None: the provider has no batch API)
 
     def sweep(self, deadline: Deadline | None = None) -> SweepReport:
         """One pass; every step takes its rows with FOR UPDATE SKIP LOCKED, so sweepers may overlap. With the
@@ -82,11 +92,26 @@ class Sweeper:
             limit=limit,
         )
 
+        # the batch lane takes at most half of what is left of the invocation: the callbacks' round comes after it
+        lane_seconds = (deadline.remaining() - SWEEP_MARGIN_SECONDS) / 2 if deadline is not None else None
+        batch = self._batches().sweep(lane_seconds) if self._batches is not None else None
+
         seconds = deadline.remaining() - SWEEP_MARGIN_SECONDS if deadline is not None else None
         delivered = self._notifier.deliver_due(limit=limit, seconds=seconds)
         report = SweepReport(
             requeued, failed, len(sent), len(unsent), finished, delivered, uploads_failed, len(expired)
         )
+        if batch is not None:
+            report = replace(
+                report,
+                batch_pages_moved=batch.moved_to_sync,
+                batches_submitted=batch.batches_submitted,
+                batch_pages_submitted=batch.pages_submitted,
+                batches_collected=batch.batches_collected,
+                batch_pages_answered=batch.pages_answered,
+                batch_answers_not_kept=batch.answers_not_kept,
+                batch_pages_waiting=batch.pages_waiting,
+            )
         log.info("sweep done", extra=asdict(report))
         return report
 

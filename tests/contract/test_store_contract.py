@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pagescribe.domain import (
@@ -481,3 +482,107 @@ def test_a_tenants_stalled_callbacks_fill_no_more_than_their_share_of_a_round(st
     taken = store.take_due_callbacks(limit=10, max_attempts=3, per_tenant=2)
     tenants = [store.get_document(t.document_id).tenant_id for t in taken]  # type: ignore[union-attr]
     assert sorted(tenants) == ["fast", "slow", "slow"]
+
+
+# --- the batch lane -------------------------------------------------------------------------------------------
+
+
+def _parked(store: Store, job_id: str, model: str = "test/model") -> ClaimedJob:
+    job = _claim(store, job_id)
+    assert store.park_for_batch(job, model=model, image_key=f"k/{job_id}", evidence={"ink": 0.2}, wait_seconds=3600)
+    return job
+
+
+def _batch_document(store: Store, pages: int, *, deadline: datetime | None = None) -> list[str]:
+    pending_id = str(uuid.uuid4())
+    pending = PendingDocument(
+        pending_id, "b", f"uploads/{pending_id}", "a.pdf", "test/model", None, None, None, lane="batch",
+        deadline=deadline,
+    )  # fmt: skip
+    store.create_pending_document(pending)
+    return list(store.create_document(_new(), kind="pdf", pages=range(1, pages + 1), pending_id=pending_id).job_ids)
+
+
+def test_parked_pages_are_sent_in_a_batch_of_their_model_and_answered_under_the_lease_they_were_parked_with(
+    store: Store,
+) -> None:
+    # Given three pages parked for a batch of one model and one of another
+    jobs = _batch_document(store, 4)
+    parked = [_parked(store, job_id) for job_id in jobs[:3]] + [_parked(store, jobs[3], "other/model")]
+    assert store.get_documents([parked[0].document_id])[parked[0].document_id].lane == "batch"
+    assert store.batch_pages_waiting() == 4 and sorted(store.waiting_models(limit=10)) == ["other/model", "test/model"]
+    # When a batch of at most two is opened for the model, then another
+    opened = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
+    again = store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
+    assert opened is not None and again is not None
+    assert (
+        store.open_batch(dialect="openai", model="test/model", limit=2, window_seconds=86400, lease_seconds=LEASE)
+        is None
+    )
+    # Then the two batches hold the model's three pages once each, with what they were parked with
+    batch_id, pages = opened
+    sent = [page.job.job_id for page in pages + again[1]]
+    assert sorted(sent) == sorted(jobs[:3])
+    assert all(page.parked and page.model == "test/model" and page.submissions == 1 for page in pages)
+    assert pages[0].image_key == f"k/{pages[0].job.job_id}" and pages[0].evidence == {"ink": 0.2}
+    # And a batch shows as open once the provider took it, and its page's answer is written under the parked lease
+    store.batch_sent(batch_id, provider_batch_id="batch_1", input_file_id="file_1", status="validating")
+    assert [b.provider_batch_id for b in store.open_batches(limit=10)] == ["batch_1"]
+    assert store.complete_job(store.batch_pages(batch_id)[0].job, _answer()) is not None
+    assert store.batch_pages_waiting() == 3
+    assert store.close_batch(batch_id, status="completed", answered=1, failed=0)
+    assert not store.close_batch(batch_id, status="completed", answered=1, failed=0)
+    assert store.open_batches(limit=10) == []
+
+
+def test_a_page_moved_to_sync_is_queued_on_the_sync_lane_and_its_batch_answer_is_recorded_not_kept(
+    store: Store,
+) -> None:
+    # Given a page sent in a batch
+    [job_id] = _batch_document(store, 1)
+    _parked(store, job_id)
+    opened = store.open_batch(
+        dialect="openrouter", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE
+    )
+    assert opened is not None
+    batch_id, [page] = opened
+    # When it is moved to the sync lane
+    assert store.move_to_sync(page.job, "the deadline is near")
+    assert not store.move_to_sync(page.job, "again")
+    # Then it is QUEUED and its next claim says it is on the sync lane
+    again = _claim(store, job_id)
+    assert again.lane == "sync" and store.batch_pages_waiting() == 0
+    # And its batch's late answer, written with the page as its batch knows it, is recorded and not kept
+    [late] = store.batch_pages(batch_id)
+    assert not late.parked
+    assert store.complete_job(late.job, _answer("late", cost=0.005)) is None
+    assert store.complete_job(again, _answer("sync", cost=0.01)) is not None
+    [kept] = store.load_pages(late.job.document_id)
+    assert kept.text == "sync"
+    assert sorted(a.outcome for a in store.load_attempts(late.job.document_id)) == ["KEPT", "LEASE_LOST"]
+    assert store.spend(late.job.document_id).cost == pytest.approx(0.015)
+
+
+def test_pages_of_a_batch_not_sent_or_not_answered_wait_again(store: Store) -> None:
+    jobs = _batch_document(store, 2)
+    for job_id in jobs:
+        _parked(store, job_id)
+    opened = store.open_batch(dialect="openai", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE)
+    assert opened is not None
+    store.batch_not_sent(opened[0], "503 from the provider")
+    reopened = store.open_batch(dialect="openai", model="test/model", limit=10, window_seconds=60, lease_seconds=LEASE)
+    assert reopened is not None and all(page.submissions == 1 for page in reopened[1])
+    assert store.back_to_waiting(reopened[1][0].job)
+    assert store.batch_pages_waiting() == 2
+    assert [p.job.job_id for p in store.batch_pages(reopened[0]) if p.parked] == [reopened[1][1].job.job_id]
+
+
+def test_the_lane_pages_due_for_sync_are_those_whose_deadline_is_near(store: Store) -> None:
+    soon = _batch_document(store, 1, deadline=datetime.now(UTC) + timedelta(seconds=60))
+    later = _batch_document(store, 1, deadline=datetime.now(UTC) + timedelta(hours=5))
+    free = _batch_document(store, 1)
+    for job_id in soon + later + free:
+        _parked(store, job_id)
+    assert [p.job.job_id for p in store.due_for_sync(within_seconds=600, limit=10)] == soon
+    [due] = store.due_for_sync(within_seconds=600, limit=10)
+    assert store.batch_pages_waiting(due.job.document_id) == 1

@@ -312,6 +312,13 @@ def test_estimate_then_a_capped_run_then_the_tenants_budget(
     # And the estimate now rests on those calls
     known = pagescribe("transcribe", str(source), "--pages", "1-3", "--estimate", env=env, cwd=tmp_path)
     assert "3 pages x " in known.stdout and "estimate: $0.000300" in known.stdout, known.stdout
+    # And in the batch lane at the batch price (BATCH_PRICE_FACTOR, half by default); a deadline needs its offset
+    batch = pagescribe(
+        "transcribe", str(source), "--pages", "1-3", "--lane", "batch", "--estimate", env=env, cwd=tmp_path
+    )
+    assert "estimate: $0.000150" in batch.stdout and "at the batch price" in batch.stdout, batch.stdout
+    naive = pagescribe("transcribe", str(source), "--deadline", "2099-01-01T00:00", "--estimate", env=env, cwd=tmp_path)
+    assert naive.returncode == 2 and "give the time with its offset" in naive.stderr, naive.stderr
 
     # When an operator sets a tenant's daily budget, it is shown with today's spend
     budget = pagescribe("tenants", "budget", "--tenant", "default", "--usd", "5", env=env, cwd=tmp_path)

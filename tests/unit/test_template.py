@@ -321,6 +321,25 @@ def test_the_dashboard_shows_loops_cut_per_model_and_streaming_is_a_parameter(te
     assert parameter["Default"] == Settings().provider_stream
 
 
+def test_the_dashboard_shows_the_batch_lane_and_its_settings_are_parameters(template: dict[str, Any]) -> None:
+    # Given the dashboard's metrics
+    body = json.loads(re.sub(r"\$\{([^}]+)\}", lambda m: m.group(1), _dashboard_text(template)))
+    metrics = {fields[1] for _, fields, _ in _dashboard_metrics(body) if fields[0] == "Pagescribe"}
+    # Then the pages waiting in the batch lane, the batches submitted and collected and the pages moved are shown
+    assert {"BatchPagesWaiting", "BatchesSubmitted", "BatchesCollected", "BatchPagesMovedToSync"} <= metrics
+    # And the lane's settings are parameters every function receives
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    for variable, parameter in (
+        ("DEFAULT_LANE", "DefaultLane"),
+        ("BATCH_DIALECT", "BatchDialect"),
+        ("BATCH_BASE_URL", "BatchBaseUrl"),
+        ("BATCH_PRICE_FACTOR", "BatchPriceFactor"),
+        ("BATCH_MAX_PAGES", "BatchMaxPages"),
+        ("BATCH_SYNC_RESERVE_SECONDS", "BatchSyncReserveSeconds"),
+    ):
+        assert variables[variable] == {"Ref": parameter} and parameter in template["Parameters"]
+
+
 # --- queue and retries ------------------------------------------------------------------------------------
 
 

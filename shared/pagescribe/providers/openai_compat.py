@@ -464,6 +464,27 @@ def _transcription(response: httpx.Response, request: TranscriptionRequest, late
     )
 
 
+def completion(body: dict[str, object], model: str, latency_seconds: float) -> Transcription:
+    """A chat completion's JSON body (one answer of a provider batch) as a Transcription; a body that is an error, or
+    holds none or an empty answer, raises the ProviderError it amounts to."""
+    error = body.get("error")
+    if isinstance(error, dict | str) and error:
+        raise _body_error(error)
+    text, finish_reason = _answer(body)
+    prompt_tokens, completion_tokens, cost = _usage(body)
+    answered_by, response_id = body.get("model"), body.get("id")
+    return Transcription(
+        text=text,
+        finish_reason=finish_reason,
+        model=answered_by if isinstance(answered_by, str) and answered_by else model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost=cost,
+        request_id=response_id if isinstance(response_id, str) and response_id else None,
+        latency_seconds=latency_seconds,
+    )
+
+
 def _json_body(response: httpx.Response) -> dict[str, object]:
     """The response's JSON object; an error status, a body that is not one, or an error object in a 200 raises."""
     if not response.is_success:

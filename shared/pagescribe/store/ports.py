@@ -18,6 +18,7 @@ from pagescribe.domain import (
     NO_OUTCOME,
     ApiKeyRecord,
     AttemptRecord,
+    BatchPage,
     ClaimedJob,
     Claims,
     CorrectionSave,
@@ -37,6 +38,7 @@ from pagescribe.domain import (
     PageSummary,
     PendingDocument,
     PricedCall,
+    ProviderBatch,
     RateBucket,
     RateGrant,
     Spend,
@@ -293,7 +295,65 @@ class CorrectionStore(Protocol):
         ``max_revisions`` already; the model's answer and the page's attempts are left as they are."""
 
 
+class BatchStore(Protocol):
+    """The batch lane: pages parked under their lease for a provider's batch, the batches sent, and the pages moved
+    out of the lane. Every write to a page is fenced by the lease it was parked with."""
+
+    def park_for_batch(
+        self, job: ClaimedJob, *, model: str, image_key: str, evidence: dict[str, Any], wait_seconds: float
+    ) -> bool:
+        """The claimed, rendered page WAITING for a batch of ``model``, its lease held ``wait_seconds``; False when the
+        lease was lost."""
+
+    def waiting_models(self, *, limit: int) -> list[str]:
+        """The models that pages WAITING for a batch are asked of."""
+
+    def open_batch(
+        self, *, dialect: str, model: str, limit: int, window_seconds: float, lease_seconds: float
+    ) -> tuple[str, list[BatchPage]] | None:
+        """Record a batch of up to ``limit`` of the model's WAITING pages, oldest first, SUBMITTED in it with their
+        leases renewed for ``lease_seconds``: its id and pages; None when none waits."""
+
+    def batch_sent(self, batch_id: str, *, provider_batch_id: str, input_file_id: str | None, status: str) -> None: ...
+
+    def batch_not_sent(self, batch_id: str, error: str) -> None:
+        """Close a batch the provider did not take; its pages wait again, their submission not counted."""
+
+    def open_batches(self, *, limit: int) -> list[ProviderBatch]:
+        """The batches not collected yet, oldest first (one never sent shows once it is stale, to be given up)."""
+
+    def note_batch(self, batch_id: str, *, status: str, output_file_id: str | None) -> None: ...
+
+    def batch_pages(self, batch_id: str) -> list[BatchPage]:
+        """Every page sent in the batch; one no longer parked in it carries a token no lease has."""
+
+    def close_batch(self, batch_id: str, *, status: str, answered: int, failed: int) -> bool:
+        """Mark the batch collected; False when it was already."""
+
+    def back_to_waiting(self, job: ClaimedJob) -> bool:
+        """A parked page its batch did not answer WAITING for the next one; False when the lease was lost."""
+
+    def move_to_sync(self, job: ClaimedJob, reason: str) -> bool:
+        """A parked page out of the batch lane, QUEUED to be called on its own (its message to be sent after this
+        commit); False when the lease was lost."""
+
+    def due_for_sync(self, *, within_seconds: float, limit: int) -> list[BatchPage]:
+        """The lane's parked pages whose document's deadline comes within ``within_seconds``, soonest first."""
+
+    def batch_pages_waiting(self, document_id: str | None = None) -> int:
+        """How many pages wait in the batch lane (of the document, or in all)."""
+
+
 class Store(
-    DocumentStore, PageStore, ClaimStore, Ledger, SpendStore, TenantStore, CallbackStore, CorrectionStore, Protocol
+    DocumentStore,
+    PageStore,
+    ClaimStore,
+    Ledger,
+    SpendStore,
+    TenantStore,
+    CallbackStore,
+    CorrectionStore,
+    BatchStore,
+    Protocol,
 ):
     """Every port at once: what a function holds and hands to its use cases."""

@@ -10,6 +10,7 @@ from pagescribe.store.ports import Store
 from pagescribe.transcription.outcomes import budget_reason
 from pagescribe.transcription.results import PageContext, PageResults
 
+BATCH_ADMISSION = Admission(0.0)  # a batch-lane page's call is its batch's: it takes no slot of the rate governor
 SPEND_DEFER_SECONDS = 2  # a capped document's page waits this long for the calls in flight to settle
 
 
@@ -36,6 +37,17 @@ class CallGates:
         if admission.wait > 0:
             return await self._results.defer(ctx, admission)
         return admission
+
+    async def admit_batch(self, ctx: PageContext, model: str) -> Admission | PageResult:
+        """The cost caps alone, for a page of the batch lane (its call is the batch's, which no rate governor paces):
+        the page's result when it may not start."""
+        document = ctx.document
+        budgeted = document.tenant_daily_budget_usd is not None or self._settings.daily_budget_usd is not None
+        if document.max_cost_usd is not None or budgeted:
+            skipped = await self._spend_gate(ctx, model)
+            if skipped is not None:
+                return skipped
+        return BATCH_ADMISSION
 
     async def _spend_gate(self, ctx: PageContext, model: str) -> PageResult | None:
         """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""

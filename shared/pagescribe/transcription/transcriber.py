@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import JobQueue, ObjectMissingError
+from pagescribe.batchlane import lane_of, park_seconds
 from pagescribe.checks import Flag, PageEvidence, PageFlag, describe_flags, hard_flags, usable_text_layer
-from pagescribe.domain import NO_OUTCOME, ClaimedJob, Claims, DocumentRecord, PageResult
+from pagescribe.domain import NO_OUTCOME, ClaimedJob, Claims, DocumentRecord, Lane, PageResult
 from pagescribe.governor import Admission, RateGovernor
 from pagescribe.observability import count, count_flags
 from pagescribe.providers.base import ProviderError, TranscriptionProvider
@@ -135,7 +136,9 @@ class Transcriber:
                 if usable_text_layer(embedded.text):
                     return await self._results.complete(ctx, text_layer_outcome(embedded.laid_out, []))
             model, earlier, escalated_to = _model_to_ask(job, document)
-            admitted = await self._gates.admit(ctx, model)  # before the render: a page held back renders nothing
+            batch = lane_of(document, job.lane, settings) is Lane.BATCH and not job.escalation_pending
+            # before the render: a page held back renders nothing
+            admitted = await (self._gates.admit_batch(ctx, model) if batch else self._gates.admit(ctx, model))
             if isinstance(admitted, PageResult):
                 return admitted
             rendered = await self._renderer.render(
@@ -150,10 +153,12 @@ class Transcriber:
                 blank_below=settings.flag_blank_render_threshold,
                 words=True,
             )
-        keeping = [self._keep_image(ctx, rendered)] if settings.keep_page_images else []
+        keeping = [self._keep_image(ctx, rendered)] if settings.keep_page_images and not batch else []
         keeping += [self._keep_figures(ctx, rendered)] if rendered.figures else []
         ctx.storing.extend(asyncio.create_task(work) for work in keeping)
         try:
+            if batch and not rendered.draws:
+                return await self._park(ctx, rendered, model)
             return await self._answer(ctx, rendered, AskedFor(model, earlier, escalated_to, admitted), deadline)
         finally:  # stored while the model answered; the invocation does not end before they are
             await self._results.stored(ctx)
@@ -194,6 +199,20 @@ class Transcriber:
         if rendered.words is None and not self._settings.uses_offline_provider:
             reading = self._reader.start(rendered, mode=mode, seconds_left=deadline.until_result())
         return SeenPage(rendered, evidence, reading, mode, deadline)
+
+    async def _park(self, ctx: PageContext, rendered: RenderedPage, model: str) -> PageResult:
+        """A page of the batch lane: its image kept (the provider reads it from a presigned URL) and the page parked
+        under its lease, with what the checks need of its render, for the sweeper to send in a batch."""
+        image_key = await asyncio.to_thread(
+            self._transcripts.keep_page_image, ctx.document, ctx.job.page_number, rendered.data, rendered.media_type
+        )
+        evidence = {"ink": rendered.ink, "text_layer": rendered.text_layer, "rotation": rendered.rotation}
+        wait = park_seconds(self._settings)
+        if not self._db.park_for_batch(ctx.job, model=model, image_key=image_key, evidence=evidence, wait_seconds=wait):
+            return self._results.lease_lost(ctx)
+        log.info("page parked for a batch of %s", model, extra=ctx.log_extra)
+        count("BatchPagesParked")
+        return PageResult.PARKED
 
     async def _keep_figures(self, ctx: PageContext, rendered: RenderedPage) -> None:
         """Crop the page's figures from its image, store them beside the transcript and note their keys and boxes on

@@ -8,6 +8,7 @@ mid-statement. Those stay in the integration tests. One lock serialises its meth
 
 from __future__ import annotations
 
+from tests.support.memory_store.batches import MemoryBatches
 from tests.support.memory_store.documents import MemoryCorrections, MemoryDocuments, MemoryPages
 from tests.support.memory_store.money import MemorySpend
 from tests.support.memory_store.state import MemoryState
@@ -24,6 +25,7 @@ class MemoryStore(
     MemoryTenants,
     MemoryCallbacks,
     MemoryCorrections,
+    MemoryBatches,
 ):
     def __init__(self) -> None:
         self.state = MemoryState()

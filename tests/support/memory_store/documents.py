@@ -169,6 +169,8 @@ class MemoryDocuments:
                 chunks=pending.chunks,
                 merge_tables=pending.merge_tables,
                 furniture=pending.furniture,
+                lane=pending.lane,
+                deadline=pending.deadline,
             )
 
     def find_document(self, new: NewDocument) -> str | None:

@@ -62,6 +62,8 @@ class DocumentRow:
     chunks: bool = False
     merge_tables: bool = True
     furniture: str = "mark"
+    lane: str | None = None
+    deadline: datetime | None = None
 
     def progress(self) -> DocumentProgress:
         return DocumentProgress(self.id, self.page_count, self.pages_completed, self.pages_failed)
@@ -102,6 +104,13 @@ class JobRow:
     answer_round: int = 0
     image_key: str | None = None
     figures: list[dict[str, Any]] | None = None
+    lane: str | None = None
+    batch_state: str | None = None
+    batch_id: str | None = None
+    batch_model: str | None = None
+    batch_evidence: dict[str, Any] | None = None
+    batch_submissions: int = 0
+    updated_at: datetime | None = None
 
     def leased_to(self, lease_token: str) -> bool:
         return self.status is JobStatus.PROCESSING and self.lease_token == lease_token
@@ -204,6 +213,7 @@ class MemoryState:
         self.days: dict[tuple[str, date], DayRow] = {}
         self.answers: dict[tuple[str, str], tuple[bytes, dict[str, Any]]] = {}
         self.attempt_ids = itertools.count(1)
+        self.batches: dict[str, Any] = {}  # provider_batches, by id (memory_store.batches.BatchRow)
 
     def now(self) -> datetime:
         return self.clock.now()

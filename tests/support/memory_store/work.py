@@ -44,7 +44,7 @@ class MemoryClaims:
                 slot = (job.rate_slot_at - now).total_seconds() if job.rate_slot_at is not None else None
                 claimed[job_id] = ClaimedJob(
                     job.id, job.document_id, job.page_number, job.attempts, token, job.escalation, tuple(job.flags),
-                    slot, job.requested_model,
+                    slot, job.requested_model, job.lane,
                 )  # fmt: skip
             return Claims(claimed, frozenset())  # no row is ever held past a statement here: nothing is busy
 

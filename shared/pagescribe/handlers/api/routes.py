@@ -119,6 +119,8 @@ def create_document(request: Annotated[CreateDocumentRequest, Body()]) -> Create
             merge_tables=request.merge_tables,
             furniture=request.furniture,
             profile=request.profile,
+            lane=request.lane,
+            deadline=request.deadline,
         ),
         _tenant(),
         idempotency_key=_header("Idempotency-Key"),

@@ -68,6 +68,17 @@ class CreateDocumentRequest(BaseModel):
         "at all: the JSON keeps them as page_header, page_footer and page_number blocks) or keep (as text). Absent: "
         "the stack's FURNITURE (mark).",
     )
+    lane: Literal["sync", "batch"] | None = Field(
+        default=None,
+        description="sync: each page asked of the model as it comes. batch: the pages sent in the provider's batch API "
+        "(about half the price, answered within its window, hours): for work nobody waits for. Absent: the stack's "
+        "DEFAULT_LANE.",
+    )
+    deadline: datetime | None = Field(
+        default=None,
+        description="When the pages must be done by (an ISO 8601 time with its offset, in the future). A batch page "
+        "that would miss it is moved to the sync lane in time (BATCH_SYNC_RESERVE_SECONDS before it), paid once.",
+    )
     profile: Literal["faithful", "clean"] | None = Field(
         default=None,
         description="faithful: everything on the page as it stands (the stack's PROMPT; furniture marked). clean: "
@@ -85,6 +96,13 @@ class CreateDocumentRequest(BaseModel):
             raise ValueError("must not contain NUL characters")
         return value
 
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_with_offset(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.utcoffset() is None:
+            raise ValueError("must carry its time zone offset (e.g. 2026-01-31T18:00:00Z)")
+        return value
+
     @field_validator("callback_url")
     @classmethod
     def _callback_port(cls, value: HttpUrl | None) -> HttpUrl | None:
@@ -100,6 +118,9 @@ class Estimate(BaseModel):
         description="The model's mean cost per page over its latest calls; null without history."
     )
     cost_usd: float | None = Field(description="pages times cost_per_page_usd; null when either is unknown.")
+    lane: Literal["sync", "batch"] = Field(
+        default="sync", description="The lane priced: batch at BATCH_PRICE_FACTOR of the sync price."
+    )
     basis: str = Field(description="What the estimate rests on.")
 
 

@@ -6,6 +6,7 @@ see only the ports (``pagescribe.store.ports``) they need.
 
 from __future__ import annotations
 
+from pagescribe.store.postgres.batches import PgBatches
 from pagescribe.store.postgres.callbacks import PgCallbacks
 from pagescribe.store.postgres.claims import PgClaims
 from pagescribe.store.postgres.connection import create_database_engine
@@ -19,6 +20,6 @@ from pagescribe.store.postgres.tenants import PgTenants
 __all__ = ["Database", "create_database_engine"]
 
 
-class Database(PgDocuments, PgPages, PgClaims, PgLedger, PgSpend, PgTenants, PgCallbacks, PgCorrections):
+class Database(PgDocuments, PgPages, PgClaims, PgLedger, PgSpend, PgTenants, PgCallbacks, PgCorrections, PgBatches):
     """Every store on one engine (``Connected.__init__``): a statement runs on the pool's connection, autocommitted,
     or in one short transaction; none is open while a model call runs."""

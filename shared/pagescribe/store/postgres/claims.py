@@ -45,7 +45,7 @@ class PgClaims(Connected):
         started_at = now(), updated_at = now()
     WHERE id IN (SELECT id FROM candidate)
     RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags,
-              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model
+              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model, lane
     """
 
     def claim_jobs(self, job_ids: Sequence[str], *, lease_seconds: float, max_attempts: int) -> Claims:
@@ -88,7 +88,7 @@ class PgClaims(Connected):
         started_at = now(), updated_at = now()
     WHERE id IN (SELECT id FROM candidate)
     RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags,
-              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model
+              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model, lane
     """
 
     def _claim_waiting(self, params: dict[str, Any]) -> list[Any] | None:

@@ -163,10 +163,10 @@ class PgDocuments(Connected):
     INSERT_PENDING_DOCUMENT = """
     INSERT INTO documents (id, bucket, object_key, etag, version_id, size_bytes, status, model, escalation_model,
                            prompt, filename, requested_pages, callback_url, tenant_id, reuse, max_cost_usd,
-                           second_read, chunks, merge_tables, furniture)
+                           second_read, chunks, merge_tables, furniture, lane, deadline)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
             %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s,
-            %(max_cost_usd)s, %(second_read)s, %(chunks)s, %(merge_tables)s, %(furniture)s)
+            %(max_cost_usd)s, %(second_read)s, %(chunks)s, %(merge_tables)s, %(furniture)s, %(lane)s, %(deadline)s)
     ON CONFLICT (id) DO NOTHING
     """
 
@@ -190,6 +190,8 @@ class PgDocuments(Connected):
                 "chunks": pending.chunks,
                 "merge_tables": pending.merge_tables,
                 "furniture": pending.furniture,
+                "lane": pending.lane,
+                "deadline": pending.deadline,
             },
         )
 
@@ -241,7 +243,7 @@ class PgDocuments(Connected):
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
            model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id, reuse,
-           reused_from, max_cost_usd, second_read, chunks, merge_tables, furniture,
+           reused_from, max_cost_usd, second_read, chunks, merge_tables, furniture, lane, deadline,
            (SELECT daily_budget_usd FROM tenants WHERE tenants.id = documents.tenant_id) AS tenant_daily_budget_usd
     FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """

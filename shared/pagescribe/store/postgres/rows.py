@@ -39,6 +39,7 @@ def claimed_jobs(rows: Sequence[Any]) -> list[ClaimedJob]:
             tuple(r.flags),
             float(r.slot_in_seconds) if r.slot_in_seconds is not None else None,
             r.requested_model,
+            r.lane,
         )
         for r in rows
     ]
@@ -80,6 +81,8 @@ def document_record(row: Any) -> DocumentRecord:
         chunks=row.chunks,
         merge_tables=row.merge_tables,
         furniture=row.furniture,
+        lane=row.lane,
+        deadline=row.deadline,
     )
 
 
