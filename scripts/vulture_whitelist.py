@@ -3,7 +3,7 @@
 Checked by `vulture` (its settings are [tool.vulture] in pyproject.toml); never imported or run.
 """
 
-# pydantic models of the API: fields serialised into the responses (pagescribe/handlers/api/schemas.py)
+# pydantic models of the API: fields serialised into the responses (pagescribe/api_schemas.py)
 cost_per_page_usd  # also service.Estimate, serialised with dataclasses.asdict
 upload_method
 upload_headers
