@@ -45,3 +45,9 @@ engine_loads  # providers/offline.py: how often the engine was built (lazily, on
 pids  # rendering.py: the render workers' processes, whose memory the benchmarks measure and the tests kill
 table_shapes  # pagescribe_local/scoring.py: the tables a reading holds, scored by bench.ocr beside its CER
 DONE  # domain.EscalationState: the state the fenced writes' SQL gives a page that ended after it escalated
+
+# pagescribe.client: methods and model fields for the programs that use it (tests/integration/test_client.py)
+rerun
+correct
+heading_path
+json_transcript

@@ -16,6 +16,7 @@ function imports it. The API key comes from the argument or ``PAGESCRIBE_API_KEY
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import time
@@ -127,7 +128,7 @@ class Transcript(BaseModel):
     chunks: list[Chunk] | None = None
 
 
-ProgressCallback = Callable[[DocumentStatusResponse], object]
+ProgressCallback = Callable[[DocumentStatusResponse], object]  # the async client awaits what it returns, if awaitable
 
 
 @dataclass(frozen=True)
@@ -345,11 +346,7 @@ class PagescribeClient:
         status = self.status(created.document_id)
         if status.status == "AWAITING_UPLOAD":
             put = _Request("PUT", created.upload_url, True, headers=created.upload_headers, content=upload.content)
-            uploaded = self._send(put, self._uploads)
-            if uploaded.is_error:
-                raise PagescribeError(
-                    f"the upload was refused: {uploaded.text[:300]}", status_code=uploaded.status_code
-                )
+            _check_upload(self._send(put, self._uploads))
             status = self.status(created.document_id)
         return status
 
@@ -430,10 +427,7 @@ class PagescribeClient:
 
     def correct(self, document_id: str, page: int, markdown: str) -> CorrectionResponse:
         """Save a person's text for one page as its next revision."""
-        request = _Request(
-            "PUT", f"/documents/{document_id}/pages/{page}/correction", False, json={"markdown": markdown}
-        )
-        return _parsed(self._send(request), CorrectionResponse)
+        return _parsed(self._send(_correction_request(document_id, page, markdown)), CorrectionResponse)
 
 
 class AsyncPagescribeClient:
@@ -497,11 +491,7 @@ class AsyncPagescribeClient:
         status = await self.status(created.document_id)
         if status.status == "AWAITING_UPLOAD":
             put = _Request("PUT", created.upload_url, True, headers=created.upload_headers, content=upload.content)
-            uploaded = await self._send(put, self._uploads)
-            if uploaded.is_error:
-                raise PagescribeError(
-                    f"the upload was refused: {uploaded.text[:300]}", status_code=uploaded.status_code
-                )
+            _check_upload(await self._send(put, self._uploads))
             status = await self.status(created.document_id)
         return status
 
@@ -512,8 +502,9 @@ class AsyncPagescribeClient:
         for attempt in itertools.count():
             response = await self._send(_Request("GET", f"/documents/{document_id}", True))
             status = _parsed(response, DocumentStatusResponse)
-            if on_progress is not None:
-                on_progress(status)
+            reported = on_progress(status) if on_progress is not None else None
+            if inspect.isawaitable(reported):
+                await reported
             if status.status in FINISHED:
                 return status
             pause = retry_after_seconds(response) or backoff_seconds(attempt)
@@ -572,7 +563,4 @@ class AsyncPagescribeClient:
         return _parsed(await self._send(request), RerunResponse)
 
     async def correct(self, document_id: str, page: int, markdown: str) -> CorrectionResponse:
-        request = _Request(
-            "PUT", f"/documents/{document_id}/pages/{page}/correction", False, json={"markdown": markdown}
-        )
-        return _parsed(await self._send(request), CorrectionResponse)
+        return _parsed(await self._send(_correction_request(document_id, page, markdown)), CorrectionResponse)

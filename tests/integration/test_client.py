@@ -134,6 +134,8 @@ def test_the_apis_refusals_are_raised_with_its_message(api: str, corpus: Path) -
         corrected = client.correct(done.document_id, 1, "A person's text")
         assert corrected.revision == 1
         assert client.transcript_text(done.document_id).count("A person's text") == 1
+        rerun = client.rerun(done.document_id, 1)
+        assert (rerun.document_id, rerun.page_number, rerun.model) == (done.document_id, 1, "test/vision-model")
     with PagescribeClient(api, "not-a-key") as stranger, pytest.raises(PagescribeError) as forbidden:
         stranger.list_documents()
     assert forbidden.value.status_code == 403 and forbidden.value.message, forbidden.value
