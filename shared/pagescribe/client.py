@@ -269,6 +269,13 @@ def _transcript(
     )
 
 
+def _poll_pause(response: httpx.Response, attempt: int, deadline: float) -> float | None:
+    """How long to wait before the next status poll: what its ``Retry-After`` asked, else the backoff, cut to what is
+    left before the ``deadline`` (a ``time.monotonic()``, when the last poll is made); None once it has passed."""
+    left = deadline - time.monotonic()
+    return min(retry_after_seconds(response) or backoff_seconds(attempt), left) if left > 0 else None
+
+
 def _should_retry(response: httpx.Response | None, request: _Request, error: Exception | None, attempt: int) -> bool:
     if attempt + 1 >= REQUEST_ATTEMPTS:
         return False
@@ -363,8 +370,8 @@ class PagescribeClient:
                 on_progress(status)
             if status.status in FINISHED:
                 return status
-            pause = retry_after_seconds(response) or backoff_seconds(attempt)
-            if time.monotonic() + pause > deadline:
+            pause = _poll_pause(response, attempt, deadline)
+            if pause is None:
                 break
             time.sleep(pause)
         raise WaitTimeout(f"document {document_id} was not finished after {wait_seconds:g} s")
@@ -507,8 +514,8 @@ class AsyncPagescribeClient:
                 await reported
             if status.status in FINISHED:
                 return status
-            pause = retry_after_seconds(response) or backoff_seconds(attempt)
-            if time.monotonic() + pause > deadline:
+            pause = _poll_pause(response, attempt, deadline)
+            if pause is None:
                 break
             await asyncio.sleep(pause)
         raise WaitTimeout(f"document {document_id} was not finished after {wait_seconds:g} s")

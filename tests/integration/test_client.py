@@ -4,6 +4,7 @@ answer was lost retried into one document, the API's refusals raised with its me
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import threading
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from pagescribe.api_schemas import DocumentStatusResponse
-from pagescribe.client import AsyncPagescribeClient, PagescribeClient, PagescribeError, Transcript
+from pagescribe.client import AsyncPagescribeClient, PagescribeClient, PagescribeError, Transcript, WaitTimeout
 
 from tests.fakes.chat_server import FakeChatServer
 from tests.support.commands import start_serve
@@ -172,3 +173,55 @@ def test_retry_after_is_honoured(api: str, corpus: Path) -> None:
     # Then it came back no sooner, and went on to the transcript
     assert transcript.status.status == "COMPLETED"
     assert busy.status_reads[1] - busy.status_reads[0] >= 2.0
+
+
+class PacedStatus(httpx.BaseTransport):
+    """A proxy in front of the API that adds ``Retry-After`` to every status answer, as a server pacing its pollers
+    does."""
+
+    def __init__(self, retry_after: int) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._retry_after = retry_after
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self._inner.handle_request(request)
+        if request.method == "GET" and request.url.path.count("/") == 2:  # /documents/<id>
+            response.headers["Retry-After"] = str(self._retry_after)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_polling_waits_as_long_as_the_status_answers_retry_after_says(api: str, corpus: Path) -> None:
+    # Given status answers that say to come back in 2 s (the client's own first poll interval is 0.5 s)
+    polled: list[float] = []
+    with PagescribeClient(api, KEY, transport=PacedStatus(retry_after=2)) as client:
+        # When a document is transcribed (its upload is read asynchronously: the first poll finds it unfinished)
+        transcript = client.transcribe(
+            corpus / "pdflatex-4-pages.pdf",
+            pages="3",
+            reuse=False,
+            on_progress=lambda _: polled.append(time.monotonic()),
+        )
+    # Then each poll came no sooner than the one before it asked
+    assert transcript.status.status == "COMPLETED" and len(polled) >= 2, polled
+    assert all(later - earlier >= 2.0 for earlier, later in itertools.pairwise(polled)), polled
+
+
+def test_a_wait_ends_at_its_deadline_while_the_document_goes_on(api: str) -> None:
+    # Given a document created and never uploaded: it stays AWAITING_UPLOAD
+    created = httpx.post(
+        f"{api}/documents",
+        json={"filename": "never.pdf", "content_type": "application/pdf"},
+        headers={"x-api-key": KEY},
+    ).json()
+    polled: list[str] = []
+    with PagescribeClient(api, KEY) as client:
+        # When it is waited for 3 s
+        with pytest.raises(WaitTimeout) as timed_out:
+            client.wait(created["document_id"], wait_seconds=3.0, on_progress=lambda s: polled.append(s.status))
+        # Then the wait ends saying so, after polling it until then, and the document is still there to wait for
+        assert f"document {created['document_id']} was not finished after 3 s" == str(timed_out.value)
+        assert len(polled) >= 2 and set(polled) == {"AWAITING_UPLOAD"}, polled
+        assert client.status(created["document_id"]).status == "AWAITING_UPLOAD"
