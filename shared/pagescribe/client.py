@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pagescribe.api_schemas import (
     CorrectionResponse,
@@ -230,10 +230,16 @@ class _Request:
 
 
 def _create_request(upload: Upload, idempotency_key: str, options: Mapping[str, Any]) -> _Request:
-    """POST /documents, its body checked by the API's own model before it is sent."""
-    body = CreateDocumentRequest.model_validate(
-        {"filename": upload.filename, "content_type": upload.content_type, **options}
-    )
+    """POST /documents, its body checked by the API's own model before it is sent: what the API would refuse (422)
+    is refused here with the message it would give."""
+    try:
+        body = CreateDocumentRequest.model_validate(
+            {"filename": upload.filename, "content_type": upload.content_type, **options}
+        )
+    except ValidationError as exc:
+        problems = [(".".join(str(part) for part in error["loc"]) or "body", error["msg"]) for error in exc.errors()]
+        summary = "; ".join(f"{field}: {message}" for field, message in problems)
+        raise PagescribeError(f"invalid request: {summary}", status_code=422, field=problems[0][0]) from None
     payload = body.model_dump(mode="json", exclude_unset=True)
     return _Request("POST", "/documents", True, json=payload, headers={"Idempotency-Key": idempotency_key})
 

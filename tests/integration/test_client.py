@@ -125,6 +125,22 @@ def test_the_apis_refusals_are_raised_with_its_message(api: str, corpus: Path) -
         with pytest.raises(PagescribeError) as missing:
             client.status("no-such-document")
         assert (missing.value.status_code, missing.value.message) == (404, "no document with this id")
+        source = corpus / "pdflatex-4-pages.pdf"
+        with pytest.raises(PagescribeError) as bad_pages:  # refused by the API
+            client.transcribe(source, pages="3-1")
+        assert (bad_pages.value.status_code, bad_pages.value.field) == (422, "pages"), bad_pages.value
+        assert "3-1" in bad_pages.value.message, bad_pages.value
+        with pytest.raises(
+            PagescribeError
+        ) as bad_cap:  # refused by the API's model before it is sent, as the API would
+            client.transcribe(source, max_cost_usd=-1)
+        direct = httpx.post(
+            f"{api}/documents",
+            json={"filename": "x.pdf", "content_type": "application/pdf", "max_cost_usd": -1},
+            headers={"x-api-key": KEY},
+        )
+        assert direct.status_code == bad_cap.value.status_code == 422
+        assert (bad_cap.value.message, bad_cap.value.field) == (direct.json()["message"], direct.json()["field"])
         done = client.transcribe(corpus / "pdflatex-4-pages.pdf", pages="1")
         with pytest.raises(PagescribeError) as refused:
             client.retry(done.document_id)
