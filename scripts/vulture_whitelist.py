@@ -3,7 +3,7 @@
 Checked by `vulture` (its settings are [tool.vulture] in pyproject.toml); never imported or run.
 """
 
-# pydantic models of the API: fields serialised into the responses (pagescribe/handlers/api/schemas.py)
+# pydantic models of the API: fields serialised into the responses (pagescribe/api_schemas.py)
 cost_per_page_usd  # also service.Estimate, serialised with dataclasses.asdict
 upload_method
 upload_headers
@@ -49,3 +49,9 @@ engine_loads  # providers/offline.py: how often the engine was built (lazily, on
 pids  # rendering.py: the render workers' processes, whose memory the benchmarks measure and the tests kill
 table_shapes  # pagescribe_local/scoring.py: the tables a reading holds, scored by bench.ocr beside its CER
 DONE  # domain.EscalationState: the state the fenced writes' SQL gives a page that ended after it escalated
+
+# pagescribe.client: methods and model fields for the programs that use it (tests/integration/test_client.py)
+rerun
+correct
+heading_path
+json_transcript

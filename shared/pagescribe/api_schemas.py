@@ -1,4 +1,6 @@
-"""The API's request and response bodies (pydantic): what it validates, and what docs/openapi.json describes."""
+"""The API's request and response bodies (pydantic): what it validates, what docs/openapi.json describes, and what
+the client (pagescribe.client) reads. Outside the handlers, and free of the server's runtime, so that the client
+imports them without importing the server."""
 
 from __future__ import annotations
 
