@@ -118,8 +118,19 @@ class Runtime:
 
     @cached_property
     def provider(self) -> TranscriptionProvider:
+        """PROVIDER's provider; with ESCALATION_PROVIDER another than PROVIDER, ESCALATION_MODEL asked on that one."""
         settings = self.settings
-        if settings.uses_offline_provider:
+        primary = self._provider_of("offline" if settings.uses_offline_provider else settings.provider)
+        routed = settings.escalation_provider_kind
+        if routed is None or not settings.escalation_model:
+            return primary
+        from pagescribe.providers.routing import RoutingProvider
+
+        return RoutingProvider(primary, {settings.escalation_model: self._provider_of(routed)})
+
+    def _provider_of(self, kind: str) -> TranscriptionProvider:
+        settings = self.settings
+        if kind == "offline":
             from pagescribe.providers.offline import RapidOcrProvider  # an optional extra
 
             return RapidOcrProvider(
@@ -127,6 +138,18 @@ class Runtime:
                 page_numbers=settings.page_numbers,
                 orient=settings.detect_orientation,
                 threads=settings.ocr_threads,
+            )
+        retry_rate_limited = settings.rate_limit_rpm == 0  # with the governor on, a 429 pauses everyone instead
+        if kind == "bedrock":
+            from pagescribe.providers.bedrock import BedrockProvider, bedrock_client
+            from pagescribe.providers.bedrock_prices import parse_prices
+
+            client = bedrock_client(time=self.time_policy, max_connections=settings.page_concurrency)
+            return BedrockProvider(
+                client=client,
+                prices=parse_prices(settings.bedrock_prices),
+                max_connections=settings.page_concurrency,
+                retry_rate_limited=retry_rate_limited,
             )
         from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 
@@ -141,7 +164,7 @@ class Runtime:
             api_key=key,
             max_connections=settings.page_concurrency,
             usage_accounting=settings.provider_usage_accounting,
-            retry_rate_limited=settings.rate_limit_rpm == 0,  # with the governor on, a 429 pauses everyone instead
+            retry_rate_limited=retry_rate_limited,
             stream=settings.provider_stream,
             time=self.time_policy,
         )
