@@ -77,8 +77,8 @@ ERROR_STATUSES = {
 
 def bedrock_client(*, time: TimePolicy, max_connections: int) -> Any:
     """The ``bedrock-runtime`` client: no retries of its own, a connection per concurrent call, its timeouts those of
-    the longest call (each call is also cut at its own deadline). Its region is the function's (AWS_REGION); its endpoint
-    the region's, or a VPC endpoint's private DNS name for it, or AWS_ENDPOINT_URL_BEDROCK_RUNTIME."""
+    the longest call (each call is also cut at its own deadline). Its region is the function's (AWS_REGION), its
+    endpoint the region's (a VPC endpoint's private DNS name answers for it), or AWS_ENDPOINT_URL_BEDROCK_RUNTIME."""
     config = Config(
         retries={"max_attempts": 1, "mode": "standard"},
         connect_timeout=time.connect_timeout,
