@@ -3,7 +3,7 @@
 The prompt and the page image (an image block, its bytes) go to ``POST /model/{modelId}/converse``; the answer's text
 blocks are the transcription. boto3 is synchronous: each call runs on this provider's own threads (as many as the
 function calls at once), on one client built at cold start whose pool holds that many connections. The client does
-not retry (``max_attempts`` 1): the failure policy below decides, as the OpenAI-compatible adapter's does, and
+not retry (``total_max_attempts`` 1): the failure policy below decides, as the OpenAI-compatible adapter's does, and
 whatever happens :meth:`BedrockProvider.transcribe` returns or raises within the call's time (a request the deadline
 abandons finishes on its thread within the client's read timeout, the longest call).
 
@@ -80,7 +80,7 @@ def bedrock_client(*, time: TimePolicy, max_connections: int) -> Any:
     the longest call (each call is also cut at its own deadline). Its region is the function's (AWS_REGION), its
     endpoint the region's (a VPC endpoint's private DNS name answers for it), or AWS_ENDPOINT_URL_BEDROCK_RUNTIME."""
     config = Config(
-        retries={"max_attempts": 1, "mode": "standard"},
+        retries={"total_max_attempts": 1, "mode": "standard"},  # "max_attempts" counts retries: 1 would be two
         connect_timeout=time.connect_timeout,
         read_timeout=time.provider_timeout,
         max_pool_connections=max_connections,

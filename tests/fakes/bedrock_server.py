@@ -1,0 +1,196 @@
+"""A real local HTTP server speaking Bedrock's Converse wire format (rest-json), scriptable like chat_server.py.
+
+    with FakeBedrockServer() as fake:
+        fake.script(Throttle(), Answer())      # one behaviour per request, then the default (Answer())
+        client = boto3.client("bedrock-runtime", endpoint_url=fake.endpoint_url, region_name="us-east-1", ...)
+        ... ; fake.calls, fake.answered  # requests per model; (model, image digest) of every answer sent
+
+``POST /model/{modelId}/converse`` with a SigV4-signed JSON body (messages with a text block and an image block
+whose ``source.bytes`` is base64, inferenceConfig) is answered like a vision model: 200 with the text
+``expected_text(<decoded image>)`` (the OpenAI-compatible fake's, so a test can tell which page produced which answer),
+``stopReason``, ``usage`` (input and output tokens) and ``metrics``, and an ``x-amzn-RequestId`` header. An error is a
+status with the ``x-amzn-ErrorType`` header naming the exception and a ``{"message": ...}`` body, as Bedrock sends
+them. A request that is not valid Converse (unsigned, no image, a format Bedrock does not take) is refused with
+ValidationException without consuming the script.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from tests.fakes.chat_server import PROMPT_TOKENS, expected_text
+
+IMAGE_FORMATS = frozenset({"png", "jpeg", "gif", "webp"})
+
+
+@dataclass(frozen=True)
+class Answer:
+    """200 with an answer: ``text`` or ``expected_text(image)``; ``output_tokens`` or one per word; after ``delay``."""
+
+    text: str | None = None
+    stop_reason: str = "end_turn"
+    input_tokens: int = PROMPT_TOKENS
+    output_tokens: int | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fail:
+    """An error answer: ``status`` with ``x-amzn-ErrorType: error_type`` (and Retry-After when given)."""
+
+    status: int
+    error_type: str
+    message: str = "simulated Bedrock error"
+    retry_after: str | None = None
+
+
+def Throttle(retry_after: str | None = None) -> Fail:  # noqa: N802 - a behaviour, named like the others
+    """Bedrock's answer to too many requests or tokens."""
+    return Fail(429, "ThrottlingException", "Too many requests, please wait before trying again.", retry_after)
+
+
+Behaviour = Answer | Fail
+
+
+class FakeBedrockServer:
+    """A threaded HTTP/1.1 Converse server on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self._script: list[Behaviour] = []
+        self._lock = threading.Lock()
+        self.default: Behaviour = Answer()
+        self.calls: Counter[str] = Counter()  # valid requests per model id
+        self.answered: list[tuple[str, str]] = []  # (model id, sha256 of the image) of every 200 sent
+        self.bodies: list[dict[str, Any]] = []  # valid request bodies, in order
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeBedrockServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def script(self, *behaviours: Behaviour) -> None:
+        """Answer the next valid requests with these, in order, then with the default."""
+        with self._lock:
+            self._script.extend(behaviours)
+
+    def next_behaviour(self, model: str, body: dict[str, Any]) -> Behaviour:
+        with self._lock:
+            self.calls[model] += 1
+            self.bodies.append(body)
+            return self._script.pop(0) if self._script else self.default
+
+    def record_answer(self, model: str, image: bytes) -> None:
+        with self._lock:
+            self.answered.append((model, hashlib.sha256(image).hexdigest()))
+
+
+def _invalid(body: object) -> str | None:
+    """Why a Converse body is not one this fake accepts (a text block and an image block), else None."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return "messages: at least one message is required"
+    content = messages[0].get("content")
+    blocks = content if isinstance(content, list) else []
+    if not any(isinstance(b, dict) and isinstance(b.get("text"), str) for b in blocks):
+        return "messages[0].content: a text block is required"
+    images = [b["image"] for b in blocks if isinstance(b, dict) and isinstance(b.get("image"), dict)]
+    if not images or images[0].get("format") not in IMAGE_FORMATS:
+        return "messages[0].content: an image block of a supported format is required"
+    if not isinstance(body.get("inferenceConfig", {}).get("maxTokens"), int):
+        return "inferenceConfig.maxTokens is required"
+    return None
+
+
+def _image(body: dict[str, Any]) -> bytes:
+    block = next(b["image"] for b in body["messages"][0]["content"] if isinstance(b.get("image"), dict))
+    return base64.b64decode(block["source"]["bytes"], validate=True)
+
+
+def _handler_for(fake: FakeBedrockServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            parts = self.path.split("/")
+            if len(parts) != 4 or parts[1] != "model" or parts[3] != "converse":
+                self._send(404, {"message": f"no such operation: {self.path}"}, "UnknownOperationException")
+                return
+            model = urllib.parse.unquote(parts[2])
+            if not self.headers.get("Authorization", "").startswith("AWS4-HMAC-SHA256 "):
+                self._send(403, {"message": "Missing Authentication Token"}, "AccessDeniedException")
+                return
+            try:
+                body: object = json.loads(raw)
+                problem = _invalid(body)
+                image = _image(body) if problem is None and isinstance(body, dict) else b""
+            except (ValueError, KeyError, binascii.Error) as exc:
+                problem = f"malformed request: {exc}"
+            if problem is not None or not isinstance(body, dict):
+                self._send(400, {"message": problem}, "ValidationException")
+                return
+            self._perform(fake.next_behaviour(model, body), model, body, image)
+
+        def _perform(self, behaviour: Behaviour, model: str, body: dict[str, Any], image: bytes) -> None:
+            if isinstance(behaviour, Fail):
+                extra = {"Retry-After": behaviour.retry_after} if behaviour.retry_after else {}
+                self._send(behaviour.status, {"message": behaviour.message}, behaviour.error_type, extra)
+                return
+            time.sleep(behaviour.delay)
+            text = expected_text(image) if behaviour.text is None else behaviour.text
+            output_tokens = len(text.split()) if behaviour.output_tokens is None else behaviour.output_tokens
+            answer = {
+                "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
+                "stopReason": behaviour.stop_reason,
+                "usage": {
+                    "inputTokens": behaviour.input_tokens,
+                    "outputTokens": output_tokens,
+                    "totalTokens": behaviour.input_tokens + output_tokens,
+                },
+                "metrics": {"latencyMs": round(behaviour.delay * 1000)},
+            }
+            fake.record_answer(model, image)
+            self._send(200, answer)
+
+        def _send(self, status: int, body: dict[str, Any], error_type: str | None = None, extra: Any = None) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("x-amzn-RequestId", f"req-{sum(fake.calls.values())}")
+            if error_type is not None:
+                self.send_header(
+                    "x-amzn-ErrorType", f"{error_type}:http://internal.amazon.com/coral/com.amazon.bedrock/"
+                )
+            for name, value in (extra or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
