@@ -120,7 +120,7 @@ class Runtime:
     def provider(self) -> TranscriptionProvider:
         """PROVIDER's provider; with ESCALATION_PROVIDER another than PROVIDER, ESCALATION_MODEL asked on that one."""
         settings = self.settings
-        primary = self._provider_of("offline" if settings.uses_offline_provider else settings.provider)
+        primary = self._provider_of(settings.provider_kind)
         routed = settings.escalation_provider_kind
         if routed is None or not settings.escalation_model:
             return primary

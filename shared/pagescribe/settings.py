@@ -479,7 +479,14 @@ class Settings(BaseSettings):
         """The provider ESCALATION_MODEL is asked on when it is another than PROVIDER's, else None."""
         if not self.escalation_model or self.escalation_provider is None:
             return None
-        return None if self.escalation_provider == self.provider else self.escalation_provider
+        return None if self.escalation_provider == self.provider_kind else self.escalation_provider
+
+    @property
+    def provider_kind(self) -> str:
+        """The provider PROVIDER names, ``auto`` resolved: offline, openai-compatible or bedrock."""
+        if self.uses_offline_provider:
+            return "offline"
+        return "openai-compatible" if self.provider == "auto" else self.provider
 
     def bedrock_models(self) -> list[str]:
         """The models asked on Bedrock: the models callers may name, on PROVIDER=bedrock, except an escalation model

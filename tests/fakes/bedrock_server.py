@@ -55,7 +55,7 @@ class Fail:
     retry_after: str | None = None
 
 
-def Throttle(retry_after: str | None = None) -> Fail:  # noqa: N802 - a behaviour, named like the others
+def Throttle(retry_after: str | None = None) -> Fail:
     """Bedrock's answer to too many requests or tokens."""
     return Fail(429, "ThrottlingException", "Too many requests, please wait before trying again.", retry_after)
 
@@ -124,6 +124,30 @@ def _invalid(body: object) -> str | None:
     return None
 
 
+class _RefusedError(Exception):
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+
+
+def _converse_request(path: str, authorization: str, raw: bytes) -> tuple[str, dict[str, Any], bytes]:
+    """The model, body and decoded image of a valid Converse request; any other raises the error Bedrock answers."""
+    parts = path.split("/")
+    if len(parts) != 4 or parts[1] != "model" or parts[3] != "converse":
+        raise _RefusedError(404, "UnknownOperationException", f"no such operation: {path}")
+    if not authorization.startswith("AWS4-HMAC-SHA256 "):
+        raise _RefusedError(403, "AccessDeniedException", "Missing Authentication Token")
+    try:
+        body: object = json.loads(raw)
+        problem = _invalid(body)
+        if problem is None and isinstance(body, dict):
+            return urllib.parse.unquote(parts[2]), body, _image(body)
+    except (ValueError, KeyError, binascii.Error) as exc:
+        problem = f"malformed request: {exc}"
+    raise _RefusedError(400, "ValidationException", problem or "the body is not a JSON object")
+
+
 def _image(body: dict[str, Any]) -> bytes:
     block = next(b["image"] for b in body["messages"][0]["content"] if isinstance(b.get("image"), dict))
     return base64.b64decode(block["source"]["bytes"], validate=True)
@@ -138,22 +162,10 @@ def _handler_for(fake: FakeBedrockServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            parts = self.path.split("/")
-            if len(parts) != 4 or parts[1] != "model" or parts[3] != "converse":
-                self._send(404, {"message": f"no such operation: {self.path}"}, "UnknownOperationException")
-                return
-            model = urllib.parse.unquote(parts[2])
-            if not self.headers.get("Authorization", "").startswith("AWS4-HMAC-SHA256 "):
-                self._send(403, {"message": "Missing Authentication Token"}, "AccessDeniedException")
-                return
             try:
-                body: object = json.loads(raw)
-                problem = _invalid(body)
-                image = _image(body) if problem is None and isinstance(body, dict) else b""
-            except (ValueError, KeyError, binascii.Error) as exc:
-                problem = f"malformed request: {exc}"
-            if problem is not None or not isinstance(body, dict):
-                self._send(400, {"message": problem}, "ValidationException")
+                model, body, image = _converse_request(self.path, self.headers.get("Authorization", ""), raw)
+            except _RefusedError as refused:
+                self._send(refused.status, {"message": str(refused)}, refused.error_type)
                 return
             self._perform(fake.next_behaviour(model, body), model, body, image)
 

@@ -149,9 +149,9 @@ def test_bedrock_prices_setting_is_validated() -> None:
 
 
 def test_cold_start_refuses_a_bedrock_model_without_a_price() -> None:
-    with pytest.raises(ConfigurationError, match="'vendor.unpriced-v1:0'.*BEDROCK_PRICES"):
+    with pytest.raises(ConfigurationError, match=r"'vendor\.unpriced-v1:0'.*BEDROCK_PRICES"):
         Settings(provider="bedrock", model="vendor.unpriced-v1:0").check_bedrock_prices()
-    with pytest.raises(ConfigurationError, match="'vendor.big-v1:0'"):
+    with pytest.raises(ConfigurationError, match=r"'vendor\.big-v1:0'"):
         Settings(
             provider="bedrock", model=MODEL, escalation_model="vendor.big-v1:0", escalation_provider="bedrock"
         ).check_bedrock_prices()
