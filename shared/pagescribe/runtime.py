@@ -141,12 +141,11 @@ class Runtime:
             )
         retry_rate_limited = settings.rate_limit_rpm == 0  # with the governor on, a 429 pauses everyone instead
         if kind == "bedrock":
-            from pagescribe.providers.bedrock import BedrockProvider, bedrock_client
+            from pagescribe.providers.bedrock import BedrockProvider
             from pagescribe.providers.bedrock_prices import parse_prices
 
-            client = bedrock_client(time=self.time_policy, max_connections=settings.page_concurrency)
             return BedrockProvider(
-                client=client,
+                client=self.bedrock_client,
                 prices=parse_prices(settings.bedrock_prices),
                 max_connections=settings.page_concurrency,
                 retry_rate_limited=retry_rate_limited,
@@ -168,6 +167,14 @@ class Runtime:
             stream=settings.provider_stream,
             time=self.time_policy,
         )
+
+    @cached_property
+    def bedrock_client(self) -> Any:
+        """Bedrock's ``bedrock-runtime`` client, for the Bedrock provider. The local stack builds it before it points
+        this process's AWS clients at moto, so that the models are called with the user's own AWS account."""
+        from pagescribe.providers.bedrock import bedrock_client
+
+        return bedrock_client(time=self.time_policy, max_connections=self.settings.page_concurrency)
 
     @cached_property
     def notifier(self) -> CallbackNotifier:

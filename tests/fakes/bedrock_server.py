@@ -73,6 +73,7 @@ class FakeBedrockServer:
         self.calls: Counter[str] = Counter()  # valid requests per model id
         self.answered: list[tuple[str, str]] = []  # (model id, sha256 of the image) of every 200 sent
         self.bodies: list[dict[str, Any]] = []  # valid request bodies, in order
+        self.signers: list[str] = []  # "<access key id>/<region>/<service>" each valid request was signed for
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -94,9 +95,10 @@ class FakeBedrockServer:
         with self._lock:
             self._script.extend(behaviours)
 
-    def next_behaviour(self, model: str, body: dict[str, Any]) -> Behaviour:
+    def next_behaviour(self, model: str, body: dict[str, Any], signer: str) -> Behaviour:
         with self._lock:
             self.calls[model] += 1
+            self.signers.append(signer)
             self.bodies.append(body)
             return self._script.pop(0) if self._script else self.default
 
@@ -148,6 +150,12 @@ def _converse_request(path: str, authorization: str, raw: bytes) -> tuple[str, d
     raise _RefusedError(400, "ValidationException", problem or "the body is not a JSON object")
 
 
+def _signer(authorization: str) -> str:
+    """The SigV4 scope's key, region and service: ``Credential=AKID/20261206/eu-west-1/bedrock/aws4_request``."""
+    scope = authorization.split("Credential=", 1)[-1].split(",", 1)[0].split("/")
+    return "/".join([scope[0], *scope[2:4]]) if len(scope) == 5 else "unsigned"
+
+
 def _image(body: dict[str, Any]) -> bytes:
     block = next(b["image"] for b in body["messages"][0]["content"] if isinstance(b.get("image"), dict))
     return base64.b64decode(block["source"]["bytes"], validate=True)
@@ -167,7 +175,8 @@ def _handler_for(fake: FakeBedrockServer) -> type[BaseHTTPRequestHandler]:
             except _RefusedError as refused:
                 self._send(refused.status, {"message": str(refused)}, refused.error_type)
                 return
-            self._perform(fake.next_behaviour(model, body), model, body, image)
+            signer = _signer(self.headers.get("Authorization", ""))
+            self._perform(fake.next_behaviour(model, body, signer), model, body, image)
 
         def _perform(self, behaviour: Behaviour, model: str, body: dict[str, Any], image: bytes) -> None:
             if isinstance(behaviour, Fail):

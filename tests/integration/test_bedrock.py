@@ -18,6 +18,7 @@ from sqlalchemy import text
 from tests.fakes.bedrock_server import Answer, FakeBedrockServer, Throttle
 from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Truncated, expected_text
 from tests.support.aws_events import REGION, sqs_event
+from tests.support.commands import command_environment, pagescribe
 from tests.support.database import page_rows
 from tests.support.pipeline import Pipeline
 
@@ -156,3 +157,27 @@ def test_a_hard_flagged_page_escalates_to_a_model_on_the_other_provider(
     ]
     assert [float(r["cost"]) for r in rows] == [pytest.approx(first[2], abs=1e-8), pytest.approx(then[2], abs=1e-8)]
     assert fake_provider.calls == 1 and sum(bedrock.calls.values()) == 1
+
+
+def test_the_local_command_calls_bedrock_with_the_users_own_aws_account(
+    database_url: str, fake_provider: FakeChatServer, corpus: Path, tmp_path: Path
+) -> None:
+    # Given the user's AWS credentials and PROVIDER=bedrock (the local stack points its own AWS clients at moto)
+    with FakeBedrockServer() as bedrock:
+        env = command_environment(database_url, fake_provider) | {
+            "PROVIDER": "bedrock",
+            "MODEL": NOVA,
+            "AWS_ACCESS_KEY_ID": "AKIDTHEUSERSOWN",
+            "AWS_SECRET_ACCESS_KEY": "the-users-secret",
+            "AWS_DEFAULT_REGION": "eu-west-1",
+            "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": bedrock.endpoint_url,
+        }
+        # When pagescribe transcribe runs on an image
+        result = pagescribe(
+            "transcribe", str(corpus / "smile.png"), "--out", "out", "--no-reuse", env=env, cwd=tmp_path
+        )
+    # Then the page was one Converse call signed with the user's key for their region, and the transcript has its text
+    assert result.returncode == 0, result.stderr
+    assert bedrock.signers == ["AKIDTHEUSERSOWN/eu-west-1/bedrock"] and fake_provider.calls == 0
+    image = base64.b64decode(bedrock.bodies[0]["messages"][0]["content"][1]["image"]["source"]["bytes"])
+    assert expected_text(image) in (tmp_path / "out" / "smile.md").read_text()

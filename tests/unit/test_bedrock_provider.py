@@ -68,7 +68,7 @@ def test_a_page_is_one_converse_call_priced_from_the_table(fake: FakeBedrockServ
     price = DEFAULT_PRICES[MODEL]
     assert result.cost == pytest.approx((PROMPT_TOKENS * price.input_per_mtok + 4 * price.output_per_mtok) / 1e6)
     assert not result.cost_estimated and result.request_id == "req-1" and result.failed_attempts == ()
-    assert fake.calls == {MODEL: 1}
+    assert fake.calls == {MODEL: 1} and fake.signers == ["testing/eu-west-1/bedrock"]
     body = fake.bodies[0]
     image = body["messages"][0]["content"][1]["image"]
     assert image["format"] == "png" and base64.b64decode(image["source"]["bytes"]) == IMAGE.data

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
@@ -1441,7 +1441,8 @@ class _Stack:
             return [v for v in (self.resolve(n) for n in node) if v is not _NO_VALUE]
         if not isinstance(node, dict):
             return node
-        [(function, args)] = node.items() if len(node) == 1 else [("", None)]
+        [(function, args)] = node.items() if len(node) == 1 else [("", [])]
+        args = cast(Any, args)
         if function != "Ref" and function != "Condition" and not function.startswith("Fn::"):
             return {
                 key: value for key, value in ((k, self.resolve(v)) for k, v in node.items()) if value is not _NO_VALUE
@@ -1457,7 +1458,7 @@ class _Stack:
             text, names = (values[0], values[1]) if isinstance(values, list) else (values, {})
             names = {**_PSEUDO, **self.params, **self.resolve(names)}
             return re.sub(r"\$\{([\w:.]+)\}", lambda m: str(names.get(m[1], m[0])), text)
-        simple = {
+        simple: dict[str, Callable[[], Any]] = {
             "Fn::Select": lambda: values[1][int(values[0])],
             "Fn::Split": lambda: values[1].split(values[0]),
             "Fn::Join": lambda: values[0].join(v for v in values[1] for v in _as_list(v)),
