@@ -149,6 +149,7 @@ class Runtime:
                 prices=parse_prices(settings.bedrock_prices),
                 max_connections=settings.page_concurrency,
                 retry_rate_limited=retry_rate_limited,
+                stream=settings.provider_stream != "off",
             )
         from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 

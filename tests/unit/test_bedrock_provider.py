@@ -8,13 +8,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pagescribe.checks import repetition
+from pagescribe.domain import LOOP_CUT
 from pagescribe.providers.base import PageImage, ProviderError, Transcription, TranscriptionRequest
 from pagescribe.providers.bedrock import BedrockProvider, bedrock_client
 from pagescribe.providers.bedrock_prices import DEFAULT_PRICES, ModelPrice, parse_prices, price_of
 from pagescribe.settings import ConfigurationError, Settings
 from pagescribe.timepolicy import TimePolicy
 
-from tests.fakes.bedrock_server import Answer, Fail, FakeBedrockServer, Throttle
+from tests.fakes.bedrock_server import Answer, Fail, FakeBedrockServer, Loop, StreamError, Throttle
 from tests.fakes.chat_server import PROMPT_TOKENS, expected_text
 
 MODEL = "amazon.nova-lite-v1:0"
@@ -22,9 +24,15 @@ IMAGE = PageImage(data=b"\x89PNG\r\n\x1a\n a bedrock page", media_type="image/pn
 TIME = TimePolicy.from_settings(Settings())
 
 
-def page_request(model: str = MODEL) -> TranscriptionRequest:
+def page_request(model: str = MODEL, max_output_tokens: int = 2048, *, check: bool = False) -> TranscriptionRequest:
     return TranscriptionRequest(
-        image=IMAGE, prompt="Transcribe this page.", model=model, max_output_tokens=2048, document_id="d", page_number=1
+        image=IMAGE,
+        prompt="Transcribe this page.",
+        model=model,
+        max_output_tokens=max_output_tokens,
+        document_id="d",
+        page_number=1,
+        loop_check=(lambda text: repetition(text, 8) >= 8) if check else None,
     )
 
 
@@ -60,15 +68,16 @@ def failing(**kwargs: Any) -> ProviderError:
     return info.value
 
 
-def test_a_page_is_one_converse_call_priced_from_the_table(fake: FakeBedrockServer) -> None:
-    result = transcribe()
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_page_is_one_converse_call_priced_from_the_table(fake: FakeBedrockServer, stream: bool) -> None:
+    result = transcribe(stream=stream)
     text = expected_text(IMAGE.data)
     assert result.text == text and result.finish_reason == "stop" and result.model == MODEL
     assert (result.prompt_tokens, result.completion_tokens) == (PROMPT_TOKENS, len(text.split()))
     price = DEFAULT_PRICES[MODEL]
     assert result.cost == pytest.approx((PROMPT_TOKENS * price.input_per_mtok + 4 * price.output_per_mtok) / 1e6)
     assert not result.cost_estimated and result.request_id == "req-1" and result.failed_attempts == ()
-    assert fake.calls == {MODEL: 1} and fake.signers == ["testing/eu-west-1/bedrock"]
+    assert fake.calls == {MODEL: 1} and fake.signers == ["testing/eu-west-1/bedrock"] and fake.streamed == [stream]
     body = fake.bodies[0]
     image = body["messages"][0]["content"][1]["image"]
     assert image["format"] == "png" and base64.b64decode(image["source"]["bytes"]) == IMAGE.data
@@ -162,3 +171,32 @@ def test_cold_start_refuses_a_bedrock_model_without_a_price() -> None:
         provider="bedrock", model=MODEL, escalation_model="vendor/big", escalation_provider="openai-compatible"
     ).check_bedrock_prices()
     Settings(model="vendor/unpriced").check_bedrock_prices()  # no Bedrock at all
+
+
+def test_a_looping_stream_is_cut_at_the_first_loop_and_paid_a_fraction_of_the_limit(fake: FakeBedrockServer) -> None:
+    fake.script(Loop(token_seconds=0.005))
+    result = transcribe(request=page_request(max_output_tokens=4096, check=True))
+    assert result.finish_reason == LOOP_CUT and repetition(result.text, 8) >= 8
+    assert result.completion_tokens is not None and 0 < result.completion_tokens <= 409  # checked at 512 characters
+    assert result.cost is None  # the usage comes last: the caller prices a cut call from the tenant's history
+    [billed] = fake.wait_billed(1)  # what Bedrock sent before it saw the client gone (socket buffers lag a little)
+    assert result.completion_tokens <= billed <= 4096 // 4
+
+
+def test_without_a_loop_check_a_looping_stream_runs_to_the_limit(fake: FakeBedrockServer) -> None:
+    fake.script(Loop())
+    result = transcribe(request=page_request(max_output_tokens=300))
+    assert (result.finish_reason, result.completion_tokens, fake.wait_billed(1)) == ("length", 300, [300])
+
+
+def test_an_error_event_mid_stream_is_retried_or_raised_by_its_name(fake: FakeBedrockServer) -> None:
+    fake.script(StreamError("modelStreamErrorException"), StreamError("throttlingException"))
+    result = transcribe()
+    assert result.text == expected_text(IMAGE.data)  # the partial answers were dropped
+    assert [a.status_code for a in result.failed_attempts] == [502, 429]
+    fake.script(StreamError("throttlingException"))
+    assert failing(retry_rate_limited=False).status_code == 429
+    fake.script(StreamError("validationException"))
+    refused = failing()
+    assert not refused.retryable and refused.status_code == 400
+    assert fake.calls == {MODEL: 5}

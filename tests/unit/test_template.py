@@ -1477,7 +1477,9 @@ def _bedrock_resources(stack: _Stack) -> list[str]:
         return []
     assert stack.exists("BedrockInvokePolicy")
     document = stack.resolve(_properties(stack.template, "BedrockInvokePolicy")["PolicyDocument"])
-    assert [s["Action"] for s in document["Statement"]] == [["bedrock:InvokeModel"]]
+    assert [s["Action"] for s in document["Statement"]] == [
+        ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+    ]
     return [r for s in document["Statement"] for r in s["Resource"]]
 
 

@@ -18,6 +18,15 @@ Failure policy (the OpenAI-compatible adapter's, by HTTP status):
   and any other 4xx are raised at once, not retryable; so is a model without a price (it is never called).
 * ``stopReason`` max_tokens is ``finish_reason`` "length" (the ``truncated`` flag), end_turn and stop_sequence "stop".
 
+Streaming (PROVIDER_STREAM auto or on): the call is ``POST /model/{modelId}/converse-stream`` (ConverseStream), its
+answer an event stream whose text deltas are read as they come, the usage in its last event (metadata). The same
+failure policy holds; an error event mid-stream (throttlingException, modelStreamErrorException...) is classified by
+its name, the partial answer dropped, and a stream that ends before messageStop is retried. While the answer arrives
+the request's ``loop_check`` runs on the text so far, as the OpenAI-compatible adapter runs it: at the first loop the
+stream is closed (the connection with it, so Bedrock stops generating) and the call answers with the text received,
+``finish_reason == LOOP_CUT``, the text events received counted as completion tokens and no cost (Bedrock's usage
+comes last): the caller prices it from the tenant's own history, as it does a cut call of the other adapter.
+
 Cost: Bedrock reports tokens, not dollars; the cost of a call is its reported input and output tokens at the model's
 price (:mod:`pagescribe.providers.bedrock_prices`), a cost as exact as the price table, not an estimate.
 """
@@ -40,6 +49,7 @@ from botocore.exceptions import (
     HTTPClientError,
 )
 
+from pagescribe.domain import LOOP_CUT
 from pagescribe.providers.base import (
     FailedAttempt,
     ProviderError,
@@ -48,6 +58,7 @@ from pagescribe.providers.base import (
 )
 from pagescribe.providers.bedrock_prices import SETTING, ModelPrice, price_of
 from pagescribe.providers.openai_compat import (
+    _CHECK_EVERY_CHARS,
     _accepted,
     _backoff,
     _clip,
@@ -61,7 +72,7 @@ logger = logging.getLogger(__name__)
 
 IMAGE_FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/webp": "webp", "image/gif": "gif"}
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
-# the status of an error whose response did not say (botocore fills it from the HTTP response when there is one)
+# the HTTP status of each error (an error event mid-stream comes in a 200 response, and botocore reports it as a 400)
 ERROR_STATUSES = {
     "ThrottlingException": 429,
     "ModelNotReadyException": 429,
@@ -72,6 +83,7 @@ ERROR_STATUSES = {
     "AccessDeniedException": 403,
     "ResourceNotFoundException": 404,
     "ModelErrorException": 424,
+    "ModelStreamErrorException": 502,  # mid-stream: "retry your request"
 }
 
 
@@ -98,8 +110,10 @@ class BedrockProvider:
         prices: dict[str, ModelPrice],
         max_connections: int,
         retry_rate_limited: bool = True,
+        stream: bool = True,
     ) -> None:
         self._client = client
+        self._stream = stream
         self._prices = prices
         self._retry_rate_limited = retry_rate_limited
         self._threads = ThreadPoolExecutor(max_workers=max_connections, thread_name_prefix="bedrock")
@@ -128,7 +142,10 @@ class BedrockProvider:
         started = loop.time()
 
         async def converse() -> Transcription:
-            answer = await loop.run_in_executor(self._threads, self._converse, body)
+            if self._stream:
+                answer = await loop.run_in_executor(self._threads, self._converse_stream, body, request.loop_check)
+            else:
+                answer = await loop.run_in_executor(self._threads, self._converse, body)
             return _transcription(answer, request, price, loop.time() - started)
 
         return await with_retries(converse, request, call_seconds, retry_rate_limited=self._retry_rate_limited)
@@ -139,8 +156,31 @@ class BedrockProvider:
 
     def _converse(self, body: dict[str, Any]) -> dict[str, Any]:
         """One Converse request, on a thread; its failure as the ProviderError it amounts to."""
+        return self._calling(lambda: dict(self._client.converse(**body)))
+
+    def _converse_stream(self, body: dict[str, Any], loop_check: Callable[[str], bool] | None) -> dict[str, Any]:
+        """One ConverseStream request, on a thread, read to its end or to the first loop (then closed): the answer as
+        Converse would give it."""
+
+        def read() -> dict[str, Any]:
+            response = self._client.converse_stream(**body)
+            answer = _StreamedAnswer(loop_check)
+            stream = response["stream"]
+            try:
+                for event in stream:
+                    if answer.take(event):
+                        break
+            finally:
+                stream.close()
+            return answer.as_converse(response.get("ResponseMetadata", {}))
+
+        return self._calling(read)
+
+    @staticmethod
+    def _calling(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``call``'s answer; botocore's failures as the ProviderErrors they amount to."""
         try:
-            return dict(self._client.converse(**body))
+            return call()
         except ClientError as exc:
             raise _client_error(exc) from exc
         except (HTTPClientError, ConnectionError) as exc:
@@ -207,11 +247,58 @@ def _converse_body(request: TranscriptionRequest) -> dict[str, Any]:
     }
 
 
+class _StreamedAnswer:
+    """A ConverseStream answer as its events arrive: the text so far, its stop reason and usage; the loop check run
+    on the text as it grows, as the OpenAI-compatible adapter runs it."""
+
+    def __init__(self, loop_check: Callable[[str], bool] | None) -> None:
+        self._loop_check = loop_check
+        self._parts: list[str] = []
+        self._chars = 0
+        self._checked_at = 0
+        self._pieces = 0  # text events: the tokens received, when the usage never comes
+        self._stop_reason: str | None = None
+        self._usage: dict[str, Any] = {}
+        self._cut = False
+
+    def take(self, event: dict[str, Any]) -> bool:
+        """Take one event; True when the text so far is a loop (stop reading: the caller closes the stream)."""
+        text = event.get("contentBlockDelta", {}).get("delta", {}).get("text")
+        if isinstance(text, str) and text:
+            self._parts.append(text)
+            self._chars += len(text)
+            self._pieces += 1
+        self._stop_reason = event.get("messageStop", {}).get("stopReason", self._stop_reason)
+        self._usage = event.get("metadata", {}).get("usage", self._usage)
+        threshold = max(_CHECK_EVERY_CHARS, self._checked_at // 8)
+        if self._loop_check is None or self._chars - self._checked_at < threshold:
+            return False
+        self._checked_at = self._chars
+        self._cut = self._loop_check("".join(self._parts))
+        return self._cut
+
+    def as_converse(self, metadata: dict[str, Any]) -> dict[str, Any]:
+        """The answer as Converse gives one; a cut one's stop reason LOOP_CUT and its text events as output tokens."""
+        if self._cut:
+            stop_reason, usage = LOOP_CUT, {"outputTokens": self._pieces}
+        elif self._stop_reason is None:
+            raise ProviderError("Bedrock's stream ended before the answer did", retryable=True)
+        else:
+            stop_reason, usage = self._stop_reason, self._usage
+        return {
+            "output": {"message": {"role": "assistant", "content": [{"text": "".join(self._parts)}]}},
+            "stopReason": stop_reason,
+            "usage": usage,
+            "ResponseMetadata": metadata,
+        }
+
+
 def _client_error(exc: ClientError) -> ProviderError:
     error = exc.response.get("Error", {})
     metadata = exc.response.get("ResponseMetadata", {})
     code = str(error.get("Code") or "error")
-    status = metadata.get("HTTPStatusCode") or ERROR_STATUSES.get(code)
+    code = code[:1].upper() + code[1:]  # an error event mid-stream is named in camel case: throttlingException
+    status = ERROR_STATUSES.get(code) or metadata.get("HTTPStatusCode")  # an error event's HTTP status is 400
     detail = _clip(str(error.get("Message") or "")) or "no error message"
     headers = metadata.get("HTTPHeaders", {})
     retry_after = _retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
@@ -236,7 +323,7 @@ def _transcription(
     finish_reason = _accepted(text, FINISH_REASONS.get(stop_reason, stop_reason))
     usage = answer.get("usage", {})
     input_tokens, output_tokens = usage.get("inputTokens"), usage.get("outputTokens")
-    priced = isinstance(input_tokens, int) and isinstance(output_tokens, int)
+    priced = isinstance(input_tokens, int) and isinstance(output_tokens, int)  # a stream cut at a loop has no usage
     return Transcription(
         text=text,
         finish_reason=finish_reason,
