@@ -264,6 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(answer.delay)
             words = (expected_text(image) if answer.text is None else answer.text).split()
             pause, stop = 0.0, answer.stop_reason
+        reported = behaviour.output_tokens if isinstance(behaviour, Answer) else None
         failing = behaviour.after if isinstance(behaviour, StreamError) else None
         sent = 0
         try:
@@ -279,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 sent += 1
                 time.sleep(pause)
-            self._end_stream(stop, sent)
+            self._end_stream(stop, sent if reported is None else reported)
             self.server.fake.record_answer(model, image)
         except (TimeoutError, BrokenPipeError, ConnectionResetError):
             pass  # the client went away: it cut the answer
