@@ -15,8 +15,8 @@ from pagescribe.settings import get_settings
 from pagescribe.store.postgres import Database
 from sqlalchemy import text
 
-from tests.fakes.bedrock_server import Answer, FakeBedrockServer, Throttle
-from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Truncated, expected_text
+from tests.fakes.bedrock_server import Answer, Fail, FakeBedrockServer, Throttle
+from tests.fakes.chat_server import PROMPT_TOKENS, FakeChatServer, Status, Truncated, expected_text
 from tests.support.aws_events import REGION, sqs_event
 from tests.support.commands import command_environment, pagescribe
 from tests.support.database import page_rows
@@ -136,27 +136,32 @@ def test_a_hard_flagged_page_escalates_to_a_model_on_the_other_provider(
     if direction == "bedrock to chat":  # Nova truncates the page; the strong model is on the chat endpoint
         configure(monkeypatch, ESCALATION_MODEL=STRONG, ESCALATION_PROVIDER="openai-compatible")
         bedrock.script(Answer(text="partial", stop_reason="max_tokens", output_tokens=50))
+        fake_provider.script(Status(503))  # the strong model's first request fails, and is retried within the call
         first, then = (NOVA, BEDROCK, priced(NOVA, 50)), (STRONG, chat, 0.00012)
     else:  # the chat model truncates the page; Claude on Bedrock is the escalation model
         configure(
             monkeypatch, PROVIDER="auto", ESCALATION_MODEL=CLAUDE, ESCALATION_PROVIDER="bedrock", MODEL="test/weak"
         )
         fake_provider.script(Truncated())
+        bedrock.script(Fail(503, "ServiceUnavailableException"))  # Claude's first request fails, and is retried
         first, then = ("test/weak", chat, 0.00012), (CLAUDE, BEDROCK, priced(CLAUDE, 4))
     # When a one-page document is transcribed
     [doc] = pipeline.upload("uploads/page.png", corpus / "smile.png")["documents"]
     pipeline.run_until_idle()
-    # Then its truncated answer was escalated once, to the other provider, whose answer the page keeps
+    # Then its truncated answer was escalated once, to the other provider, whose answer the page keeps (its failed
+    # request recorded as that provider's)
     [job] = page_rows(db, doc["document_id"])
     assert (job["status"], job["model"]) == ("COMPLETED", then[0])
     assert job["result_text"].startswith("Transcribed page image ")
     rows = attempts(db)
-    assert [(r["model"], r["provider"], r["outcome"]) for r in rows] == [
-        (first[0], first[1], "ESCALATED"),
-        (then[0], then[1], "KEPT"),
+    assert [(r["model"], r["provider"], r["outcome"], r["status_code"]) for r in rows] == [
+        (first[0], first[1], "ESCALATED", None),
+        (then[0], then[1], "ERROR", 503),
+        (then[0], then[1], "KEPT", None),
     ]
-    assert [float(r["cost"]) for r in rows] == [pytest.approx(first[2], abs=1e-8), pytest.approx(then[2], abs=1e-8)]
-    assert fake_provider.calls == 1 and sum(bedrock.calls.values()) == 1
+    paid = [float(r["cost"]) for r in rows if r["cost"] is not None]
+    assert paid == [pytest.approx(first[2], abs=1e-8), pytest.approx(then[2], abs=1e-8)]
+    assert fake_provider.calls + sum(bedrock.calls.values()) == 3
 
 
 def test_the_local_command_calls_bedrock_with_the_users_own_aws_account(
