@@ -57,15 +57,24 @@ def bedrock(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fak
         yield fake
 
 
+@pytest.mark.parametrize("stream", ["auto", "off"])
 def test_pages_are_transcribed_on_bedrock_and_priced_from_the_table(
-    pipeline: Pipeline, db: Database, bedrock: FakeBedrockServer, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline,
+    db: Database,
+    bedrock: FakeBedrockServer,
+    fake_provider: FakeChatServer,
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: str,
 ) -> None:
-    # Given a four-page document
+    # Given a four-page document, and answers streamed (ConverseStream) or not (Converse) as PROVIDER_STREAM says
+    configure(monkeypatch, PROVIDER_STREAM=stream)
     [doc] = pipeline.upload("uploads/two.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
     # When the queue is drained
     pipeline.run_until_idle()
     # Then every page was one Converse call to the model, answered with that page's text
     assert bedrock.calls == {NOVA: 4} and fake_provider.calls == 0
+    assert bedrock.streamed == [stream != "off"] * 4
     jobs = page_rows(db, doc["document_id"])
     assert [j["status"] for j in jobs] == ["COMPLETED"] * 4
     sent = [base64.b64decode(body["messages"][0]["content"][1]["image"]["source"]["bytes"]) for body in bedrock.bodies]
