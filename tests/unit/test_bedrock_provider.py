@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -49,10 +50,15 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeBedrockServer]:
 
 
 def transcribe(
-    *, request: TranscriptionRequest | None = None, seconds: float = 10.0, prices: Any = None, **kwargs: Any
+    *,
+    request: TranscriptionRequest | None = None,
+    seconds: float = 10.0,
+    prices: Any = None,
+    time: TimePolicy = TIME,
+    **kwargs: Any,
 ) -> Transcription:
     async def go() -> Transcription:
-        client = bedrock_client(time=TIME, max_connections=2)
+        client = bedrock_client(time=time, max_connections=2)
         provider = BedrockProvider(client=client, prices=prices or {}, max_connections=2, **kwargs)
         try:
             return await provider.transcribe(request or page_request(), call_seconds=seconds)
@@ -136,6 +142,15 @@ def test_an_unreachable_endpoint_is_retryable(fake: FakeBedrockServer, monkeypat
     monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "http://127.0.0.1:9")
     error = failing(seconds=1.5)
     assert error.retryable and error.status_code is None
+
+
+def test_a_stream_that_stalls_past_the_read_timeout_is_retried_within_the_call(fake: FakeBedrockServer) -> None:
+    # Given a client whose reads time out after 0.5 s, and a stream whose second event is 5 s away
+    fake.script(Loop(token_seconds=5.0), Loop(token_seconds=5.0))
+    quick = replace(TIME, provider_timeout=0.5)
+    # Then the stalled read is a retryable failure, retried until the call's time runs out
+    error = failing(seconds=1.5, time=quick)
+    assert error.retryable and "ReadTimeoutError" in error.message
 
 
 def test_a_call_ends_at_its_deadline(fake: FakeBedrockServer) -> None:

@@ -41,6 +41,7 @@ from dataclasses import replace
 from typing import Any
 
 import boto3
+import urllib3
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -183,7 +184,7 @@ class BedrockProvider:
             return call()
         except ClientError as exc:
             raise _client_error(exc) from exc
-        except (HTTPClientError, ConnectionError) as exc:
+        except (HTTPClientError, ConnectionError, urllib3.exceptions.HTTPError) as exc:  # urllib3's: read mid-stream
             raise ProviderError(f"could not reach Bedrock: {type(exc).__name__}: {exc}", retryable=True) from exc
         except BotoCoreError as exc:  # no credentials, a parameter botocore refuses...
             raise ProviderError(f"cannot call Bedrock: {type(exc).__name__}: {exc}", retryable=False) from exc
