@@ -1,7 +1,8 @@
 """What Bedrock charges per model: its answers carry tokens, not dollars, so pagescribe prices them.
 
-Bedrock's on-demand prices in USD per million tokens (input, output), from https://aws.amazon.com/bedrock/pricing/
-as read on 2026-12-06 for us-east-1 (standard tier, no batch or provisioned throughput discount). Prices differ by
+Bedrock's on-demand prices in USD per million tokens (input, output) for us-east-1 (standard tier, no batch or
+provisioned throughput discount), as https://aws.amazon.com/bedrock/pricing/ listed them in 2025; written down on
+2026-12-06 without network access to that page, so check them against it before relying on them. Prices differ by
 region and change: BEDROCK_PRICES (JSON, ``{"<model id>": {"input_per_mtok": 3.0, "output_per_mtok": 15.0}}``) is
 merged over this table, and a model that neither names is refused at cold start rather than recorded as free.
 
