@@ -118,11 +118,22 @@ def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterato
         settings = get_settings()
         settings.check_model_call_time()
         settings.check_escalation()
+        settings.check_bedrock_prices()
         upgrade_database(settings.sqlalchemy_url)
+        # Bedrock's client is built while the environment still names the user's AWS account, not the local moto
+        models_on_aws = None
+        if settings.bedrock_models():
+            from pagescribe.providers.bedrock import bedrock_client
+            from pagescribe.timepolicy import TimePolicy
+
+            time_policy = TimePolicy.from_settings(settings)
+            models_on_aws = bedrock_client(time=time_policy, max_connections=settings.page_concurrency)
         resources = aws.start(visibility_timeout=int(6 * settings.function_timeout_seconds))
         try:
             _reload_settings()
             runtime = get_runtime()
+            if models_on_aws is not None:
+                runtime.bedrock_client = models_on_aws
             # Build every shared piece now, on this thread, before pollers and request threads use them.
             for warm in (runtime.db, runtime.objects, runtime.queue, runtime.documents, runtime.transcriber):
                 assert warm is not None

@@ -46,10 +46,10 @@ MAX_BATCHES_PER_SWEEP = 20  # batches sent, and batches polled, by one sweep
 
 def lane_of(document: DocumentRecord, job_lane: str | None, settings: Settings) -> Lane:
     """The lane a claimed page goes by: its own (a page moved to sync), else its document's, else DEFAULT_LANE; the
-    sync lane for a document whose deadline is nearer than a batch may take, and with the offline engine (which has
-    no batch API)."""
+    sync lane for a document whose deadline is nearer than a batch may take, and with a provider that has no batch API
+    (the offline engine, Bedrock)."""
     lane = Lane(job_lane or document.lane or settings.default_lane)
-    if settings.uses_offline_provider:
+    if not settings.has_batch_api:
         return Lane.SYNC
     if lane is Lane.BATCH and document.deadline is not None:
         left = (document.deadline - datetime.now(UTC)).total_seconds()

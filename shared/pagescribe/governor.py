@@ -10,6 +10,7 @@ environment reads in the same statement, so processes that never saw the 429 hol
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -45,8 +46,13 @@ GO = Admission(0.0)
 
 
 class RateGovernor:
-    def __init__(self, settings: Settings, db: SpendStore, provider: str) -> None:
+    def __init__(
+        self, settings: Settings, db: SpendStore, provider: str, serving: Callable[[str], str] | None = None
+    ) -> None:
+        """``serving``: the provider that asks a model, where models are asked on several (escalation on another
+        provider); each provider and model has its own bucket."""
         self._db = db
+        self._serving = serving
         self._bucket = (
             RateBucket(provider, settings.rate_limit_rpm, settings.rate_limit_tpm, settings.rate_limit_burst)
             if settings.rate_limit_rpm > 0
@@ -68,7 +74,7 @@ class RateGovernor:
             return Admission(slot, keep_slot=True, why=f"its reserved slot for {model} is {slot:.1f} s away")
         prepaid = slot is not None and slot > -STALE_SLOT_SECONDS
         grant = self._db.take_rate_slot(
-            self._bucket, model, prepaid=prepaid, max_wait=MAX_DELAY_SECONDS - EARLY_SECONDS
+            self._bucket_of(self._bucket, model), model, prepaid=prepaid, max_wait=MAX_DELAY_SECONDS - EARLY_SECONDS
         )
         if grant.wait <= 0:
             return Admission(0.0, tokens=0.0 if prepaid else grant.mean_tokens)
@@ -85,10 +91,15 @@ class RateGovernor:
         if self._bucket is None:
             return None
         pause = retry_after if retry_after is not None and retry_after > 0 else PAUSE_WITHOUT_RETRY_AFTER
-        self._db.pause_rate_bucket(self._bucket, model, pause)
+        self._db.pause_rate_bucket(self._bucket_of(self._bucket, model), model, pause)
         return pause
+
+    def _bucket_of(self, bucket: RateBucket, model: str) -> RateBucket:
+        return bucket if self._serving is None else bucket._replace(provider=self._serving(model))
 
     def settle(self, model: str, admission: Admission, actual_tokens: int) -> None:
         """The call's real tokens against those it took (token limits only)."""
         if self._bucket is not None and self._counts_tokens:
-            self._db.settle_rate_tokens(self._bucket, model, estimate=admission.tokens, actual=actual_tokens)
+            self._db.settle_rate_tokens(
+                self._bucket_of(self._bucket, model), model, estimate=admission.tokens, actual=actual_tokens
+            )

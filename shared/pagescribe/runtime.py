@@ -119,8 +119,19 @@ class Runtime:
 
     @cached_property
     def provider(self) -> TranscriptionProvider:
+        """PROVIDER's provider; with ESCALATION_PROVIDER another than PROVIDER, ESCALATION_MODEL asked on that one."""
         settings = self.settings
-        if settings.uses_offline_provider:
+        primary = self._provider_of(settings.provider_kind)
+        routed = settings.escalation_provider_kind
+        if routed is None or not settings.escalation_model:
+            return primary
+        from pagescribe.providers.routing import RoutingProvider
+
+        return RoutingProvider(primary, {settings.escalation_model: self._provider_of(routed)})
+
+    def _provider_of(self, kind: str) -> TranscriptionProvider:
+        settings = self.settings
+        if kind == "offline":
             from pagescribe.providers.offline import RapidOcrProvider  # an optional extra
 
             return RapidOcrProvider(
@@ -129,6 +140,18 @@ class Runtime:
                 orient=settings.detect_orientation,
                 threads=settings.ocr_threads,
             )
+        retry_rate_limited = settings.rate_limit_rpm == 0  # with the governor on, a 429 pauses everyone instead
+        if kind == "bedrock":
+            from pagescribe.providers.bedrock import BedrockProvider
+            from pagescribe.providers.bedrock_prices import parse_prices
+
+            return BedrockProvider(
+                client=self.bedrock_client,
+                prices=parse_prices(settings.bedrock_prices),
+                max_connections=settings.page_concurrency,
+                retry_rate_limited=retry_rate_limited,
+                stream=settings.provider_stream != "off",
+            )
         from pagescribe.providers.openai_compat import OpenAICompatibleProvider
 
         return OpenAICompatibleProvider(
@@ -136,7 +159,7 @@ class Runtime:
             api_key=self.provider_key,
             max_connections=settings.page_concurrency,
             usage_accounting=settings.provider_usage_accounting,
-            retry_rate_limited=settings.rate_limit_rpm == 0,  # with the governor on, a 429 pauses everyone instead
+            retry_rate_limited=retry_rate_limited,
             stream=settings.provider_stream,
             time=self.time_policy,
         )
@@ -165,6 +188,14 @@ class Runtime:
         )
         finish = self.transcripts.finish
         return BatchLane(settings, self.db, self.queue, self.objects, api, finish, thresholds(settings))
+
+    @cached_property
+    def bedrock_client(self) -> Any:
+        """Bedrock's ``bedrock-runtime`` client, for the Bedrock provider. The local stack builds it before it points
+        this process's AWS clients at moto, so that the models are called with the user's own AWS account."""
+        from pagescribe.providers.bedrock import bedrock_client
+
+        return bedrock_client(time=self.time_policy, max_connections=self.settings.page_concurrency)
 
     @cached_property
     def notifier(self) -> CallbackNotifier:

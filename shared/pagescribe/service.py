@@ -372,10 +372,10 @@ class DocumentService:
         lane = upload.lane or self._settings.default_lane
         if lane not in (Lane.SYNC, Lane.BATCH):
             raise Refused.invalid(f"lane {lane!r} is not one of sync, batch", field="lane")
-        if lane == Lane.BATCH and self._settings.uses_offline_provider:
+        if lane == Lane.BATCH and not self._settings.has_batch_api:
             raise Refused.invalid(
-                "lane 'batch' needs a vision model provider with a batch API; this stack transcribes with the offline "
-                "OCR engine",
+                "lane 'batch' needs an OpenAI-compatible provider with a batch API; this stack transcribes with "
+                f"PROVIDER={self._settings.provider_kind}",
                 field="lane",
             )
         deadline = upload.deadline

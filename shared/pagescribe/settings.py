@@ -72,10 +72,22 @@ class Settings(BaseSettings):
     transcript_prefix: str = "transcripts/"
 
     provider_base_url: str = OPENROUTER_BASE_URL
-    provider: Literal["auto", "openai-compatible", "offline"] = Field(
+    provider: Literal["auto", "openai-compatible", "bedrock", "offline"] = Field(
         default="auto",
         description="auto: the OpenAI-compatible endpoint when a key (or a non-default base URL) is configured, "
-        "else the offline OCR provider.",
+        "else the offline OCR provider. bedrock: Amazon Bedrock's Converse API over the function's IAM role, MODEL a "
+        "Bedrock model id or inference profile.",
+    )
+    escalation_provider: Literal["openai-compatible", "bedrock"] | None = Field(
+        default=None,
+        description="The provider ESCALATION_MODEL is asked on, when it is not PROVIDER's (e.g. MODEL on bedrock, "
+        "ESCALATION_MODEL on the OpenAI-compatible endpoint); empty: PROVIDER's.",
+    )
+    bedrock_prices: str = Field(
+        default="",
+        description="Bedrock prices in USD per million tokens, JSON {model id: {input_per_mtok, output_per_mtok}}, "
+        "merged over pagescribe.providers.bedrock_prices' table; a Bedrock model without a price is refused at cold "
+        "start.",
     )
     provider_api_key: SecretStr | None = None
     provider_api_key_parameter: str | None = Field(
@@ -424,6 +436,7 @@ class Settings(BaseSettings):
         "database_secret_arn",
         "database_host",
         "escalation_model",
+        "escalation_provider",
         "provider_api_key_parameter",
         "callback_secret_parameter",
         "daily_budget_usd",
@@ -441,6 +454,14 @@ class Settings(BaseSettings):
         bound = info.data.get("chunk_max_tokens")
         if bound is not None and value >= bound // 2:
             raise ValueError(f"CHUNK_OVERLAP={value} must be under half of CHUNK_MAX_TOKENS={bound}")
+        return value
+
+    @field_validator("bedrock_prices")
+    @classmethod
+    def _price_table(cls, value: str) -> str:
+        from pagescribe.providers.bedrock_prices import parse_prices
+
+        parse_prices(value)
         return value
 
     @field_validator("ocr_language")
@@ -506,10 +527,47 @@ class Settings(BaseSettings):
 
     def check_escalation(self) -> None:
         """For a function that calls the model: escalation needs a model to escalate to, which OCR is not."""
-        if self.escalation_model and self.uses_offline_provider:
+        if self.escalation_model and self.uses_offline_provider and self.escalation_provider is None:
             raise ConfigurationError(
                 f"ESCALATION_MODEL={self.escalation_model!r} needs a vision model provider (PROVIDER_API_KEY or "
-                "PROVIDER_BASE_URL); the offline OCR engine has no stronger model to ask"
+                "PROVIDER_BASE_URL, or ESCALATION_PROVIDER); the offline OCR engine has no stronger model to ask"
+            )
+
+    @property
+    def escalation_provider_kind(self) -> str | None:
+        """The provider ESCALATION_MODEL is asked on when it is another than PROVIDER's, else None."""
+        if not self.escalation_model or self.escalation_provider is None:
+            return None
+        return None if self.escalation_provider == self.provider_kind else self.escalation_provider
+
+    @property
+    def provider_kind(self) -> str:
+        """The provider PROVIDER names, ``auto`` resolved: offline, openai-compatible or bedrock."""
+        if self.uses_offline_provider:
+            return "offline"
+        return "openai-compatible" if self.provider == "auto" else self.provider
+
+    def bedrock_models(self) -> list[str]:
+        """The models asked on Bedrock: the models callers may name, on PROVIDER=bedrock, except an escalation model
+        routed elsewhere; and ESCALATION_MODEL when ESCALATION_PROVIDER=bedrock."""
+        routed = self.escalation_provider_kind
+        models = sorted(self.model_allow_list) if self.provider == "bedrock" else []
+        if routed is not None and self.escalation_model:
+            models = [m for m in models if m != self.escalation_model]
+            models += [self.escalation_model] if routed == "bedrock" else []
+        return models
+
+    def check_bedrock_prices(self) -> None:
+        """For a function that calls the model: every model asked on Bedrock has a price (Bedrock reports tokens, not
+        dollars), or the function refuses to start rather than record its calls as free."""
+        from pagescribe.providers.bedrock_prices import SETTING, parse_prices, price_of
+
+        prices = parse_prices(self.bedrock_prices)
+        unpriced = [model for model in self.bedrock_models() if price_of(model, prices) is None]
+        if unpriced:
+            raise ConfigurationError(
+                f"no Bedrock price for {', '.join(map(repr, unpriced))}: Bedrock reports tokens, not dollars; add "
+                f'{SETTING}=\'{{"{unpriced[0]}": {{"input_per_mtok": <USD>, "output_per_mtok": <USD>}}}}\''
             )
 
     @property
@@ -547,6 +605,12 @@ class Settings(BaseSettings):
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver named, as SQLAlchemy wants it."""
         return to_sqlalchemy_url(self.require("database_url"))
+
+    @property
+    def has_batch_api(self) -> bool:
+        """Whether the provider has a batch API the batch lane can drive: an OpenAI-compatible endpoint (BATCH_DIALECT);
+        the offline engine has none, and Bedrock's batch inference is not driven by the lane."""
+        return self.provider_kind == "openai-compatible"
 
     @property
     def uses_offline_provider(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
@@ -668,7 +668,10 @@ def test_functions_use_only_policy_templates_without_wildcard_actions(template: 
     policies = _properties(template, function).get("Policies", [])
 
     # When their names are collected
-    used = {name for p in policies if isinstance(p, dict) for name in p if name not in {"Statement", "Ref"}}
+    used = {name for p in policies if isinstance(p, dict) for name in p if name not in {"Statement", "Ref", "Fn::If"}}
+    # (an !If chooses between managed policies: a Ref or none)
+    chosen = [branch for p in policies if isinstance(p, dict) and "Fn::If" in p for branch in p["Fn::If"][1:]]
+    assert all(set(branch) == {"Ref"} for branch in chosen), chosen
 
     # Then each is one whose expansion names exact actions (SQSSendMessagePolicy grants sqs:SendMessage*)
     assert used <= WILDCARD_FREE_POLICY_TEMPLATES, used - WILDCARD_FREE_POLICY_TEMPLATES
@@ -969,7 +972,11 @@ def test_database_resources_exist_only_when_the_stack_creates_the_database(templ
         "AWS::EC2::SecurityGroupIngress",
         "AWS::EC2::SecurityGroupEgress",
     )
-    database_resources = {n: r for n, r in template["Resources"].items() if r["Type"].startswith(database_types)}
+    database_resources = {
+        n: r
+        for n, r in template["Resources"].items()
+        if r["Type"].startswith(database_types) and n != "EndpointSecurityGroup"  # Bedrock's VPC endpoints' own
+    }
 
     # When their conditions are read
     conditions = {name: resource.get("Condition") for name, resource in database_resources.items()}
@@ -1094,6 +1101,15 @@ def test_only_the_proxy_reaches_the_database_and_only_the_functions_reach_the_pr
     assert sources["DatabaseSecurityGroup"] == [{"Ref": "DatabaseProxySecurityGroup"}]
     assert sources["DatabaseProxySecurityGroup"] == [{"Ref": "FunctionSecurityGroup"}]
     assert sources["FunctionSecurityGroup"] == []
+    # (and HTTPS to Bedrock's VPC endpoints comes from the functions: their own group, or the first one given)
+    function_group = {
+        "Fn::If": [
+            "CreateDatabase",
+            {"Ref": "FunctionSecurityGroup"},
+            {"Fn::Select": [0, {"Ref": "VpcSecurityGroupIds"}]},
+        ]
+    }
+    assert sources["EndpointSecurityGroup"] == [function_group]
     assert cidr_ingress == []
     assert ingress_resources == {}
     assert _properties(template, "DatabaseCluster")["VpcSecurityGroupIds"] == [{"Ref": "DatabaseSecurityGroup"}]
@@ -1408,3 +1424,184 @@ def test_the_api_is_told_whether_only_tenant_keys_count_and_which_models_callers
     assert template["Parameters"]["TenantKeysOnly"]["Default"] == "auto"
     assert template["Parameters"]["TenantKeysOnly"]["AllowedValues"] == ["auto", "true", "false"]
     assert template["Outputs"]["UsagePlanId"]["Value"] == {"Ref": "ApiUsagePlan"}
+
+
+# --- Bedrock: the provider parameter, the invoke policy, VPC endpoints ---------------------------------------
+
+_NO_VALUE = object()
+_PSEUDO = {
+    "AWS::Partition": "aws",
+    "AWS::Region": "eu-west-1",
+    "AWS::AccountId": "123456789012",
+    "AWS::StackName": "ps",
+}
+
+
+class _Stack:
+    """The template as CloudFormation would build it from ``overrides`` over the parameters' defaults: conditions
+    evaluated and the intrinsic functions a policy or an endpoint uses resolved."""
+
+    def __init__(self, template: dict[str, Any], **overrides: str) -> None:
+        self.template = template
+        self.params: dict[str, Any] = {}
+        for name, spec in template["Parameters"].items():
+            value = overrides.get(name, spec.get("Default", ""))
+            self.params[name] = value.split(",") if spec["Type"] == "CommaDelimitedList" else value
+
+    def condition(self, name: str) -> bool:
+        return bool(self.resolve(self.template["Conditions"][name]))
+
+    def exists(self, resource: str) -> bool:
+        condition = _resource(self.template, resource).get("Condition")
+        return condition is None or self.condition(condition)
+
+    def resolve(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [v for v in (self.resolve(n) for n in node) if v is not _NO_VALUE]
+        if not isinstance(node, dict):
+            return node
+        [(function, args)] = node.items() if len(node) == 1 else [("", [])]
+        args = cast(Any, args)
+        if function != "Ref" and function != "Condition" and not function.startswith("Fn::"):
+            return {
+                key: value for key, value in ((k, self.resolve(v)) for k, v in node.items()) if value is not _NO_VALUE
+            }
+        if function == "Ref":
+            return _NO_VALUE if args == "AWS::NoValue" else _PSEUDO.get(args, self.params.get(args, {"Ref": args}))
+        if function == "Condition":
+            return self.condition(args)
+        if function == "Fn::If":
+            return self.resolve(args[1] if self.condition(args[0]) else args[2])
+        values = [self.resolve(a) for a in args] if isinstance(args, list) else self.resolve(args)
+        if function == "Fn::Sub":
+            text, names = (values[0], values[1]) if isinstance(values, list) else (values, {})
+            names = {**_PSEUDO, **self.params, **self.resolve(names)}
+            return re.sub(r"\$\{([\w:.]+)\}", lambda m: str(names.get(m[1], m[0])), text)
+        simple: dict[str, Callable[[], Any]] = {
+            "Fn::Select": lambda: values[1][int(values[0])],
+            "Fn::Split": lambda: values[1].split(values[0]),
+            "Fn::Join": lambda: values[0].join(v for v in values[1] for v in _as_list(v)),
+            "Fn::Equals": lambda: values[0] == values[1],
+            "Fn::Not": lambda: not values[0],
+            "Fn::And": lambda: all(values),
+            "Fn::Or": lambda: any(values),
+        }
+        return simple[function]() if function in simple else node
+
+
+def _bedrock_resources(stack: _Stack) -> list[str]:
+    """The resources the transcribe function may invoke Bedrock on, in the stack built (none without the policy)."""
+    policies = stack.resolve(_properties(stack.template, "TranscribeFunction")["Policies"])
+    if {"Ref": "BedrockInvokePolicy"} not in policies:
+        return []
+    assert stack.exists("BedrockInvokePolicy")
+    document = stack.resolve(_properties(stack.template, "BedrockInvokePolicy")["PolicyDocument"])
+    assert [s["Action"] for s in document["Statement"]] == [
+        ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+    ]
+    return [r for s in document["Statement"] for r in s["Resource"]]
+
+
+NOVA = "amazon.nova-lite-v1:0"
+CLAUDE = "anthropic.claude-3-5-sonnet-20241022-v2:0"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "resources"),
+    [
+        ({"Provider": "bedrock", "Model": NOVA}, [f"arn:aws:bedrock:eu-west-1::foundation-model/{NOVA}"]),
+        (
+            {"Provider": "bedrock", "Model": f"eu.{NOVA}", "EscalationModel": f"us.{CLAUDE}"},
+            [
+                f"arn:aws:bedrock:eu-west-1:123456789012:inference-profile/eu.{NOVA}",
+                f"arn:aws:bedrock:*::foundation-model/{NOVA}",
+                f"arn:aws:bedrock:eu-west-1:123456789012:inference-profile/us.{CLAUDE}",
+                f"arn:aws:bedrock:*::foundation-model/{CLAUDE}",
+            ],
+        ),
+        (
+            {
+                "Provider": "bedrock",
+                "Model": NOVA,
+                "EscalationModel": "o/big",
+                "EscalationProvider": "openai-compatible",
+            },
+            [f"arn:aws:bedrock:eu-west-1::foundation-model/{NOVA}"],
+        ),
+        (
+            {"Model": "google/gemini-2.5-flash", "EscalationModel": CLAUDE, "EscalationProvider": "bedrock"},
+            [f"arn:aws:bedrock:eu-west-1::foundation-model/{CLAUDE}"],
+        ),
+        ({"Model": "google/gemini-2.5-flash", "EscalationModel": "o/big"}, []),
+        ({"Provider": "offline"}, []),
+    ],
+)
+def test_the_transcribe_function_may_invoke_exactly_the_configured_bedrock_models(
+    template: dict[str, Any], parameters: dict[str, str], resources: list[str]
+) -> None:
+    # Given a stack built with these parameters
+    stack = _Stack(template, **parameters)
+    # Then the transcribe function may invoke exactly the models asked on Bedrock, and no other function any
+    assert _bedrock_resources(stack) == resources
+    assert stack.exists("BedrockInvokePolicy") == bool(resources)
+    others = [f for f in FUNCTIONS if f != "TranscribeFunction" and _mentions(_properties(template, f), "Bedrock")]
+    assert others == []
+
+
+VPC = {"VpcId": "vpc-0abc", "VpcSubnetIds": "subnet-a,subnet-b", "VpcSecurityGroupIds": "sg-1"}
+ENDPOINTS = ("BedrockRuntimeEndpoint", "SecretsManagerEndpoint", "SqsEndpoint", "SsmEndpoint", "S3GatewayEndpoint")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "created"),
+    [
+        ({"Provider": "bedrock", "Model": NOVA, **VPC}, set(ENDPOINTS) - {"SsmEndpoint"}),
+        ({"Provider": "bedrock", "Model": NOVA, "CallbackSecretParameter": "/cb", **VPC}, set(ENDPOINTS)),
+        (
+            {"Provider": "bedrock", "Model": NOVA, "EscalationModel": "o/x", "EscalationProvider": "openai-compatible"}
+            | VPC,
+            set(ENDPOINTS),
+        ),
+        ({"Provider": "bedrock", "Model": NOVA, "VpcEndpoints": "none", **VPC}, set()),
+        ({"Provider": "bedrock", "Model": NOVA}, set()),
+        ({"Provider": "openai-compatible", **VPC}, set()),
+    ],
+)
+def test_bedrock_in_a_vpc_gets_the_endpoints_that_replace_a_nat_gateway(
+    template: dict[str, Any], parameters: dict[str, str], created: set[str]
+) -> None:
+    # Given a stack built with these parameters
+    stack = _Stack(template, VpcRouteTableIds="rtb-1,rtb-2", **parameters)
+    # Then the endpoints exist only for Bedrock in a VPC (SSM only where a parameter is read), each in the VPC
+    assert {e for e in ENDPOINTS if stack.exists(e)} == created
+    assert stack.exists("EndpointSecurityGroup") == bool(created)
+    [ingress] = stack.resolve(_properties(template, "EndpointSecurityGroup"))["SecurityGroupIngress"]
+    assert (ingress["FromPort"], ingress["SourceSecurityGroupId"]) == (443, {"Ref": "FunctionSecurityGroup"})
+    services = {e: stack.resolve(_properties(template, e)["ServiceName"]) for e in created}
+    expected = {"BedrockRuntimeEndpoint": "bedrock-runtime", "SecretsManagerEndpoint": "secretsmanager"}
+    expected |= {"SqsEndpoint": "sqs", "SsmEndpoint": "ssm", "S3GatewayEndpoint": "s3"}
+    assert services == {e: f"com.amazonaws.eu-west-1.{expected[e]}" for e in created}
+    for endpoint in created:
+        properties = stack.resolve(_properties(template, endpoint))
+        assert properties["VpcId"] == "vpc-0abc"
+        if properties["VpcEndpointType"] == "Gateway":
+            assert properties["RouteTableIds"] == ["rtb-1", "rtb-2"]
+        else:
+            assert properties["SubnetIds"] == ["subnet-a", "subnet-b"] and properties["PrivateDnsEnabled"] is True
+
+
+def test_bedrock_settings_are_parameters_matching_the_settings(template: dict[str, Any]) -> None:
+    from typing import get_args
+
+    from pagescribe.settings import Settings
+
+    environment = _environment(template, "TranscribeFunction")
+    assert environment["PROVIDER"] == {"Ref": "Provider"}
+    assert environment["ESCALATION_PROVIDER"] == {"Ref": "EscalationProvider"}
+    assert environment["BEDROCK_PRICES"] == {"Ref": "BedrockPrices"}
+    provider = get_args(Settings.model_fields["provider"].annotation)
+    escalation = get_args(get_args(Settings.model_fields["escalation_provider"].annotation)[0])
+    assert template["Parameters"]["Provider"]["AllowedValues"] == list(provider)
+    assert template["Parameters"]["EscalationProvider"]["AllowedValues"] == ["", *escalation]
+    rule = template["Rules"]["BedrockEndpointsNeedTheVpcAndItsRouteTables"]
+    assert {"VpcId", "VpcRouteTableIds"} <= _referenced_names(rule["Assertions"])

@@ -103,6 +103,11 @@ class TranscriptionProvider(Protocol):
         whatever is asked (the offline OCR engine). Metrics and the ledger name it."""
         ...
 
+    def serving(self, model: str) -> str:
+        """The name of the provider that asks ``model``: :attr:`name`, unless this one routes models to several
+        (escalation on another provider). The ledger and the rate governor's buckets name it."""
+        ...
+
     async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
         """Transcribe one page, retrying transient failures, finishing within ``call_seconds``.
 

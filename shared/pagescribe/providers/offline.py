@@ -112,6 +112,9 @@ class RapidOcrProvider:
     def answering_model(self, requested: str) -> str:
         return self._model  # the engine reads every page, whichever model the document names
 
+    def serving(self, model: str) -> str:
+        return self.name
+
     @property
     def engine_loads(self) -> int:
         """How many OCR engines this provider has built: at most one per worker thread."""

@@ -124,6 +124,9 @@ class OpenAICompatibleProvider:
     def answering_model(self, requested: str) -> str:
         return requested
 
+    def serving(self, model: str) -> str:
+        return self.name
+
     async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
         """Transcribe one page; return or raise :class:`ProviderError` within ``call_seconds``."""
         loop = asyncio.get_running_loop()

@@ -112,7 +112,7 @@ class ModelCaller:
             result = self._cut(ctx, ran, result)
         self._count_call(ran, result)
         self._governor.settle(model, admitted, (result.prompt_tokens or 0) + (result.completion_tokens or 0))
-        return await self._check(seen, result, earlier)
+        return await self._check(seen, result, earlier, self._provider.serving(model))
 
     def _call_failed(self, ctx: PageContext, model: str, ran: str, exc: ProviderError, started: float) -> None:
         """Record every request of a call that failed; after a 429, pause every environment's calls to ``model`` and
@@ -148,9 +148,11 @@ class ModelCaller:
         count("CompletionTokens", result.completion_tokens or 0)
         count_for_model("CostUSD", ran, result.cost or 0.0)
 
-    async def _check(self, seen: SeenPage, result: Transcription, earlier: list[PageFlag]) -> CheckedAnswer:
+    async def _check(
+        self, seen: SeenPage, result: Transcription, earlier: list[PageFlag], provider: str
+    ) -> CheckedAnswer:
         """The answer cleaned, grounded to the page's words where it has any, and checked; its outcome with the flags
-        of the page (``earlier``'s hard ones beside its own)."""
+        of the page (``earlier``'s hard ones beside its own), recorded as ``provider``'s."""
         answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
         evidence, read = await self._evidence(seen, result)
         if result.rotation:  # the engine turned the image it was sent: the page was turned that much more
@@ -160,7 +162,7 @@ class ModelCaller:
             answer, evidence, self._thresholds, max_output_tokens=self._settings.max_output_tokens, grounding=grounding
         )
         count_flags(flag.flag for flag in flags)
-        outcome = answer_outcome(result, self._provider.name, answer.text, flags)._replace(
+        outcome = answer_outcome(result, provider, answer.text, flags)._replace(
             grounding=grounding_kept(grounding, evidence, read), second_read=read or None
         )
         if earlier:
@@ -193,7 +195,7 @@ class ModelCaller:
         in the rate limit's metrics."""
         for failure in failures:
             latency = round(failure.latency_seconds * 1000)
-            call = FailedCall(model, self._provider.name, failure.status_code, failure.message, latency)
+            call = FailedCall(model, self._provider.serving(model), failure.status_code, failure.message, latency)
             self._db.record_failed_call(ctx.job, call)
             count_for_model("ModelCalls", model)
             if failure.status_code == 429:

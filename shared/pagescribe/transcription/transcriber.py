@@ -76,7 +76,7 @@ class Transcriber:
         self._renderer = renderer
         self._transcripts = transcripts
         self._reader = reader
-        self._governor = RateGovernor(settings, db, provider.name)
+        self._governor = RateGovernor(settings, db, provider.name, provider.serving)
         self._results = PageResults(settings, db, queue, transcripts)
         self._gates = CallGates(settings, db, self._governor, self._results)
         self._caller = ModelCaller(settings, db, provider, self._governor, thresholds(settings))

@@ -195,6 +195,8 @@ def test_the_lane_of_a_page() -> None:
     assert lane_of(_record(lane="batch", deadline=now + timedelta(minutes=10)), None, settings) is LaneName.SYNC
     offline = settings.model_copy(update={"provider_api_key": None})
     assert lane_of(_record(lane="batch"), None, offline) is LaneName.SYNC  # the offline engine has no batch API
+    bedrock = settings.model_copy(update={"provider": "bedrock"})
+    assert lane_of(_record(lane="batch"), None, bedrock) is LaneName.SYNC  # nor does Bedrock, for the lane
 
 
 def test_a_sweep_with_no_time_left_sends_and_polls_nothing_and_the_next_one_does(

@@ -73,3 +73,17 @@ def test_token_limits_learn_what_a_call_takes(store: MemoryStore) -> None:
     assert first.tokens == 0 and store.state.buckets[("fake", "m")].mean_tokens == 1200
     owed = governor.admit(_page(), "m")
     assert 1.1 < owed.wait <= 1.2 and owed.slot_at is not None
+
+
+def test_models_asked_on_different_providers_have_each_their_providers_bucket(store: MemoryStore) -> None:
+    # Given pages on Bedrock and an escalation model on another provider (a routing provider's ``serving``)
+    serving = {"amazon.nova-lite-v1:0": "bedrock:us-east-1", "vendor/strong": "openai-compatible:example.com"}
+    governor = RateGovernor(LIMITED, store, "bedrock:us-east-1+openai-compatible:example.com", serving.__getitem__)
+    # When each model is called and Bedrock throttles its own
+    governor.admit(_page(), "amazon.nova-lite-v1:0")
+    governor.admit(_page(), "vendor/strong")
+    governor.rate_limited("amazon.nova-lite-v1:0", 30)
+    # Then each bucket is its provider's and model's, and only Bedrock's model is paused
+    assert set(store.state.buckets) == {(provider, model) for model, provider in serving.items()}
+    assert governor.admit(_page(), "vendor/strong").wait == 0
+    assert governor.admit(_page(), "amazon.nova-lite-v1:0").wait > 29

@@ -144,3 +144,16 @@ def test_a_finished_page_is_rerun_and_sent(store: MemoryStore) -> None:
 def test_a_listing_limit_out_of_range_is_refused(store: MemoryStore) -> None:
     refused = _refusal(lambda: _service(store).list_documents("default", limit=0, cursor=None))
     assert (refused.code, refused.fields) == (HTTPStatus.UNPROCESSABLE_ENTITY, {"field": "limit"})
+
+
+@pytest.mark.parametrize("provider", ["offline", "bedrock"])
+def test_the_batch_lane_is_refused_where_the_provider_has_no_batch_api(store: MemoryStore, provider: str) -> None:
+    # Given a stack whose provider has no batch API the lane drives
+    client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
+    settings = SETTINGS.model_copy(update={"provider": provider})
+    service = DocumentService(settings, store, ObjectStore(client), QueueSpy(), lambda _: True, False)
+    # When a document asks for the batch lane
+    refused = _refusal(lambda: service.create(NewUpload("a.pdf", "application/pdf", lane="batch"), "default"))
+    # Then it is refused naming the field and the provider, and nothing is recorded
+    assert (refused.code, refused.fields["field"]) == (HTTPStatus.UNPROCESSABLE_ENTITY, "lane")
+    assert f"PROVIDER={provider}" in str(refused) and store.state.documents == {}

@@ -58,6 +58,9 @@ class ScriptedModel:
     def answering_model(self, requested: str) -> str:
         return requested
 
+    def serving(self, model: str) -> str:
+        return self.name
+
     async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
         self.asked.append(request.model)
         answer = self.answers.pop(0)
