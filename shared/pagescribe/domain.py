@@ -354,6 +354,7 @@ class AttemptRecord(NamedTuple):
     status_code: int | None = None  # a failed call's HTTP status
     error: str | None = None  # a failed call's error
     second_read: dict[str, Any] | None = None  # the offline engine's read of the page during the call, or why none
+    tile: str | None = None  # the tile of the page the call read ("2/4"), when the page was read in tiles
 
 
 class DocumentProgress(NamedTuple):
@@ -376,6 +377,8 @@ class AttemptOutcome(StrEnum):
     LEASE_LOST = "LEASE_LOST"  # it answered, but a newer claim owned the page: the answer was not written
     ERROR = "ERROR"  # it failed
     RATE_LIMITED = "RATE_LIMITED"  # it failed with a 429
+    TILE = "TILE"  # it read one tile of a page read in tiles (attempts.tile: "2/4")
+    TILED = "TILED"  # it read the whole page, whose answer was read again in tiles (truncated, or small print)
 
 
 class PageOutcome(NamedTuple):

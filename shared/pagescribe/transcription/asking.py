@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagescribe.checks import (
     Answer,
@@ -37,6 +37,9 @@ from pagescribe.timepolicy import Deadline
 from pagescribe.transcription.outcomes import answer_outcome, grounding_kept
 from pagescribe.transcription.results import PageContext
 
+if TYPE_CHECKING:
+    from pagescribe.grounding import PageText
+
 
 @dataclass(frozen=True)
 class SeenPage:
@@ -56,6 +59,7 @@ class CheckedAnswer:
 
     outcome: PageOutcome
     flags: list[PageFlag]
+    words: PageText | None = None  # the page's words the answer was checked against, where it had any
 
     @property
     def hard(self) -> bool:
@@ -86,7 +90,14 @@ class ModelCaller:
         flags of the answer the page escalated from, whose hard ones (why it escalated) stay the page's beside this
         answer's own. A call that fails is recorded before its error goes on; a 429 pauses every environment's calls
         to the model."""
-        rendered = seen.rendered
+        result = await self.call(ctx, seen.rendered, model, seconds, admitted)
+        return await self.check(seen, result, earlier)
+
+    async def call(
+        self, ctx: PageContext, rendered: RenderedPage, model: str, seconds: float, admitted: Admission
+    ) -> Transcription:
+        """One model call for an image of the page (the whole page, or one of its tiles) within ``seconds``: made,
+        counted and settled with the rate governor, its failed requests recorded; its answer as it came."""
         request = TranscriptionRequest(
             image=PageImage(rendered.data, rendered.media_type),
             prompt=ctx.document.prompt or self._settings.prompt,
@@ -105,7 +116,7 @@ class ModelCaller:
         self._record_failures(ctx, ran, result.failed_attempts)
         self._count_call(ran, result)
         self._governor.settle(model, admitted, (result.prompt_tokens or 0) + (result.completion_tokens or 0))
-        return await self._check(seen, result, earlier)
+        return result
 
     def _call_failed(self, ctx: PageContext, model: str, ran: str, exc: ProviderError, started: float) -> None:
         """Record every request of a call that failed; after a 429, pause every environment's calls to ``model`` and
@@ -125,7 +136,7 @@ class ModelCaller:
         count("CompletionTokens", result.completion_tokens or 0)
         count_for_model("CostUSD", ran, result.cost or 0.0)
 
-    async def _check(self, seen: SeenPage, result: Transcription, earlier: list[PageFlag]) -> CheckedAnswer:
+    async def check(self, seen: SeenPage, result: Transcription, earlier: list[PageFlag]) -> CheckedAnswer:
         """The answer cleaned, grounded to the page's words where it has any, and checked; its outcome with the flags
         of the page (``earlier``'s hard ones beside its own)."""
         answer = Answer(clean_answer(result.text), result.finish_reason, result.completion_tokens, result.confidence)
@@ -143,7 +154,7 @@ class ModelCaller:
         if earlier:
             merged = merge_flags(hard_flags(earlier), flags)
             outcome = outcome._replace(page_flags=tuple(flag.as_dict() for flag in merged))
-        return CheckedAnswer(outcome, flags)
+        return CheckedAnswer(outcome, flags, evidence.words)
 
     async def _evidence(self, seen: SeenPage, result: Transcription) -> tuple[PageEvidence, dict[str, Any]]:
         """The page's evidence with the words to ground the answer to, where there are any, and what the page's second

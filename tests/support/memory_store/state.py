@@ -127,6 +127,7 @@ class AttemptRow:
     status_code: int | None = None
     error: str | None = None
     second_read: dict[str, Any] | None = None
+    tile: str | None = None
 
 
 @dataclass

@@ -256,6 +256,13 @@ class MemoryLedger:
             )
             self._count_call(job.document_id, 0.0)
 
+    def record_call(
+        self, job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome, *, tile: str | None = None
+    ) -> None:
+        with self.state.lock:
+            self._record(job, outcome._replace(called=True, second_read=None), recorded_as)
+            self.state.attempts[-1].tile = tile
+
     def spend(self, document_id: str) -> Spend:
         with self.state.lock:
             calls = [a for a in self.state.attempts if a.document_id == document_id]

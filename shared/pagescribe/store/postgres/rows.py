@@ -132,6 +132,7 @@ def attempt_records(rows: Sequence[Any]) -> list[AttemptRecord]:
             status_code=r.status_code,
             error=r.error,
             second_read=r.second_read,
+            tile=r.tile,
         )
         for r in rows
     ]
