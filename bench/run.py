@@ -20,7 +20,19 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from bench import built, caps, claims, coldstart, connections, fanout, governor, pipeline, rendering, secondread
+from bench import (
+    built,
+    caps,
+    claims,
+    coldstart,
+    connections,
+    fanout,
+    governor,
+    pipeline,
+    rendering,
+    secondread,
+    tiles,
+)
 from bench.common import REPO, CorrectnessError, Mode, Result
 from bench.report import machine_facts, write_report
 
@@ -39,6 +51,7 @@ def benchmarks(mode: Mode, scratch: Path, built_ahead: Future[None] | None) -> l
         ("governor", lambda: governor.run(mode, scratch=scratch)),
         ("caps", lambda: caps.run(mode, scratch=scratch)),
         ("secondread", lambda: secondread.run(mode, scratch=scratch)),
+        ("tiles", lambda: tiles.run(mode)),
     ]
 
 

@@ -297,6 +297,14 @@ class FakeChatServer:
         """The JSON object bodies of the requests received, in arrival order."""
         return [r.body for r in self.received if r.body is not None]
 
+    def images(self) -> list[bytes]:
+        """The decoded first image of each request received that carried one, in the order they came."""
+        images = []
+        for request in self.received:
+            with contextlib.suppress(_InvalidRequest):
+                images.append(_first_image(request.body or {}))
+        return images
+
     @property
     def calls(self) -> int:
         """HTTP requests received, valid or not."""

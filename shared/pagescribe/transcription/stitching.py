@@ -1,16 +1,17 @@
 """The answers of a page's tiles stitched into one, in reading order, the text their overlap repeats kept once.
 
-Tiles are horizontal bands, top to bottom, each overlapping the next (:mod:`pagescribe.transcription.tiles`), so the
-last lines of one band's answer are the first lines of the next one's, read twice and never quite alike (a model reads
-a line cut at a band's edge partly or not at all; OCR noise differs). The seam between two answers is found by
+Tiles are horizontal bands, top to bottom, each overlapping the next (:mod:`pagescribe.transcription.tileplan`), so
+the last lines of one band's answer are the first lines of the next one's, read twice and never quite alike (a model
+reads a line cut at a band's edge partly or not at all; OCR noise differs). The seam between two answers is found by
 aligning lines: each line of the end of the upper answer is compared with each line of the start of the lower one
-(rapidfuzz's ratio on the lines normalised: lower case, markdown markup and runs of spaces removed); the lines that
-match lie on one diagonal (the same shift between the two answers), and the diagonal whose matched lines hold the
-most characters is the overlap. The stitched text keeps the upper answer up to the middle of the overlap and the
-lower one from there on (the middle line itself from the copy that has more of it): each repeated line is taken from
-the tile in which it lies farther from the edge, and the
-lines cut at an edge (the upper answer's last ones, the lower's first ones, outside the matched run) are dropped.
-Two answers with no matching lines (the overlap was blank, or read too differently) are joined as they are.
+(rapidfuzz's ratio on the lines normalised: lower case, markdown markup and runs of spaces removed). The lines that
+match lie on one diagonal (the same shift between the two answers); the overlap is the diagonal whose matched lines
+hold the most characters, among those that reach the end of the upper answer and the start of the lower one but for
+a line cut at each edge (MAX_CUT_LINES). The stitched text keeps the upper answer up to the middle of the overlap and
+the lower one from there on (the middle line itself from the copy that has more of it): each repeated line is taken
+from the tile in which it lies farther from the edge, and the lines cut at an edge (the upper answer's last one, the
+lower's first one, outside the matched run) are dropped. Two answers with no overlap found (it was blank, or read too
+differently) are joined as they are.
 
 A markdown table that runs across a seam: the lower tile shows rows without the table's header, and a model makes the
 first row it sees the header, with a delimiter row (``|---|``) under it. When the upper part ends in a table row and
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 MATCH_RATIO = 82.0  # two lines are the same line read twice at this rapidfuzz ratio (0..100) or above
 MIN_MATCH_CHARS = 4  # shorter lines (a lone number, a rule) are too common to place a seam by
+MAX_CUT_LINES = 1  # lines of an answer beyond the overlap, cut at its band's edge, that a seam may drop
 _MARKUP = re.compile(r"[#*_`|>\-=:]+")
 _SPACES = re.compile(r"\s+")
 _DELIMITER = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
@@ -60,13 +62,24 @@ def find_seam(upper: Sequence[str], lower: Sequence[str], *, window: int) -> Sea
         for j, b in head:
             if len(b) >= MIN_MATCH_CHARS and fuzz.ratio(a, b) >= MATCH_RATIO:
                 diagonals.setdefault(i - j, []).append((i, j, min(len(a), len(b))))
-    if not diagonals:
+    runs = [run for run in diagonals.values() if _at_the_edges(upper, lower, run)]
+    if not runs:
         return Seam(len(upper), 0, 0)
-    best = max(diagonals.values(), key=lambda run: sum(chars for _, _, chars in run))
+    best = max(runs, key=lambda run: sum(chars for _, _, chars in run))
     i, j, _ = best[len(best) // 2]
     if len(_normal(upper[i])) >= len(_normal(lower[j])):  # the seam's own line from the copy that has more of it
         return Seam(i + 1, j + 1, len(best))
     return Seam(i, j, len(best))
+
+
+def _at_the_edges(upper: Sequence[str], lower: Sequence[str], run: list[tuple[int, int, int]]) -> bool:
+    """The matched lines reach the end of the upper answer and the start of the lower one, but for at most
+    MAX_CUT_LINES lines cut at each edge: an overlap, not a line that merely recurs (a table's header)."""
+    last = max(i for i, _, _ in run)
+    first = min(j for _, j, _ in run)
+    after = sum(bool(line.strip()) for line in upper[last + 1 :])
+    before = sum(bool(line.strip()) for line in lower[:first])
+    return after <= MAX_CUT_LINES and before <= MAX_CUT_LINES
 
 
 def _table_row(line: str) -> bool:

@@ -67,10 +67,15 @@ class TilePlan:
 
 
 def text_height(words: PageText | None) -> float | None:
-    """The median height in pixels of a page's words (None with fewer than MIN_WORDS)."""
+    """The median height in pixels of a page's words that have a letter or a digit (None with fewer than MIN_WORDS):
+    dot leaders and rules are no measure of its print."""
     if words is None:
         return None
-    heights = [word.box.y1 - word.box.y0 for word in words.words if word.box.y1 > word.box.y0]
+    heights = [
+        word.box.y1 - word.box.y0
+        for word in words.words
+        if word.box.y1 > word.box.y0 and any(char.isalnum() for char in word.text)  # a dot leader is no print size
+    ]
     return statistics.median(heights) if len(heights) >= MIN_WORDS else None
 
 
@@ -112,4 +117,4 @@ def plan_tiles(
     reasons = [f"its words are {text_px:.1f} px high (TILE_MIN_TEXT_PX={limits.min_text_px:g})"] if dense else []
     reasons += ["its answer was truncated at the output limit"] if truncated else []
     why = f"read in {count} tiles at {zoom:.2f}x: " + " and ".join(reasons)
-    return TilePlan(_bands(count, _share(count, limits.overlap)), round(zoom, 4), why)
+    return TilePlan(_bands(count, _share(count, limits.overlap)), math.floor(zoom * 10_000) / 10_000, why)
