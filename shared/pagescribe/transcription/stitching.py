@@ -2,21 +2,26 @@
 
 Tiles are horizontal bands, top to bottom, each overlapping the next (:mod:`pagescribe.transcription.tileplan`), so
 the last lines of one band's answer are the first lines of the next one's, read twice and never quite alike (a model
-reads a line cut at a band's edge partly or not at all; OCR noise differs). The seam between two answers is found by
-aligning lines: each line of the end of the upper answer is compared with each line of the start of the lower one
-(rapidfuzz's ratio on the lines normalised: lower case, markdown markup and runs of spaces removed). The lines that
-match lie on one diagonal (the same shift between the two answers); the overlap is the diagonal whose matched lines
-hold the most characters, among those that reach the end of the upper answer and the start of the lower one but for
-a line cut at each edge (MAX_CUT_LINES). The stitched text keeps the upper answer up to the middle of the overlap and
-the lower one from there on (the middle line itself from the copy that has more of it): each repeated line is taken
-from the tile in which it lies farther from the edge, and the lines cut at an edge (the upper answer's last one, the
-lower's first one, outside the matched run) are dropped. Two answers with no overlap found (it was blank, or read too
-differently) are joined as they are.
+reads a line cut at a band's edge partly or not at all; OCR noise differs; one tile may answer a table in HTML, the
+next in markdown). The overlap between two answers is found by aligning their lines of text: each line of the end of
+the upper answer is compared with each line of the start of the lower one (rapidfuzz's ratio on the lines normalised:
+lower case; HTML tags, dot leaders, markdown markup and runs of spaces removed; lines left with fewer than
+MIN_MATCH_CHARS characters, such as a blank line, a delimiter row or a closing tag, take no part). The lines that match
+lie on one diagonal (the same shift between the two answers); the overlap is the diagonal whose matched lines hold the
+most characters, among those that reach the end of the upper answer and the start of the lower one but for a line cut
+at each edge (MAX_CUT_LINES; a single matched line must be the very last and first: a line that merely recurs, such as
+a table's header, is no overlap).
 
-A markdown table that runs across a seam: the lower tile shows rows without the table's header, and a model makes the
-first row it sees the header, with a delimiter row (``|---|``) under it. When the upper part ends in a table row and
-the lower part starts with a row and a delimiter, the delimiter is dropped (the row stays a row of the one table); and
-when that first row repeats the upper table's header, it is dropped too (no header twice).
+The stitched text is the upper answer up to the overlap, then each line read twice from the copy that holds more of
+it (keep the longer copy: a line is read worse near a band's edge), the lines between two matched ones from the
+answer with more text there, then the lower answer from the overlap on; the lines beyond the overlap at the edges
+(cut) are dropped. Two answers with no overlap found (it was blank, or read too differently) are joined as they are.
+
+Tables across a seam: an HTML table whose ``<table>`` or ``</table>`` fell with the cut lines is opened and closed
+again, once. A markdown table that runs across a seam: the lower tile shows rows without the table's header, and a
+model makes the first row it sees the header, with a delimiter row (``| --- |``) under it. A delimiter row inside a
+table (not under its first row) is dropped, so that row stays a row of the one table; and when that row repeats the
+table's header, it is dropped too (no header twice).
 """
 
 from __future__ import annotations
@@ -28,58 +33,88 @@ from dataclasses import dataclass
 MATCH_RATIO = 82.0  # two lines are the same line read twice at this rapidfuzz ratio (0..100) or above
 MIN_MATCH_CHARS = 4  # shorter lines (a lone number, a rule) are too common to place a seam by
 MAX_CUT_LINES = 1  # lines of an answer beyond the overlap, cut at its band's edge, that a seam may drop
+_TAGS = re.compile(r"<[^>]*>")  # an HTML table's tags: one tile may answer a table in HTML, the next in markdown
+_LEADERS = re.compile(r"[.\u2026\u00b7]{2,}")  # dot leaders: their length is where the band cut them
 _MARKUP = re.compile(r"[#*_`|>\-=:]+")
 _SPACES = re.compile(r"\s+")
 _DELIMITER = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 
 
 def _normal(line: str) -> str:
-    return _SPACES.sub(" ", _MARKUP.sub(" ", line.lower())).strip()
+    return _SPACES.sub(" ", _MARKUP.sub(" ", _LEADERS.sub(" ", _TAGS.sub(" ", line.lower())))).strip()
 
 
 @dataclass(frozen=True)
 class Seam:
-    """Where two answers are joined: the upper answer's lines before ``upper_end`` and the lower answer's lines from
-    ``lower_start`` on; ``matched`` lines were found read twice (0: no overlap found, the answers joined whole)."""
+    """Where two answers overlap: the upper answer's lines from ``upper_start`` and the lower answer's before
+    ``lower_end`` were read twice, ``matched`` of them found alike (0: no overlap found, the answers joined whole)."""
 
-    upper_end: int
-    lower_start: int
+    upper_start: int
+    lower_end: int
     matched: int
 
 
-def find_seam(upper: Sequence[str], lower: Sequence[str], *, window: int) -> Seam:
-    """The seam between two consecutive tiles' answers, as lines: the overlap looked for in the last ``window``
-    lines of ``upper`` and the first ``window`` of ``lower``."""
+@dataclass(frozen=True)
+class _Match:
+    """A line of the upper answer read again in the lower: their indices among all lines (``i``, ``j``) and among
+    the lines of text (``at``, ``bt``), and the characters it holds."""
+
+    i: int
+    j: int
+    at: int
+    bt: int
+    chars: int
+
+
+def _text_lines(lines: Sequence[str], indices: range) -> list[tuple[int, str]]:
+    """The lines at ``indices`` that hold text enough to be matched (MIN_MATCH_CHARS, normalised), with their index:
+    the seam is aligned on these alone, so that a table's tags, a delimiter row or a blank line one tile has and the
+    other has not shift nothing."""
+    normal = ((index, _normal(lines[index])) for index in indices)
+    return [(index, text) for index, text in normal if len(text) >= MIN_MATCH_CHARS]
+
+
+def _overlap(upper: Sequence[str], lower: Sequence[str], window: int) -> list[_Match]:
+    """The lines of the end of ``upper`` (its last ``window``) read again at the start of ``lower`` (its first
+    ``window``), in order: the longest run of matched lines on one diagonal that reaches both edges (see the module's
+    docstring); none when there is none."""
     from rapidfuzz import fuzz
 
-    first = max(0, len(upper) - window)
-    tail = [(i, _normal(upper[i])) for i in range(first, len(upper))]
-    head = [(j, _normal(lower[j])) for j in range(min(window, len(lower)))]
-    diagonals: dict[int, list[tuple[int, int, int]]] = {}
-    for i, a in tail:
-        if len(a) < MIN_MATCH_CHARS:
-            continue
-        for j, b in head:
-            if len(b) >= MIN_MATCH_CHARS and fuzz.ratio(a, b) >= MATCH_RATIO:
-                diagonals.setdefault(i - j, []).append((i, j, min(len(a), len(b))))
-    runs = [run for run in diagonals.values() if _at_the_edges(upper, lower, run)]
-    if not runs:
-        return Seam(len(upper), 0, 0)
-    best = max(runs, key=lambda run: sum(chars for _, _, chars in run))
-    i, j, _ = best[len(best) // 2]
-    if len(_normal(upper[i])) >= len(_normal(lower[j])):  # the seam's own line from the copy that has more of it
-        return Seam(i + 1, j + 1, len(best))
-    return Seam(i, j, len(best))
+    tail = _text_lines(upper, range(max(0, len(upper) - window), len(upper)))
+    head = _text_lines(lower, range(min(window, len(lower))))
+    diagonals: dict[int, list[_Match]] = {}
+    for at, (i, a) in enumerate(tail):
+        for bt, (j, b) in enumerate(head):
+            if fuzz.ratio(a, b) >= MATCH_RATIO:
+                diagonals.setdefault(at - bt, []).append(_Match(i, j, at, bt, min(len(a), len(b))))
+    runs = [run for run in diagonals.values() if _reaches_the_edges(run, len(tail))]
+    return max(runs, key=lambda run: sum(match.chars for match in run), default=[])
 
 
-def _at_the_edges(upper: Sequence[str], lower: Sequence[str], run: list[tuple[int, int, int]]) -> bool:
-    """The matched lines reach the end of the upper answer and the start of the lower one, but for at most
-    MAX_CUT_LINES lines cut at each edge: an overlap, not a line that merely recurs (a table's header)."""
-    last = max(i for i, _, _ in run)
-    first = min(j for _, j, _ in run)
-    after = sum(bool(line.strip()) for line in upper[last + 1 :])
-    before = sum(bool(line.strip()) for line in lower[:first])
-    return after <= MAX_CUT_LINES and before <= MAX_CUT_LINES
+def _reaches_the_edges(run: list[_Match], tail: int) -> bool:
+    """At most MAX_CUT_LINES lines of text after the run in the upper answer and before it in the lower one (the lines
+    cut at the bands' edges), and none for a run of one line: an overlap, not a line that merely recurs."""
+    after, before = tail - 1 - run[-1].at, run[0].bt
+    allowed = MAX_CUT_LINES if len(run) > 1 else 0
+    return after <= allowed and before <= allowed
+
+
+def _text(lines: Sequence[str]) -> int:
+    return sum(len(_normal(line)) for line in lines)
+
+
+def _merged(upper: Sequence[str], lower: Sequence[str], run: list[_Match]) -> list[str]:
+    """The two answers as one: the upper up to the overlap, then each line read twice from the copy that holds more
+    of it (a line is read worse near a band's edge), the lines between two of them from the answer that has more text
+    there, then the lower from the overlap on. The lines beyond the overlap at the edges (cut) are dropped."""
+    lines = list(upper[: run[0].i])
+    for match, following in zip(run, [*run[1:], None], strict=True):
+        mine, theirs = upper[match.i], lower[match.j]
+        lines.append(mine if _text([mine]) >= _text([theirs]) else theirs)
+        if following is not None:
+            gap_upper, gap_lower = upper[match.i + 1 : following.i], lower[match.j + 1 : following.j]
+            lines += gap_upper if _text(gap_upper) >= _text(gap_lower) else gap_lower
+    return lines + list(lower[run[-1].j + 1 :])
 
 
 def _table_row(line: str) -> bool:
@@ -90,24 +125,51 @@ def _cells(line: str) -> list[str]:
     return [_normal(cell) for cell in line.strip().strip("|").split("|")]
 
 
-def _join_tables(kept: list[str], lower: list[str]) -> list[str]:
-    """The lower part without the header a model made of a table's first visible row (see the module's docstring)."""
-    above = [line for line in kept if line.strip()]
-    if not above or not _table_row(above[-1]):
-        return lower
-    start = next((k for k, line in enumerate(lower) if line.strip()), len(lower))
-    if start + 1 >= len(lower) or not _table_row(lower[start]) or not _DELIMITER.match(lower[start + 1]):
-        return lower
-    header = next((above[k - 1] for k in range(len(above) - 1, 0, -1) if _DELIMITER.match(above[k])), None)
-    if header is not None and _cells(header) == _cells(lower[start]):
-        return lower[:start] + lower[start + 2 :]
-    return lower[: start + 1] + lower[start + 2 :]
+def _one_header(lines: list[str]) -> list[str]:
+    """The lines without the header a model made of the first row of a markdown table it saw in the lower tile: a
+    delimiter row inside a table (not under its first row) is dropped, and the row above it too when it repeats the
+    table's header (see the module's docstring)."""
+    out: list[str] = []
+    header: str | None = None  # the first row of the table the lines are in
+    for line in lines:
+        row = _table_row(line)
+        if not row:
+            header = None
+        elif header is None:
+            header = line
+        if _DELIMITER.match(line) and len(out) >= 2 and _table_row(out[-1]) and _table_row(out[-2]):
+            if header is not None and _cells(out[-1]) == _cells(header):
+                out.pop()
+            continue
+        out.append(line)
+    return out
+
+
+def _html_tables_closed(lines: list[str]) -> list[str]:
+    """The lines with every HTML table opened and closed once: a seam may fall inside a table one tile answered in
+    HTML, dropping its ``</table>`` with the upper tile's cut lines or its ``<table>`` with the lower's."""
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        low = line.lower()
+        opens, closes = "<table" in low, "</table>" in low
+        if opens and inside:
+            out.append("</table>")
+            inside = False
+        if not inside and not opens and low.lstrip().startswith(("<tr", "<td", "<th")):
+            out.append("<table>")
+            inside = True
+        if closes and not inside and not opens:
+            continue
+        out.append(line)
+        inside = (inside or opens) and not (closes and low.rfind("</table>") > low.rfind("<table"))
+    return [*out, "</table>"] if inside else out
 
 
 def stitch(answers: Sequence[str], *, window: int | None = None) -> tuple[str, list[Seam]]:
-    """The tiles' answers, top to bottom, as one text, with the seam found between each two answers that
-    have text. ``window``:
-    how many lines at each end of an answer the overlap is looked for in (default: half its lines, at least 8)."""
+    """The tiles' answers, top to bottom, as one text, with the seam found between each two answers that have text.
+    ``window``: how many lines at each end of an answer the overlap is looked for in (default: half the lines of the
+    longer, at least 8)."""
     lines: list[str] = []
     seams: list[Seam] = []
     for answer in answers:
@@ -115,9 +177,11 @@ def stitch(answers: Sequence[str], *, window: int | None = None) -> tuple[str, l
         if not lower or not lines:
             lines = lines or lower
             continue
-        span = window if window is not None else max(8, max(len(lines), len(lower)) // 2)
-        seam = find_seam(lines, lower, window=span)
-        seams.append(seam)
-        kept = lines[: seam.upper_end]
-        lines = kept + _join_tables(kept, lower[seam.lower_start :])
-    return "\n".join(lines).strip(), seams
+        run = _overlap(lines, lower, window if window is not None else max(8, max(len(lines), len(lower)) // 2))
+        if run:
+            seams.append(Seam(run[0].i, run[-1].j + 1, len(run)))
+            lines = _merged(lines, lower, run)
+        else:
+            seams.append(Seam(len(lines), 0, 0))
+            lines = lines + lower
+    return "\n".join(_one_header(_html_tables_closed(lines))).strip(), seams
