@@ -45,16 +45,6 @@ def _normal(line: str) -> str:
 
 
 @dataclass(frozen=True)
-class Seam:
-    """Where two answers overlap: the upper answer's lines from ``upper_start`` and the lower answer's before
-    ``lower_end`` were read twice, ``matched`` of them found alike (0: no overlap found, the answers joined whole)."""
-
-    upper_start: int
-    lower_end: int
-    matched: int
-
-
-@dataclass(frozen=True)
 class _Match:
     """A line of the upper answer read again in the lower: their indices among all lines (``i``, ``j``) and among
     the lines of text (``at``, ``bt``), and the characters it holds."""
@@ -166,22 +156,19 @@ def _html_tables_closed(lines: list[str]) -> list[str]:
     return [*out, "</table>"] if inside else out
 
 
-def stitch(answers: Sequence[str], *, window: int | None = None) -> tuple[str, list[Seam]]:
-    """The tiles' answers, top to bottom, as one text, with the seam found between each two answers that have text.
+def stitch(answers: Sequence[str], *, window: int | None = None) -> tuple[str, list[int]]:
+    """The tiles' answers, top to bottom, as one text, and how many lines each seam found read twice (0: no overlap
+    found), one seam between each two answers that have text.
     ``window``: how many lines at each end of an answer the overlap is looked for in (default: half the lines of the
     longer, at least 8)."""
     lines: list[str] = []
-    seams: list[Seam] = []
+    seams: list[int] = []
     for answer in answers:
         lower = answer.strip("\n").split("\n") if answer.strip() else []
         if not lower or not lines:
             lines = lines or lower
             continue
         run = _overlap(lines, lower, window if window is not None else max(8, max(len(lines), len(lower)) // 2))
-        if run:
-            seams.append(Seam(run[0].i, run[-1].j + 1, len(run)))
-            lines = _merged(lines, lower, run)
-        else:
-            seams.append(Seam(len(lines), 0, 0))
-            lines = lines + lower
+        seams.append(len(run))
+        lines = _merged(lines, lower, run) if run else lines + lower
     return "\n".join(_one_header(_html_tables_closed(lines))).strip(), seams

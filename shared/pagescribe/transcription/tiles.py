@@ -228,7 +228,9 @@ class TiledReader:
             provider_request_id=None,
             called=False,  # every call is recorded already
         )
-        log.info("tiles stitched: %d seams, %d with an overlap found", len(seams), sum(s.matched > 0 for s in seams))
+        log.info(
+            "tiles stitched: %d seams, %d with an overlap found", len(seams), sum(matched > 0 for matched in seams)
+        )
         return CheckedAnswer(outcome, checked.flags, checked.words)
 
 
