@@ -30,6 +30,12 @@ def test_text_height_is_the_median_of_the_words_and_unknown_with_too_few() -> No
     assert text_height(None) is None
 
 
+def test_dot_leaders_and_rules_are_no_measure_of_the_print() -> None:
+    words = _words([12.0] * 20 + [2.0] * 30)
+    leaders = tuple(w if n < 20 else EvidenceWord("........", w.box, w.line) for n, w in enumerate(words.words))
+    assert text_height(PageText(GroundingSource.TEXT_LAYER, leaders, 1000, 1000, None)) == 12.0
+
+
 def test_a_page_with_small_print_is_cut_into_overlapping_bands_within_the_limits() -> None:
     plan = plan_tiles(1210, 1568, text_px=6.0, truncated=False, limits=LIMITS)
     assert plan is not None and "6.0 px" in plan.why
@@ -142,3 +148,15 @@ def test_a_table_header_the_lower_tile_repeats_is_dropped() -> None:
     text, _ = stitch([upper, lower])
     assert text.count("| State | Permit |") == 1 and text.count("| --- | --- |") == 1
     assert text.endswith("| Alabama | 2,101 |\n| Arizona | 5,320 |")
+
+
+def test_an_html_table_cut_at_a_seam_is_closed_once() -> None:
+    rows = ["<tr><td>Alabama</td><td>2,101</td></tr>", "<tr><td>Alaska</td><td>181</td></tr>"]
+    upper = "\n".join(["<table>", *rows, "<tr><td>Arizona</td><td>5,320</td></tr>", "</table>"])
+    lower = "\n".join(["| Alaska | 181 |", "| --- | --- |", "| Arizona | 5,320 |", "", "Notes to the table"])
+    text, [matched] = stitch([upper, lower])
+    assert matched == 2
+    assert text.count("<table>") == 1 and text.count("</table>") == 1 and "| --- |" not in text
+    assert text.index("Arizona") < text.index("</table>") < text.index("Notes")  # closed where the table ends
+    alone, _ = stitch(["Title\n<table>\n<tr><td>Alabama</td><td>2,101</td></tr>", ""])
+    assert alone.endswith("</table>")  # an answer cut inside its table: closed

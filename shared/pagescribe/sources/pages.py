@@ -375,8 +375,7 @@ def _image_band(source: Image.Image, band: Band, ratio: float) -> Image.Image:
     ImageOps.exif_transpose(source, in_place=True)
     native = _flatten(source)
     crop = native.crop((0, math.floor(band.top * native.height), native.width, math.ceil(band.bottom * native.height)))
-    ratio = min(1.0, ratio)
-    if ratio < 1.0:
+    if ratio < 1.0:  # never past its native resolution
         crop = crop.resize(
             (max(1, round(crop.width * ratio)), max(1, round(crop.height * ratio))), Image.Resampling.LANCZOS
         )

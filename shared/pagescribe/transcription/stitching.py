@@ -135,25 +135,34 @@ def _one_header(lines: list[str]) -> list[str]:
     return out
 
 
+_ROW_TAGS = ("<tr", "<td", "<th")
+
+
 def _html_tables_closed(lines: list[str]) -> list[str]:
     """The lines with every HTML table opened and closed once: a seam may fall inside a table one tile answered in
-    HTML, dropping its ``</table>`` with the upper tile's cut lines or its ``<table>`` with the lower's."""
+    HTML, dropping its ``</table>`` with the upper tile's cut lines or its ``<table>`` with the lower's. A table left
+    open closes before the next line of text that is no markup, or at the end."""
     out: list[str] = []
     inside = False
     for line in lines:
-        low = line.lower()
-        opens, closes = "<table" in low, "</table>" in low
-        if opens and inside:
-            out.append("</table>")
-            inside = False
-        if not inside and not opens and low.lstrip().startswith(("<tr", "<td", "<th")):
-            out.append("<table>")
-            inside = True
-        if closes and not inside and not opens:
-            continue
-        out.append(line)
-        inside = (inside or opens) and not (closes and low.rfind("</table>") > low.rfind("<table"))
+        emitted, inside = _table_line(line, inside)
+        out += emitted
     return [*out, "</table>"] if inside else out
+
+
+def _table_line(line: str, inside: bool) -> tuple[list[str], bool]:
+    """A line as :func:`_html_tables_closed` writes it (with a tag added before it, or dropped), and whether a
+    table is open after it."""
+    low = line.lower().strip()
+    opens, closes = "<table" in low, "</table>" in low
+    before: list[str] = []
+    if inside and (opens or (low and "<" not in low)):  # a table again, or text after the table
+        before, inside = ["</table>"], False
+    if not inside and not opens and low.startswith(_ROW_TAGS):
+        before, inside = [*before, "<table>"], True
+    if not inside and closes and not opens:  # a closing tag with nothing open
+        return before, False
+    return [*before, line], (inside or opens) and not (closes and low.rfind("</table>") > low.rfind("<table"))
 
 
 def stitch(answers: Sequence[str], *, window: int | None = None) -> tuple[str, list[int]]:
