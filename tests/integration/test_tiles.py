@@ -10,9 +10,10 @@ import pytest
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
 from pagescribe.sources.documents import DocumentKind
-from pagescribe.sources.pages import render_band
+from pagescribe.sources.pages import render_band, render_page
+from pagescribe.sources.textlayer import text_layer_words
 from pagescribe.store.postgres import Database
-from pagescribe.transcription.tileplan import TileLimits, plan_tiles
+from pagescribe.transcription.tileplan import TileLimits, plan_tiles, text_height
 from PIL import Image
 from sqlalchemy import text
 
@@ -82,7 +83,8 @@ def test_a_truncated_page_is_read_in_tiles_and_completes(
     assert page["result_text"] == "\n".join(expected_text(band) for band in bands)  # in the bands' order
     # And every call is in the ledger: the truncated one, then one per tile, the page's cost their sum
     attempts = _attempts(db, doc["document_id"])
-    assert [(a["outcome"], a["tile"]) for a in attempts] == [("TILED", None)] + [
+    assert (attempts[0]["outcome"], attempts[0]["tile"]) == ("TILED", None)
+    assert sorted((a["outcome"], a["tile"]) for a in attempts[1:]) == [  # recorded as each answered
         ("TILE", f"{n}/{tiles}") for n in range(1, tiles + 1)
     ]
     assert attempts[0]["finish_reason"] == "length"
@@ -90,8 +92,8 @@ def test_a_truncated_page_is_read_in_tiles_and_completes(
     assert float(page["cost"]) == pytest.approx(0.00012 * (1 + tiles))
     # And the transcript lists each call with its tile
     _, js = pipeline.transcript(doc["document_id"])
-    assert [call.get("tile") for call in js["pages"][0]["attempts"]] == [
-        None,
+    assert sorted(call.get("tile") or "" for call in js["pages"][0]["attempts"]) == [
+        "",
         *(f"{n}/{tiles}" for n in range(1, 1 + tiles)),
     ]
 
@@ -121,3 +123,32 @@ def test_with_tiles_off_a_truncated_page_is_not_read_again(
     [page] = page_rows(db, doc["document_id"])
     assert fake_provider.calls == 1 and page["status"] == "FAILED" and "truncated" in page["error"]
     assert [a["outcome"] for a in _attempts(db, doc["document_id"])] == ["REJECTED"]
+
+
+def test_a_born_digital_page_in_small_print_goes_straight_to_tiles(
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer
+) -> None:
+    # Given a statistical table set in 6 pt (its words under TILE_MIN_TEXT_PX at the default render)
+    source = Path(__file__).resolve().parents[1] / "data" / "documents" / "nics-background-checks-2015-11.pdf"
+    [doc] = pipeline.upload("uploads/nics.pdf", source)["documents"]
+    # When the queue is drained
+    pipeline.run_until_idle()
+    # Then its text layer said it was dense before any call: no whole-page call, only its tiles', in the ledger
+    settings = get_settings()
+    whole = render_page(
+        source, DocumentKind.PDF, 1, dpi=settings.render_dpi, max_long_edge=settings.render_max_long_edge
+    )
+    words = text_layer_words(source, 1, dpi=settings.render_dpi, max_long_edge=settings.render_max_long_edge)
+    plan = plan_tiles(
+        whole.width, whole.height, text_px=text_height(words), truncated=False, limits=TileLimits.of(settings)
+    )
+    assert plan is not None and plan.zoom > 1
+    assert fake_provider.calls == len(plan.bands) and all(
+        Image.open(io.BytesIO(image)).size[0] > whole.width for image in fake_provider.images()
+    )
+    attempts = _attempts(db, doc["document_id"])
+    assert sorted((a["outcome"], a["tile"]) for a in attempts) == [  # recorded as each answered
+        ("TILE", f"{n}/{len(plan.bands)}") for n in range(1, len(plan.bands) + 1)
+    ]
+    [page] = page_rows(db, doc["document_id"])
+    assert page["status"] == "COMPLETED" and len(page["result_text"].split("\n")) == len(plan.bands)
