@@ -222,6 +222,8 @@ class Spend(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     cost: float
+    tile_calls: int = 0  # of the calls, those that read one tile of a page read in tiles
+    pages_tiled: int = 0  # pages read in tiles
 
 
 class PageIssue(NamedTuple):

@@ -290,7 +290,7 @@ def test_a_page_read_in_tiles_records_each_call_as_it_answers_and_its_end_none_o
         ("TILE", "2/2", "stop", 0.5),
     ]
     spend = store.spend(document_id)
-    assert (spend.calls, spend.cost) == (3, 1.25)
+    assert (spend.calls, spend.cost, spend.tile_calls, spend.pages_tiled) == (3, 1.25, 2, 1)
     day = store.tenant_day("acme")
     assert day is not None and (day.spent_usd, day.calls) == (1.25, 3)
     [page] = store.load_pages(document_id)

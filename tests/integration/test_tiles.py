@@ -12,6 +12,7 @@ from pagescribe.settings import get_settings
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import render_band, render_page
 from pagescribe.sources.textlayer import text_layer_words
+from pagescribe.status import describe_document
 from pagescribe.store.postgres import Database
 from pagescribe.transcription.tileplan import TileLimits, plan_tiles, text_height
 from PIL import Image
@@ -90,6 +91,11 @@ def test_a_truncated_page_is_read_in_tiles_and_completes(
     assert attempts[0]["finish_reason"] == "length"
     assert float(page["cost"]) == pytest.approx(sum(float(a["cost"]) for a in attempts))
     assert float(page["cost"]) == pytest.approx(0.00012 * (1 + tiles))
+    # And the document's status (GET /documents/{id}) counts the page read in tiles and its tile calls
+    record = db.get_document(doc["document_id"])
+    assert record is not None
+    summary = describe_document(db, record)
+    assert (summary.model_calls, summary.pages_tiled, summary.tile_calls) == (1 + tiles, 1, tiles)
     # And the transcript lists each call with its tile
     _, js = pipeline.transcript(doc["document_id"])
     assert sorted(call.get("tile") or "" for call in js["pages"][0]["attempts"]) == [

@@ -271,6 +271,8 @@ class MemoryLedger:
                 sum(a.prompt_tokens or 0 for a in calls),
                 sum(a.completion_tokens or 0 for a in calls),
                 sum(a.cost or 0 for a in calls),
+                sum(a.outcome == AttemptOutcome.TILE for a in calls),
+                len({a.job_id for a in calls if a.outcome == AttemptOutcome.TILE}),
             )
 
 

@@ -275,11 +275,15 @@ class PgLedger(Connected):
     # What a document has cost: every call that answered, kept or not.
     DOCUMENT_SPEND = """
     SELECT count(*) AS calls, coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
-           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost
+           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost,
+           count(*) FILTER (WHERE outcome = 'TILE') AS tile_calls,
+           count(DISTINCT job_id) FILTER (WHERE outcome = 'TILE') AS pages_tiled
     FROM attempts WHERE document_id = %(document_id)s
     """
 
     def spend(self, document_id: str) -> Spend:
         row = self._row(self.DOCUMENT_SPEND, {"document_id": document_id})
         assert row is not None, "an aggregate always returns a row"
-        return Spend(row.calls, row.prompt_tokens, row.completion_tokens, float(row.cost))
+        return Spend(
+            row.calls, row.prompt_tokens, row.completion_tokens, float(row.cost), row.tile_calls, row.pages_tiled
+        )
