@@ -163,7 +163,8 @@ def section(reads: list[Read], engine: str) -> str:
         HEADING,
         "",
         f"Written by `.venv/bin/python -m bench.tiles` on {datetime.now(UTC):%Y-%m-%d %H:%M UTC}, commit "
-        f"{_git_head()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; engine {engine}.",
+        f"{_git_head()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; engine {engine}. A reading kept with "
+        "`--cache` comes from the run that made it, its seconds too (a loaded machine's: three jobs shared two cores).",
         "",
         f"{len({(r.page.path, r.page.page) for r in reads})} born-digital pages in small print that nobody here wrote "
         "(sources: `tests/data/forms/SOURCES.md`, `tests/data/documents/SOURCES.md`), each rendered whole at a "
