@@ -6,11 +6,11 @@ reads a line cut at a band's edge partly or not at all; OCR noise differs; one t
 next in markdown). The overlap between two answers is found by aligning their lines of text: each line of the end of
 the upper answer is compared with each line of the start of the lower one (rapidfuzz's ratio on the lines normalised:
 lower case; HTML tags, dot leaders, markdown markup and runs of spaces removed; lines left with fewer than
-MIN_MATCH_CHARS characters, such as a blank line, a delimiter row or a closing tag, take no part). The lines that match
-lie on one diagonal (the same shift between the two answers); the overlap is the diagonal whose matched lines hold the
-most characters, among those that reach the end of the upper answer and the start of the lower one but for a line cut
-at each edge (MAX_CUT_LINES; a single matched line must be the very last and first: a line that merely recurs, such as
-a table's header, is no overlap).
+MIN_MATCH_CHARS characters, such as a blank line, a delimiter row or a closing tag, take no part). The overlap is
+the chain of matched lines (each after the one before in both answers: a line one answer splits in two or leaves out
+shifts the rest, and is still one overlap) that holds the most characters, among those that reach the end of the upper
+answer and the start of the lower one but for a line cut at each edge (MAX_CUT_LINES; a single matched line must be the very last
+and first: a line that merely recurs, such as a table's header, is no overlap).
 
 The stitched text is the upper answer up to the overlap, then each line read twice from the copy that holds more of
 it (keep the longer copy: a line is read worse near a band's edge), the lines between two matched ones from the
@@ -66,19 +66,38 @@ def _text_lines(lines: Sequence[str], indices: range) -> list[tuple[int, str]]:
 
 def _overlap(upper: Sequence[str], lower: Sequence[str], window: int) -> list[_Match]:
     """The lines of the end of ``upper`` (its last ``window``) read again at the start of ``lower`` (its first
-    ``window``), in order: the longest run of matched lines on one diagonal that reaches both edges (see the module's
-    docstring); none when there is none."""
+    ``window``), in order: the chain of matched lines holding the most characters that reaches both edges (see the
+    module's docstring); none when there is none."""
     from rapidfuzz import fuzz
 
     tail = _text_lines(upper, range(max(0, len(upper) - window), len(upper)))
     head = _text_lines(lower, range(min(window, len(lower))))
-    diagonals: dict[int, list[_Match]] = {}
-    for at, (i, a) in enumerate(tail):
-        for bt, (j, b) in enumerate(head):
-            if fuzz.ratio(a, b) >= MATCH_RATIO:
-                diagonals.setdefault(at - bt, []).append(_Match(i, j, at, bt, min(len(a), len(b))))
-    runs = [run for run in diagonals.values() if _reaches_the_edges(run, len(tail))]
-    return max(runs, key=lambda run: sum(match.chars for match in run), default=[])
+    matches = [
+        _Match(i, j, at, bt, min(len(a), len(b)))
+        for at, (i, a) in enumerate(tail)
+        for bt, (j, b) in enumerate(head)
+        if fuzz.ratio(a, b) >= MATCH_RATIO
+    ]
+    chains = _chains(matches)
+    return max((chain for chain in chains if _reaches_the_edges(chain, len(tail))), key=_weight, default=[])
+
+
+def _weight(chain: list[_Match]) -> int:
+    return sum(match.chars for match in chain)
+
+
+def _chains(matches: list[_Match]) -> list[list[_Match]]:
+    """For each match, the heaviest chain of matches ending in it, each line after the one before in both answers
+    (a line one answer splits in two, or leaves out, shifts the rest of the overlap: it is still one overlap). A
+    chain starts only where the lower answer's cut lines end (MAX_CUT_LINES)."""
+    best: list[list[_Match]] = []
+    for match in matches:  # in the upper answer's order, then the lower's
+        before = [chain for chain in best if chain[-1].at < match.at and chain[-1].bt < match.bt]
+        if before:
+            best.append([*max(before, key=_weight), match])
+        elif match.bt <= MAX_CUT_LINES:
+            best.append([match])
+    return best
 
 
 def _reaches_the_edges(run: list[_Match], tail: int) -> bool:
