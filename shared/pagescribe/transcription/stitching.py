@@ -9,8 +9,8 @@ lower case; HTML tags, dot leaders, markdown markup and runs of spaces removed; 
 MIN_MATCH_CHARS characters, such as a blank line, a delimiter row or a closing tag, take no part). The overlap is
 the chain of matched lines (each after the one before in both answers: a line one answer splits in two or leaves out
 shifts the rest, and is still one overlap) that holds the most characters, among those that reach the end of the upper
-answer and the start of the lower one but for a line cut at each edge (MAX_CUT_LINES; a single matched line must be the very last
-and first: a line that merely recurs, such as a table's header, is no overlap).
+answer and the start of the lower one but for a line cut at each edge (MAX_CUT_LINES; a single matched line must be
+the very last and first: a line that merely recurs, such as a table's header, is no overlap).
 
 The stitched text is the upper answer up to the overlap, then each line read twice from the copy that holds more of
 it (keep the longer copy: a line is read worse near a band's edge), the lines between two matched ones from the
