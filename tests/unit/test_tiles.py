@@ -165,11 +165,11 @@ def test_an_html_table_cut_at_a_seam_is_closed_once() -> None:
 def test_an_overlap_with_a_line_one_answer_split_in_two_is_still_found() -> None:
     rows = [f"| {state} | {n},{n + 117} | {n + 3},{n * 7 % 1000:03} |" for n, state in enumerate(STATES, start=101)]
     upper = [*rows[:6], "| New Hampshire | 3,630 | 4,847 |", "| | 1 | 11 |", *rows[7:10]]
-    lower = [*rows[5:7], "| New Hampshire | 3,630 | 4,847 | 1 | 11 |", *rows[7:]]
+    lower = [rows[5], "| New Hampshire | 3,630 | 4,847 | 1 | 11 |", *rows[7:]]  # one line where upper has two
     text, [matched] = stitch(["\n".join(upper), "\n".join(lower)])
     assert matched >= 3
     lines = text.split("\n")
-    assert [line for line in lines if line in rows] == rows[:7] + rows[7:]  # every row once, in order
+    assert [line for line in lines if line in rows] == rows[:6] + rows[7:]  # every row once, in order
     assert sum("New Hampshire" in line for line in lines) == 1
 
 
