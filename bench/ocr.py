@@ -164,10 +164,10 @@ class Reader:
         self._provider = RapidOcrProvider(**PROVIDER_OPTIONS)
         self.engine = "offline:rapidocr"
 
-    def read(self, rendered: RenderedPage, label: str, page: int) -> Transcription:
-        """The provider's transcription of the page."""
+    def read(self, rendered: RenderedPage, label: str, page: int, *, seconds: float = BUDGET_SECONDS) -> Transcription:
+        """The provider's transcription of the page, within ``seconds`` (the pipeline's call time by default)."""
         request = TranscriptionRequest(PageImage(rendered.data, rendered.media_type), "", "", 0, label, page)
-        answer = self._runner.run(self._provider.transcribe(request, call_seconds=BUDGET_SECONDS))
+        answer = self._runner.run(self._provider.transcribe(request, call_seconds=seconds))
         self.engine = f"{self._provider.name} ({answer.model})"
         return answer
 

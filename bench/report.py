@@ -196,6 +196,15 @@ function, `PYTHONPATH` the built function then the layer's `python/` (`/var/task
 `PYTHONDONTWRITEBYTECODE=1` (both are read-only in Lambda). Alternated with a fresh python3.12 importing only the
 third-party modules that import loads, from the same layer; medians of five. Lambda's own runtime start and the
 download of the code are not in it.""",
+    "tiles": """\
+Dense pages read whole and in tiles with the offline engine as the model (`bench/tiles.py`; real born-digital pages
+in small print, sources in `tests/data/forms/SOURCES.md` and `tests/data/documents/SOURCES.md`): each page rendered
+whole at a model-sized input (RENDER_MAX_LONG_EDGE 1,024 and 1,568 px; 1,024 only with `--quick` and `--smoke`), read
+by `RapidOcrProvider`, then cut into bands as the pipeline cuts a dense page (default TILE_* settings, the words'
+height from the page's text layer), each band rendered and read, the answers stitched. Both readings are scored
+(CER) against the page's own text layer read line by line (`bench.forms`). The judged ratio is the mean CER with tiles
+over the mean CER whole (a page not tiled at a size counts its whole reading in both); `docs/accuracy.md` has the
+full table (`python -m bench.tiles --markdown docs/accuracy.md`).""",
     "secondread": """\
 Ten scanned pages (an image-only PDF of the real scans in `tests/data/documents`: the page of `congress.pdf` and the
 four of `cardinal.pdf`, in turn) in one SQS batch, one local execution environment, against a fake provider that

@@ -33,6 +33,7 @@ from bench import (
     rendering,
     secondread,
     streaming,
+    tiles,
 )
 from bench.common import REPO, CorrectnessError, Mode, Result
 from bench.report import machine_facts, write_report
@@ -54,6 +55,7 @@ def benchmarks(mode: Mode, scratch: Path, built_ahead: Future[None] | None) -> l
         ("secondread", lambda: secondread.run(mode, scratch=scratch)),
         ("streaming", lambda: streaming.run(mode)),
         ("batchlane", lambda: batchlane.run(mode, scratch=scratch)),
+        ("tiles", lambda: tiles.run(mode)),
     ]
 
 

@@ -261,6 +261,8 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         # what the offline engine read of the page during the call: its lines ([text, x0, y0, x1, y1, score], in the
         # page image's pixels), confidence and CPU time; or why it did not
         **({"second_read": read} if read is not None else {}),
+        # the tile of the page the call read ("2/4"), when the page was read in tiles
+        **({"tile": attempt.tile} if attempt.tile is not None else {}),
     }
 
 

@@ -233,6 +233,8 @@ class Spend(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     cost: float
+    tile_calls: int = 0  # of the calls, those that read one tile of a page read in tiles
+    pages_tiled: int = 0  # pages read in tiles
 
 
 class PageIssue(NamedTuple):
@@ -366,6 +368,7 @@ class AttemptRecord(NamedTuple):
     error: str | None = None  # a failed call's error
     second_read: dict[str, Any] | None = None  # the offline engine's read of the page during the call, or why none
     cost_estimated: bool = False  # its cost (and tokens the provider did not report) estimated: none came (LOOP_CUT)
+    tile: str | None = None  # the tile of the page the call read ("2/4"), when the page was read in tiles
 
 
 class DocumentProgress(NamedTuple):
@@ -389,6 +392,8 @@ class AttemptOutcome(StrEnum):
     ERROR = "ERROR"  # it failed
     RATE_LIMITED = "RATE_LIMITED"  # it failed with a 429
     LOOP_CUT = "LOOP_CUT"  # closed as it streamed, at the first loop in its answer: the page escalated or failed on it
+    TILE = "TILE"  # it read one tile of a page read in tiles (attempts.tile: "2/4")
+    TILED = "TILED"  # it read the whole page, whose answer was read again in tiles (truncated, or small print)
 
 
 # The finish reason of a call cut while it streamed: its answer so far was a loop

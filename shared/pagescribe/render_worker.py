@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
-from pagescribe.sources.pages import render_page
+from pagescribe.sources.pages import Band, render_band, render_page
 from pagescribe.sources.textlayer import read_text_layer, text_layer_words
 
 FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
@@ -73,6 +73,21 @@ def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes
         words = _words(path, request) if request.get("words") and _usable(page.text_layer) else None
         size = {"media_type": page.media_type, "width": page.width, "height": page.height}
         return {"ok": {**size, **seen, "words": words}}, page.data
+    if request["op"] == "band":
+        tile = render_band(
+            path,
+            DocumentKind(request["kind"]),
+            request["page_number"],
+            Band(request["top"], request["bottom"]),
+            zoom=request["zoom"],
+            dpi=request["dpi"],
+            max_long_edge=request["max_long_edge"],
+            image_format=request["image_format"],
+            jpeg_quality=request["jpeg_quality"],
+            max_image_pixels=request["max_image_pixels"],
+        )
+        size = {"media_type": tile.media_type, "width": tile.width, "height": tile.height}
+        return {"ok": {**size, "ink": tile.ink, "marked": tile.marked}}, tile.data
     if request["op"] == "text":
         layer = read_text_layer(path, request["page_number"])
         return {"ok": {"text": layer.text, "laid_out": layer.laid_out}}, b""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pagescribe.render_worker import FRAME_HEADER, SEEN_FIELDS, encode_frame
 from pagescribe.sources.documents import DocumentInfo, DocumentKind, InvalidDocumentError
-from pagescribe.sources.pages import RenderedPage
+from pagescribe.sources.pages import Band, RenderedPage
 from pagescribe.sources.textlayer import TextLayer
 
 if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second read, not with the upload function
@@ -282,6 +282,39 @@ class RenderPool:
             figures=tuple((box[0], box[1], box[2], box[3]) for box in result["figures"]),
             words=_evidence(result.get("words")),
         )
+
+    async def render_band(
+        self,
+        path: Path,
+        kind: DocumentKind,
+        page_number: int,
+        band: Band,
+        *,
+        zoom: float,
+        dpi: int,
+        max_long_edge: int,
+        image_format: Literal["jpeg", "png"],
+        max_image_pixels: int,
+        jpeg_quality: int = 85,
+    ) -> RenderedPage:
+        """sources.render_band in a worker: a band of the page, ``zoom`` times the scale the whole page renders at."""
+        request = {
+            "op": "band",
+            "path": os.fspath(path),
+            "kind": DocumentKind(kind).value,
+            "page_number": page_number,
+            "top": band.top,
+            "bottom": band.bottom,
+            "zoom": zoom,
+            "dpi": dpi,
+            "max_long_edge": max_long_edge,
+            "image_format": image_format,
+            "jpeg_quality": jpeg_quality,
+            "max_image_pixels": max_image_pixels,
+        }
+        result, data = await self._request(request, f"a tile of page {page_number} could not be rendered")
+        size = (int(result["width"]), int(result["height"]))
+        return RenderedPage(data, str(result["media_type"]), *size, ink=result["ink"], marked=result["marked"])
 
     def busy(self) -> bool:
         """Every worker is taken (by a request of this loop, or one it let go of that a worker still works on), and

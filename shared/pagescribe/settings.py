@@ -419,6 +419,33 @@ class Settings(BaseSettings):
         le=10,
         description="Batches a page is sent in before one that no batch answered moves to the sync lane.",
     )
+    tiles: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Dense pages read in tiles: a page whose text is small at the render's scale (TILE_MIN_TEXT_PX), "
+        "or whose answer was truncated at the output limit, is read again as overlapping horizontal bands at a higher "
+        "scale, each a model call, their answers stitched in reading order. off: never.",
+    )
+    tile_min_text_px: float = Field(
+        default=11.0,
+        ge=2,
+        le=200,
+        description="A page is dense when the median height of its words (text-layer glyphs, or the offline engine's "
+        "lines on a scan) is below this many pixels of its render; its tiles aim at twice this height.",
+    )
+    tile_max_tiles: int = Field(default=6, ge=2, le=24, description="The most tiles (model calls) a page is read in.")
+    tile_max_pixels: int = Field(
+        default=1_600_000, ge=100_000, le=40_000_000, description="The most pixels of one tile's image."
+    )
+    tile_max_long_edge: int = Field(
+        default=2048,
+        ge=256,
+        le=10_000,
+        description="The longest edge of a tile's image (a band's width): at most what the model takes without "
+        "shrinking it.",
+    )
+    tile_overlap: float = Field(
+        default=0.15, ge=0.05, le=0.5, description="The share of a band's height the next band repeats."
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -85,6 +85,12 @@ class DocumentSummary(BaseModel):
     )
     page_flags: list[PageFlags] = Field(description="The flags of each flagged page.")
     model_calls: int = Field(description="Model calls made, kept, rejected or failed: each is recorded.")
+    pages_tiled: int = Field(
+        default=0,
+        description="Pages read in tiles (TILES): small print at the render's scale, or an answer truncated at the "
+        "output limit, read again as overlapping bands rendered larger, one model call each, stitched.",
+    )
+    tile_calls: int = Field(default=0, description="Of the model calls, those that read one tile of a page.")
     prompt_tokens: int
     completion_tokens: int
     cost: float = Field(description="USD, the sum over every model call of the document, kept or not.")
@@ -165,6 +171,8 @@ def describe_document(db: Store, document: DocumentRecord) -> DocumentSummary:
             if i.flags
         ],
         model_calls=spend.calls,
+        pages_tiled=spend.pages_tiled,
+        tile_calls=spend.tile_calls,
         prompt_tokens=spend.prompt_tokens,
         completion_tokens=spend.completion_tokens,
         cost=round(spend.cost, 8),

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pagescribe.domain import (
     LOOP_CUT,
+    AttemptOutcome,
     ClaimedJob,
     DocumentStatus,
     FailedCall,
@@ -275,6 +276,28 @@ def test_every_call_counts_in_the_documents_spend_and_its_tenants_day(store: Sto
     day = store.tenant_day("acme")
     assert day is not None and (day.spent_usd, day.calls) == (0.25, 2)
     assert [a.outcome for a in store.load_attempts(document_id)] == ["RATE_LIMITED", "KEPT"]
+
+
+def test_a_page_read_in_tiles_records_each_call_as_it_answers_and_its_end_none_of_its_own(store: Store) -> None:
+    store.ensure_tenant("acme")
+    document_id, [job_id] = _document(store, tenant_id="acme")
+    job = _claim(store, job_id)
+    store.record_call(job, _answer("cut sho", cost=0.25)._replace(finish_reason="length"), AttemptOutcome.TILED)
+    for tile in ("1/2", "2/2"):
+        store.record_call(job, _answer(f"tile {tile}", cost=0.5), AttemptOutcome.TILE, tile=tile)
+    store.complete_job(job, _answer("tile 1/2\ntile 2/2", cost=1.25)._replace(called=False))
+    attempts = store.load_attempts(document_id)
+    assert [(a.outcome, a.tile, a.finish_reason, a.cost) for a in attempts] == [
+        ("TILED", None, "length", 0.25),
+        ("TILE", "1/2", "stop", 0.5),
+        ("TILE", "2/2", "stop", 0.5),
+    ]
+    spend = store.spend(document_id)
+    assert (spend.calls, spend.cost, spend.tile_calls, spend.pages_tiled) == (3, 1.25, 2, 1)
+    day = store.tenant_day("acme")
+    assert day is not None and (day.spent_usd, day.calls) == (1.25, 3)
+    [page] = store.load_pages(document_id)
+    assert (page.status, page.text, page.cost) == (JobStatus.COMPLETED, "tile 1/2\ntile 2/2", 1.25)
 
 
 def test_a_skipped_page_counts_with_those_that_ended_without_an_answer(store: Store) -> None:

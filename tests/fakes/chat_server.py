@@ -330,6 +330,14 @@ class FakeChatServer:
         """The JSON object bodies of the requests received, in arrival order."""
         return [r.body for r in self.received if r.body is not None]
 
+    def images(self) -> list[bytes]:
+        """The decoded first image of each request received that carried one, in the order they came."""
+        images = []
+        for request in self.received:
+            with contextlib.suppress(_InvalidRequest):
+                images.append(_first_image(request.body or {}))
+        return images
+
     @property
     def billed(self) -> list[int]:
         """The completion tokens each answer sent, in the order the answers ended: a streamed answer's up to the

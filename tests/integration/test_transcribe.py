@@ -169,8 +169,13 @@ def test_a_client_error_fails_the_page_with_the_providers_message(
 
 
 def test_a_truncated_answer_is_a_failed_page_that_keeps_its_text(
-    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
+    pipeline: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TILES", "off")  # read in tiles instead, it completes (tests/integration/test_tiles.py)
+    get_settings.cache_clear()
+    from pagescribe.runtime import shutdown_runtime
+
+    shutdown_runtime()
     [doc] = pipeline.upload("uploads/long.png", corpus / "smile.png")["documents"]
     fake_provider.script(Truncated("the first half of the pa"))
     pipeline.run_until_idle()

@@ -408,7 +408,7 @@ def test_a_truncated_answer_fails_the_page_and_keeps_the_partial_text(
     [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"], page["finish_reason"]) == ("FAILED", 1, "length")
     assert page["result_text"] == partial and "truncated" in page["error"] and "MAX_OUTPUT_TOKENS" in page["error"]
-    assert fake_provider.calls == 1
+    assert fake_provider.calls == 4  # the whole page, then read in three tiles (once: truncated too, no more)
     assert_within_deadlines(run)
     assert_queue_empty(faults)
     assert_no_silent_pages(db)
@@ -550,8 +550,11 @@ def test_a_retry_after_beyond_sqs_limits_is_capped_at_the_longest_delay(
 
 
 def test_concurrent_pages_each_end_in_their_own_documented_state(
-    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path
+    faults: Pipeline, db: Database, fake_provider: FakeChatServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TILES", "off")  # the truncated page fails (read in tiles, it would complete)
+    get_settings.cache_clear()
+    shutdown_runtime()
     # Given a 4-page PDF whose pages, transcribed concurrently in one batch, meet four different answers
     [doc] = faults.upload("uploads/mixed.pdf", corpus / "pdflatex-4-pages.pdf")["documents"]
     fake_provider.script(Ok(), Status(400, "content policy"), Truncated("cut sho"), Hang(60))

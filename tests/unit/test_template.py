@@ -340,6 +340,23 @@ def test_the_dashboard_shows_the_batch_lane_and_its_settings_are_parameters(temp
         assert variables[variable] == {"Ref": parameter} and parameter in template["Parameters"]
 
 
+def test_tiles_are_settings_every_function_receives_and_the_dashboard_shows(template: dict[str, Any]) -> None:
+    from pagescribe.settings import Settings
+
+    # Given the template's environment and dashboard
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    body = json.loads(re.sub(r"\$\{([^}]+)\}", lambda m: m.group(1), _dashboard_text(template)))
+    shown = {fields[1] for _, fields, _ in _dashboard_metrics(body) if fields[0] == "Pagescribe"}
+    # Then every tile setting is a parameter, its default the setting's own
+    fields = [name for name in Settings.model_fields if name == "tiles" or name.startswith("tile_")]
+    assert len(fields) == 6
+    for name in fields:
+        default, given = Settings.model_fields[name].default, template["Parameters"][variables[name.upper()]["Ref"]]
+        assert given["Default"] == default if isinstance(default, str) else float(given["Default"]) == default
+    # And the dashboard shows the pages read in tiles and their calls, as the code counts them
+    assert {"PagesTiled", "TileCalls"} <= shown
+
+
 # --- queue and retries ------------------------------------------------------------------------------------
 
 

@@ -308,3 +308,75 @@ def render_page(
         check_pixels(source, max_image_pixels)
         image, seen = _look(_fit_image(source, max_long_edge), orient=orient)
     return _encode(image, image_format, jpeg_quality, seen)
+
+
+@dataclass(frozen=True)
+class Band:
+    """A horizontal band of a page, full width: ``top`` to ``bottom`` as fractions of the page's height."""
+
+    top: float
+    bottom: float
+
+
+def render_band(
+    path: Path,
+    kind: DocumentKind,
+    page_number: int,
+    band: Band,
+    *,
+    zoom: float,
+    dpi: int = 150,
+    max_long_edge: int = 1568,
+    image_format: Literal["jpeg", "png"] = "jpeg",
+    jpeg_quality: int = 85,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> RenderedPage:
+    """A band of a page rendered ``zoom`` times as large as :func:`render_page` renders the whole page at ``dpi`` and
+    ``max_long_edge``: a tile to read small print in. A PDF page is drawn again at the higher scale, so its text gains
+    detail; an image is cut from its own pixels, at most at their native resolution (upscaling a scan adds no detail:
+    a scan is read at its native resolution in tiles instead of downscaled whole). Never turned: only pages that read
+    upright as they are are tiled."""
+    if kind is DocumentKind.PDF:
+        image = _pdf_band(path, page_number, band, pdf_zoom=zoom, dpi=dpi, max_long_edge=max_long_edge)
+    else:
+        with open_image(path, kind) as source:
+            frames = frame_count(source, max(page_number, 1))
+            check_page_number(page_number, page_number if frames is None else frames)
+            source.seek(page_number - 1)
+            check_pixels(source, max_image_pixels)
+            image = _image_band(source, band, zoom * min(1.0, max_long_edge / max(source.size)))
+    ink, marked = _shares(image.convert("L"))
+    return _encode(image, image_format, jpeg_quality, PageSeen(ink=ink, marked=marked))
+
+
+def _pdf_band(
+    path: Path, page_number: int, band: Band, *, pdf_zoom: float, dpi: int, max_long_edge: int
+) -> Image.Image:
+    with open_pdf(path) as pdf:
+        check_page_number(page_number, len(pdf))
+        page = pdf[page_number - 1]
+        width, height = page.get_size()
+        scale = pdf_scale((width, height), dpi, max_long_edge) * pdf_zoom
+        crop = (0.0, (1 - band.bottom) * height, 0.0, band.top * height)  # points cut off: left, bottom, right, top
+        try:
+            bitmap = page.render(scale=scale, crop=crop, rev_byteorder=True)
+        except (pdfium.PdfiumError, ValueError) as exc:
+            raise InvalidDocumentError(f"page {page_number} could not be rendered: {exc}") from exc
+        try:
+            image: Image.Image = bitmap.to_pil().convert("RGB")
+            return image
+        finally:
+            bitmap.close()
+
+
+def _image_band(source: Image.Image, band: Band, ratio: float) -> Image.Image:
+    """The band cut from the image's own pixels (upright by its EXIF orientation), scaled by ``ratio`` but never
+    beyond its native resolution."""
+    ImageOps.exif_transpose(source, in_place=True)
+    native = _flatten(source)
+    crop = native.crop((0, math.floor(band.top * native.height), native.width, math.ceil(band.bottom * native.height)))
+    if ratio < 1.0:  # never past its native resolution
+        crop = crop.resize(
+            (max(1, round(crop.width * ratio)), max(1, round(crop.height * ratio))), Image.Resampling.LANCZOS
+        )
+    return crop.convert("RGB")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from pagescribe.domain import (
     NO_OUTCOME,
     ApiKeyRecord,
+    AttemptOutcome,
     AttemptRecord,
     BatchPage,
     ClaimedJob,
@@ -194,6 +195,12 @@ class Ledger(Protocol):
 
     def record_failed_call(self, job: ClaimedJob, failed: FailedCall) -> None:
         """Record a model call that failed (no answer came back), whatever became of the page."""
+
+    def record_call(
+        self, job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome, *, tile: str | None = None
+    ) -> None:
+        """Record a model call that answered but is not the page's end (TILE: one tile of a page read in tiles, named
+        ``tile`` "2/4"; TILED: the whole-page answer read again in tiles), its cost counted at once."""
 
     def spend(self, document_id: str) -> Spend: ...
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagescribe.checks import (
     Answer,
@@ -39,6 +39,9 @@ from pagescribe.transcription.loops import loop_check, priced
 from pagescribe.transcription.outcomes import answer_outcome, grounding_kept
 from pagescribe.transcription.results import PageContext
 
+if TYPE_CHECKING:
+    from pagescribe.grounding import PageText
+
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +63,7 @@ class CheckedAnswer:
 
     outcome: PageOutcome
     flags: list[PageFlag]
+    words: PageText | None = None  # the page's words the answer was checked against, where it had any
 
     @property
     def hard(self) -> bool:
@@ -90,7 +94,26 @@ class ModelCaller:
         flags of the answer the page escalated from, whose hard ones (why it escalated) stay the page's beside this
         answer's own. A call that fails is recorded before its error goes on; a 429 pauses every environment's calls
         to the model."""
-        rendered = seen.rendered
+        result = await self.call(ctx, seen.rendered, model, seconds, admitted, reference=seen.evidence.text_layer)
+        return await self.check(seen, result, earlier, self.serving(model))
+
+    def serving(self, model: str) -> str:
+        """The provider that serves ``model``, as the ledger names it."""
+        return self._provider.serving(model)
+
+    async def call(
+        self,
+        ctx: PageContext,
+        rendered: RenderedPage,
+        model: str,
+        seconds: float,
+        admitted: Admission,
+        *,
+        reference: str,
+    ) -> Transcription:
+        """One model call for an image of the page (the whole page, or one of its tiles) within ``seconds``: made,
+        counted and settled with the rate governor, its failed requests recorded; its answer as it came, cut where it
+        streamed into a loop beyond ``reference`` (the page's text layer)."""
         request = TranscriptionRequest(
             image=PageImage(rendered.data, rendered.media_type),
             prompt=ctx.document.prompt or self._settings.prompt,
@@ -98,7 +121,7 @@ class ModelCaller:
             max_output_tokens=self._settings.max_output_tokens,
             document_id=ctx.job.document_id,
             page_number=ctx.job.page_number,
-            loop_check=loop_check(self._thresholds.repetition, seen.evidence.text_layer),
+            loop_check=loop_check(self._thresholds.repetition, reference),
         )
         started = asyncio.get_running_loop().time()
         ran = self._provider.answering_model(model)
@@ -112,7 +135,7 @@ class ModelCaller:
             result = self._cut(ctx, ran, result)
         self._count_call(ran, result)
         self._governor.settle(model, admitted, (result.prompt_tokens or 0) + (result.completion_tokens or 0))
-        return await self._check(seen, result, earlier, self._provider.serving(model))
+        return result
 
     def _call_failed(self, ctx: PageContext, model: str, ran: str, exc: ProviderError, started: float) -> None:
         """Record every request of a call that failed; after a 429, pause every environment's calls to ``model`` and
@@ -148,7 +171,7 @@ class ModelCaller:
         count("CompletionTokens", result.completion_tokens or 0)
         count_for_model("CostUSD", ran, result.cost or 0.0)
 
-    async def _check(
+    async def check(
         self, seen: SeenPage, result: Transcription, earlier: list[PageFlag], provider: str
     ) -> CheckedAnswer:
         """The answer cleaned, grounded to the page's words where it has any, and checked; its outcome with the flags
@@ -168,7 +191,7 @@ class ModelCaller:
         if earlier:
             merged = merge_flags(hard_flags(earlier), flags)
             outcome = outcome._replace(page_flags=tuple(flag.as_dict() for flag in merged))
-        return CheckedAnswer(outcome, flags)
+        return CheckedAnswer(outcome, flags, evidence.words)
 
     async def _evidence(self, seen: SeenPage, result: Transcription) -> tuple[PageEvidence, dict[str, Any]]:
         """The page's evidence with the words to ground the answer to, where there are any, and what the page's second

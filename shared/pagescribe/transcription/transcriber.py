@@ -29,6 +29,7 @@ from pagescribe.transcription.gates import CallGates
 from pagescribe.transcription.outcomes import rejection, text_layer_outcome, thresholds
 from pagescribe.transcription.results import PageContext, PageResults
 from pagescribe.transcription.sourcecache import SourceCache
+from pagescribe.transcription.tiles import TileAsk, TiledReader
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Transcriber:
         self._results = PageResults(settings, db, queue, transcripts)
         self._gates = CallGates(settings, db, self._governor, self._results)
         self._caller = ModelCaller(settings, db, provider, self._governor, thresholds(settings))
+        self._tiles = TiledReader(settings, db, self._caller, self._gates, self._results, renderer, sources)
 
     def batch(self, bodies: Sequence[str], deadline: Deadline) -> TranscriptionBatch:
         """The jobs of one SQS batch, to be transcribed concurrently by ``deadline``, one
@@ -176,7 +178,10 @@ class Transcriber:
             )
         seen = self._seen(ctx, rendered, deadline)
         try:
-            checked = await self._caller.ask(ctx, seen, asked.model, call_seconds, asked.earlier, asked.admitted)
+            tiled = TileAsk(asked.model, asked.earlier, asked.admitted)
+            checked = await self._tiles.ask(ctx, seen, tiled, call_seconds)
+            if isinstance(checked, PageResult):  # a tile was held back, or too little time was left for one
+                return checked
             if not checked.hard:
                 return await self._results.complete(ctx, checked.outcome)
             escalation_model = ctx.document.escalation_model
@@ -260,7 +265,7 @@ class Transcriber:
                 ctx, f"escalated to {model} ({why}); only {call_seconds:.1f} s left for its call", None
             )
         try:
-            escalated = await self._caller.ask(ctx, seen, model, call_seconds, checked.flags, admitted)
+            escalated = await self._tiles.ask(ctx, seen, TileAsk(model, checked.flags, admitted), call_seconds)
         except ProviderError as exc:
             raise ProviderError(
                 f"escalated to {model} ({why}), which failed: {exc.message}",
@@ -268,6 +273,8 @@ class Transcriber:
                 status_code=exc.status_code,
                 retry_after=exc.retry_after,
             ) from exc
+        if isinstance(escalated, PageResult):
+            return escalated
         if not escalated.hard:
             return await self._results.complete(ctx, escalated.outcome)
         return await self._results.fail(ctx, rejection(escalated.flags, escalated_to=model), escalated.outcome)

@@ -137,6 +137,7 @@ class AttemptRow:
     error: str | None = None
     second_read: dict[str, Any] | None = None
     cost_estimated: bool = False
+    tile: str | None = None
 
 
 @dataclass

@@ -258,6 +258,13 @@ class MemoryLedger:
             )
             self._count_call(job.document_id, 0.0)
 
+    def record_call(
+        self, job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome, *, tile: str | None = None
+    ) -> None:
+        with self.state.lock:
+            self._record(job, outcome._replace(called=True, second_read=None), recorded_as)
+            self.state.attempts[-1].tile = tile
+
     def spend(self, document_id: str) -> Spend:
         with self.state.lock:
             calls = [a for a in self.state.attempts if a.document_id == document_id]
@@ -266,6 +273,8 @@ class MemoryLedger:
                 sum(a.prompt_tokens or 0 for a in calls),
                 sum(a.completion_tokens or 0 for a in calls),
                 sum(a.cost or 0 for a in calls),
+                sum(a.outcome == AttemptOutcome.TILE for a in calls),
+                len({a.job_id for a in calls if a.outcome == AttemptOutcome.TILE}),
             )
 
 

@@ -322,7 +322,7 @@ class PgDocuments(Connected):
     LOAD_ATTEMPTS = """
     SELECT j.page_number, a.claim, a.outcome, a.model, a.provider, a.finish_reason, a.prompt_tokens,
            a.completion_tokens, a.cost, a.latency_ms, a.provider_request_id, a.flags, a.confidence, a.status_code,
-           a.error, a.second_read, a.cost_estimated
+           a.error, a.second_read, a.cost_estimated, a.tile
     FROM attempts a JOIN jobs j ON j.id = a.job_id
     WHERE a.document_id = %(document_id)s
     ORDER BY j.page_number, a.id

@@ -260,14 +260,41 @@ class PgLedger(Connected):
             },
         )
 
+    # A call that answered and is not the page's end (a tile of a page read in tiles, TILE, or the whole-page answer
+    # read again in tiles, TILED): recorded as it answers, its cost counted in its tenant's day at once. The page's end
+    # then carries the stitched answer as not called (recorded here already).
+    RECORD_CALL = """
+    WITH recorded AS (
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
+                              completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
+                              confidence, tile)
+        VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(finish_reason)s,
+                %(prompt_tokens)s, %(completion_tokens)s, %(cost)s, %(cost_estimated)s, %(latency_ms)s,
+                %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(tile)s)
+    )
+    INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
+    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+    FROM documents WHERE id = %(document_id)s
+    ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    """
+
+    def record_call(
+        self, job: ClaimedJob, outcome: PageOutcome, recorded_as: AttemptOutcome, *, tile: str | None = None
+    ) -> None:
+        self._rows(self.RECORD_CALL, {**fenced_write(job, outcome, recorded_as), "tile": tile})
+
     # What a document has cost: every call that answered, kept or not.
     DOCUMENT_SPEND = """
     SELECT count(*) AS calls, coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
-           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost
+           coalesce(sum(completion_tokens), 0) AS completion_tokens, coalesce(sum(cost), 0) AS cost,
+           count(*) FILTER (WHERE outcome = 'TILE') AS tile_calls,
+           count(DISTINCT job_id) FILTER (WHERE outcome = 'TILE') AS pages_tiled
     FROM attempts WHERE document_id = %(document_id)s
     """
 
     def spend(self, document_id: str) -> Spend:
         row = self._row(self.DOCUMENT_SPEND, {"document_id": document_id})
         assert row is not None, "an aggregate always returns a row"
-        return Spend(row.calls, row.prompt_tokens, row.completion_tokens, float(row.cost))
+        return Spend(
+            row.calls, row.prompt_tokens, row.completion_tokens, float(row.cost), row.tile_calls, row.pages_tiled
+        )

@@ -136,6 +136,7 @@ def attempt_records(rows: Sequence[Any]) -> list[AttemptRecord]:
             error=r.error,
             second_read=r.second_read,
             cost_estimated=r.cost_estimated,
+            tile=r.tile,
         )
         for r in rows
     ]
