@@ -143,13 +143,18 @@ def test_a_hard_flagged_page_escalates_to_a_model_on_the_other_provider(
 ) -> None:
     chat = f"openai-compatible:{fake_provider.base_url.split('://')[1].split('/')[0]}"
     if direction == "bedrock to chat":  # Nova truncates the page; the strong model is on the chat endpoint
-        configure(monkeypatch, ESCALATION_MODEL=STRONG, ESCALATION_PROVIDER="openai-compatible")
+        configure(monkeypatch, ESCALATION_MODEL=STRONG, ESCALATION_PROVIDER="openai-compatible", TILES="off")
         bedrock.script(Answer(text="partial", stop_reason="max_tokens", output_tokens=50))
         fake_provider.script(Status(503))  # the strong model's first request fails, and is retried within the call
         first, then = (NOVA, BEDROCK, priced(NOVA, 50)), (STRONG, chat, 0.00012)
     else:  # the chat model truncates the page; Claude on Bedrock is the escalation model
         configure(
-            monkeypatch, PROVIDER="auto", ESCALATION_MODEL=CLAUDE, ESCALATION_PROVIDER="bedrock", MODEL="test/weak"
+            monkeypatch,
+            PROVIDER="auto",
+            ESCALATION_MODEL=CLAUDE,
+            ESCALATION_PROVIDER="bedrock",
+            MODEL="test/weak",
+            TILES="off",  # a truncated answer escalates instead of being read again in tiles
         )
         fake_provider.script(Truncated())
         bedrock.script(Fail(503, "ServiceUnavailableException"))  # Claude's first request fails, and is retried
