@@ -5,13 +5,16 @@ from __future__ import annotations
 import logging
 
 import pytest
+from alembic.script import ScriptDirectory
 from pagescribe.domain import NewDocument
+from pagescribe.migrate import alembic_config, upgrade_through_data_api
 from pagescribe.runtime import Runtime
 from pagescribe.settings import ConfigurationError, Settings
 from pagescribe.store.postgres import DataApiDatabase, Database
 from pagescribe.store.postgres.dataapi import DatabaseResumingError, data_api_sql
 
 from tests.conftest import data_api, data_api_server
+from tests.support.database import fresh_empty_database
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +85,20 @@ def test_data_api_access_without_a_cluster_is_refused_naming_what_is_missing() -
     settings = Settings(database_access="data-api", database_secret_arn="arn:aws:secretsmanager:::secret:db")
     with pytest.raises(ConfigurationError, match="DATABASE_CLUSTER_ARN"):
         Runtime(settings).db  # noqa: B018 - building it is the act under test
+
+
+def test_the_schema_is_created_through_the_data_api_and_a_second_run_changes_nothing() -> None:
+    with fresh_empty_database() as url, data_api_server(url) as fake:
+        api = data_api(fake)
+        # Given an empty database, When it is migrated through the Data API
+        upgrade_through_data_api(api)
+        # Then it is at head, with the tables the stores use (a document is recorded through the Data API)
+        store = DataApiDatabase(api)
+        created = store.create_document(_new("uploads/migrated.pdf"), kind="pdf", pages=[1])
+        assert [p.page_number for p in store.load_pages(created.document_id)] == [1]
+        [version] = api.execute("SELECT version_num FROM alembic_version", {})
+        assert version.version_num == ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+        # And a second migration runs no statement but finds the head
+        requests = fake.requests
+        upgrade_through_data_api(api)
+        assert fake.requests - requests == 5  # begin, lock, is there a version table, which version, commit
