@@ -196,6 +196,23 @@ def pipeline(
     get_settings.cache_clear()
 
 
+@pytest.fixture
+def through_data_api(pipeline: Pipeline, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDataApi]:
+    """The pipeline's functions in the data-api profile: no DATABASE_URL, every statement through a local Data API
+    on the same database (boto3's rds-data endpoint pointed at it)."""
+    with data_api_server(database_url) as fake:
+        monkeypatch.delenv("DATABASE_URL")
+        monkeypatch.setenv("DATABASE_ACCESS", "data-api")
+        monkeypatch.setenv("DATABASE_CLUSTER_ARN", "arn:aws:rds:us-east-1:123456789012:cluster:pagescribe")
+        monkeypatch.setenv("DATABASE_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:123456789012:secret:db")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_RDS_DATA", fake.endpoint)
+        shutdown_runtime()
+        get_settings.cache_clear()
+        yield fake
+        shutdown_runtime()
+        get_settings.cache_clear()
+
+
 class _Receiver(BaseHTTPRequestHandler):
     received: list[tuple[dict[str, str], bytes]]
     answers: list[int]

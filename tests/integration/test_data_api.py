@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 import pytest
 from alembic.script import ScriptDirectory
@@ -102,3 +103,11 @@ def test_the_schema_is_created_through_the_data_api_and_a_second_run_changes_not
         requests = fake.requests
         upgrade_through_data_api(api)
         assert fake.requests - requests == 5  # begin, lock, is there a version table, which version, commit
+
+
+def test_a_text_value_that_looks_like_a_uuid_is_sent_as_text(data_api_db: DataApiDatabase) -> None:
+    # Given a tenant whose id is written as a UUID (tenants.id is text)
+    tenant_id = str(uuid.uuid4())
+    data_api_db.ensure_tenant(tenant_id)
+    # When it is looked up through the Data API, Then it is found (not compared as a uuid with a text column)
+    assert data_api_db.tenant_exists(tenant_id)

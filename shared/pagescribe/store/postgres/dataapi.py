@@ -7,7 +7,8 @@ cursor's ``execute`` is ExecuteStatement with the transaction's id.
 
 Translation, both ways:
 - psycopg's ``%(name)s`` becomes the Data API's ``:name`` (``%%`` becomes ``%``); each value a typed SqlParameter:
-  str, int, float, bool, None, bytes as themselves; a str that is a UUID with the UUID type hint; a datetime with
+  str, int, float, bool, None, bytes as themselves; a UUID with the UUID type hint (a str only under one of the
+  names in ``UUID_PARAMETERS``); a datetime with
   the TIMESTAMP hint (in UTC); ``Jsonb`` with the JSON hint; a list as PostgreSQL's array literal (every array
   parameter here is written ``CAST(%(x)s AS type[])``).
 - results come back typed (``records`` with ``columnMetadata``) and are read by the column's type name into what
@@ -45,6 +46,9 @@ T = TypeVar("T")
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _SQLSTATE = re.compile(r"SQLState: (\w{5})")
+# The parameters the statements compare with or write to uuid columns: a str of these is sent with the UUID type
+# hint. By name, not by look: a text value (a tenant id, a provider's request id) may look like a UUID too.
+UUID_PARAMETERS = frozenset({"id", "document_id", "donor_id", "job_id", "lease_token", "before_id", "batch_id"})
 
 
 class DatabaseResumingError(RuntimeError):
@@ -91,7 +95,7 @@ def sql_parameter(name: str, value: Any) -> dict[str, Any]:  # noqa: C901 - one 
         }
     if isinstance(value, list | tuple):
         return {"name": name, "value": {"stringValue": _array_literal(list(value))}}
-    if isinstance(value, uuid.UUID) or (isinstance(value, str) and _UUID.match(value)):
+    if isinstance(value, uuid.UUID) or (name in UUID_PARAMETERS and isinstance(value, str) and _UUID.match(value)):
         return {"name": name, "value": {"stringValue": str(value)}, "typeHint": "UUID"}
     return {"name": name, "value": {"stringValue": str(value)}}
 
