@@ -7,6 +7,7 @@ import secrets
 import threading
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,13 @@ from moto.server import ThreadedMotoServer
 from pagescribe.migrate import upgrade_database
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.store.postgres import Database, create_database_engine
+from pagescribe.store.postgres import DataApi, DataApiDatabase, Database, create_database_engine
 from pagescribe_local.embedded import embedded_database_url as embedded_database_url_for
 from pagescribe_local.embedded import stop_embedded_database
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer
+from tests.fakes.data_api_server import FakeDataApi
 from tests.support import CORPUS
 from tests.support.aws_events import REGION
 from tests.support.commands import NOT_GROUNDED
@@ -78,6 +80,42 @@ def db(database_url: str) -> Iterator[Database]:
         conn.execute(text("UPDATE tenants SET callback_secret = NULL, daily_budget_usd = NULL"))
     yield Database(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def data_api_db(db: Database, database_url: str) -> Iterator[DataApiDatabase]:
+    """``Database`` over the Data API: a local endpoint of its wire format on ``db``'s emptied database."""
+    with data_api_server(database_url) as fake:
+        yield DataApiDatabase(data_api(fake))
+
+
+@contextmanager
+def data_api_server(database_url: str) -> Iterator[FakeDataApi]:
+    """A local Data API executing on the database at ``database_url``."""
+    fake = FakeDataApi(database_url.replace("postgresql+psycopg://", "postgresql://")).start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def data_api(fake: FakeDataApi, *, resume_timeout: float = 60.0, first_pause: float = 0.5) -> DataApi:
+    """A Data API client of ``fake``, with dummy credentials."""
+    client = boto3.client(
+        "rds-data",
+        endpoint_url=fake.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    return DataApi(
+        client,
+        cluster_arn="arn:aws:rds:us-east-1:123456789012:cluster:pagescribe",
+        secret_arn="arn:aws:secretsmanager:us-east-1:123456789012:secret:db",
+        database="pagescribe",
+        resume_timeout=resume_timeout,
+        first_pause=first_pause,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +194,23 @@ def pipeline(
     )
     shutdown_runtime()
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def through_data_api(pipeline: Pipeline, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDataApi]:
+    """The pipeline's functions in the data-api profile: no DATABASE_URL, every statement through a local Data API
+    on the same database (boto3's rds-data endpoint pointed at it)."""
+    with data_api_server(database_url) as fake:
+        monkeypatch.delenv("DATABASE_URL")
+        monkeypatch.setenv("DATABASE_ACCESS", "data-api")
+        monkeypatch.setenv("DATABASE_CLUSTER_ARN", "arn:aws:rds:us-east-1:123456789012:cluster:pagescribe")
+        monkeypatch.setenv("DATABASE_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:123456789012:secret:db")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_RDS_DATA", fake.endpoint)
+        shutdown_runtime()
+        get_settings.cache_clear()
+        yield fake
+        shutdown_runtime()
+        get_settings.cache_clear()
 
 
 class _Receiver(BaseHTTPRequestHandler):

@@ -51,6 +51,11 @@ def s3_client() -> S3Client:
     return boto3.client("s3", config=_S3_CONFIG)
 
 
+def rds_data_client() -> Any:
+    """The RDS Data API's client (DATABASE_ACCESS=data-api); a resuming cluster is waited out by ``DataApi``."""
+    return boto3.client("rds-data", config=_CLIENT_CONFIG)
+
+
 def sqs_client() -> SQSClient:
     return boto3.client("sqs", config=_CLIENT_CONFIG)
 

@@ -22,6 +22,7 @@ from pagescribe.aws import (
     FailedInvocations,
     JobQueue,
     ObjectStore,
+    rds_data_client,
     read_secret,
     read_secure_parameter,
     s3_client,
@@ -100,6 +101,18 @@ class Runtime:
 
     @cached_property
     def db(self) -> Database:
+        if self.settings.database_access == "data-api":
+            from pagescribe.store.postgres import DataApi, DataApiDatabase
+
+            cluster_arn, secret_arn = self.settings.data_api_target()
+            return DataApiDatabase(
+                DataApi(
+                    rds_data_client(),
+                    cluster_arn=cluster_arn,
+                    secret_arn=secret_arn,
+                    database=self.settings.database_name,
+                )
+            )
         from pagescribe.store.postgres import Database, create_database_engine
 
         return Database(create_database_engine(self.database_url))
@@ -316,7 +329,7 @@ class Runtime:
             self.batch_lane.close()
         if "provider" in built and not self.loop.is_running():
             self.run(self.provider.aclose())
-        if "db" in built:
+        if "db" in built and hasattr(self.db, "engine"):
             self.db.engine.dispose()
         if "sources" in built:
             self.sources.close()

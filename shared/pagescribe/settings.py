@@ -66,6 +66,15 @@ class Settings(BaseSettings):
     database_host: str | None = Field(
         default=None, description="Overrides the secret's host (the RDS Proxy endpoint when the stack makes one)."
     )
+    database_access: Literal["direct", "data-api"] = Field(
+        default="direct",
+        description="direct: psycopg connections (DATABASE_URL or DATABASE_SECRET_ARN). data-api: every statement "
+        "over the RDS Data API (HTTPS, no connection) to DATABASE_CLUSTER_ARN with DATABASE_SECRET_ARN's credentials.",
+    )
+    database_cluster_arn: str | None = Field(
+        default=None, description="The Aurora cluster the Data API reaches (DATABASE_ACCESS=data-api)."
+    )
+    database_name: str = Field(default="pagescribe", description="The database the Data API's statements run in.")
     bucket_name: str | None = Field(default=None, description="S3 bucket holding uploads/ and transcripts/.")
     queue_url: str | None = Field(default=None, description="SQS queue carrying one message per page job.")
     upload_prefix: str = "uploads/"
@@ -461,6 +470,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "database_secret_arn",
+        "database_cluster_arn",
         "database_host",
         "escalation_model",
         "escalation_provider",
@@ -537,6 +547,15 @@ class Settings(BaseSettings):
         if not isinstance(file_secret_settings, SecretsSettingsSource) or file_secret_settings.secrets_dir is not None:
             sources.append(file_secret_settings)
         return tuple(sources)
+
+    def data_api_target(self) -> tuple[str, str]:
+        """DATABASE_ACCESS=data-api: the cluster ARN and the secret ARN it needs, both set."""
+        if not (self.database_cluster_arn and self.database_secret_arn):
+            raise ConfigurationError(
+                "DATABASE_ACCESS=data-api needs DATABASE_CLUSTER_ARN and DATABASE_SECRET_ARN "
+                f"(got {self.database_cluster_arn or '(none)'!r} and {self.database_secret_arn or '(none)'!r})"
+            )
+        return self.database_cluster_arn, self.database_secret_arn
 
     def check_model_call_time(self) -> None:
         """For a function that calls the model: its calls must fit inside the function's own timeout.

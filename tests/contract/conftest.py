@@ -1,4 +1,5 @@
-"""The contract suite runs every test on both stores: PostgreSQL and the in-memory twin."""
+"""The contract suite runs every test on three stores: PostgreSQL, the same over the RDS Data API, and the in-memory
+twin."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pagescribe.store.ports import Store
 from tests.support.memory_store import MemoryStore
 
 
-@pytest.fixture(params=["postgres", "memory"])
+@pytest.fixture(params=["postgres", "dataapi", "memory"])
 def store(request: pytest.FixtureRequest) -> Store:
     if request.param == "memory":
         return MemoryStore()
-    db: Store = request.getfixturevalue("db")
+    fixture = "data_api_db" if request.param == "dataapi" else "db"
+    db: Store = request.getfixturevalue(fixture)
     return db

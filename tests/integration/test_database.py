@@ -32,6 +32,16 @@ def database_url(request: pytest.FixtureRequest) -> str:
 LEASE = 300.0
 
 
+@pytest.fixture(params=["direct", "dataapi"])
+def store(request: pytest.FixtureRequest, db: Database) -> Database:
+    """The database the claims and fences are tested on: over psycopg, and over the RDS Data API (``db`` itself
+    still inspects and arranges rows directly)."""
+    if request.param == "direct":
+        return db
+    through_data_api: Database = request.getfixturevalue("data_api_db")
+    return through_data_api
+
+
 def _new(key: str) -> NewDocument:
     return NewDocument(bucket="bucket", object_key=key, etag="etag", version_id="", size_bytes=10, model="test/model")
 
@@ -103,73 +113,75 @@ def test_a_document_and_its_jobs_are_recorded_once(db: Database) -> None:
         assert conn.execute(text("SELECT count(*) FROM documents")).scalar_one() == 1
 
 
-def test_claim_by_id_hands_a_job_out_once(db: Database) -> None:
-    created = db.create_document(_new("uploads/x.pdf"), kind="pdf", pages=[1])
+def test_claim_by_id_hands_a_job_out_once(db: Database, store: Database) -> None:
+    created = store.create_document(_new("uploads/x.pdf"), kind="pdf", pages=[1])
     [job_id] = created.job_ids
     # When the same job is claimed twice (a duplicate delivery)
-    first = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
-    second = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
+    first = claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3)
+    second = claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3)
     # Then only the first claim gets it
     assert first is not None and first.job_id == job_id
     assert second is None
     # And once completed, it is never handed out again
-    assert db.complete_job(first, _outcome("done")) is not None
-    assert claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3) is None
+    assert store.complete_job(first, _outcome("done")) is not None
+    assert claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3) is None
 
 
-def test_an_expired_lease_is_taken_over_and_the_zombie_write_is_refused(db: Database) -> None:
+def test_an_expired_lease_is_taken_over_and_the_zombie_write_is_refused(db: Database, store: Database) -> None:
     # Given a job claimed by a worker whose lease then expired (the worker died or stalled)
-    [job_id] = db.create_document(_new("uploads/z.pdf"), kind="pdf", pages=[1]).job_ids
-    zombie = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
+    [job_id] = store.create_document(_new("uploads/z.pdf"), kind="pdf", pages=[1]).job_ids
+    zombie = claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3)
     assert zombie is not None
     _expire_lease(db, job_id)
     # When a redelivery claims it again and completes it
-    newer = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
+    newer = claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3)
     assert newer is not None and newer.attempts == 2 and newer.lease_token != zombie.lease_token
-    assert db.complete_job(newer, _outcome("newer result")) is not None
+    assert store.complete_job(newer, _outcome("newer result")) is not None
     # Then the zombie's late result and late failure are both refused, and the newer result stands
-    assert db.complete_job(zombie, _outcome("zombie result")) is None
-    assert db.fail_job(zombie, "late failure") is None
-    assert not db.requeue_job(zombie, "late retry", delay_seconds=0)
-    [page] = db.load_pages(newer.document_id)
+    assert store.complete_job(zombie, _outcome("zombie result")) is None
+    assert store.fail_job(zombie, "late failure") is None
+    assert not store.requeue_job(zombie, "late retry", delay_seconds=0)
+    [page] = store.load_pages(newer.document_id)
     assert (page.status, page.text, page.attempts) == (JobStatus.COMPLETED, "newer result", 2)
 
 
-def test_claims_stop_at_max_attempts(db: Database) -> None:
-    [job_id] = db.create_document(_new("uploads/m.pdf"), kind="pdf", pages=[1]).job_ids
-    job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=1)
+def test_claims_stop_at_max_attempts(db: Database, store: Database) -> None:
+    [job_id] = store.create_document(_new("uploads/m.pdf"), kind="pdf", pages=[1]).job_ids
+    job = claim_one(store, job_id, lease_seconds=LEASE, max_attempts=1)
     assert job is not None
     _expire_lease(db, job_id)
-    assert claim_one(db, job_id, lease_seconds=LEASE, max_attempts=1) is None
+    assert claim_one(store, job_id, lease_seconds=LEASE, max_attempts=1) is None
 
 
-def test_requeue_makes_the_job_claimable_again_with_backoff_for_the_sweeper(db: Database) -> None:
-    [job_id] = db.create_document(_new("uploads/r.pdf"), kind="pdf", pages=[1]).job_ids
-    job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
+def test_requeue_makes_the_job_claimable_again_with_backoff_for_the_sweeper(db: Database, store: Database) -> None:
+    [job_id] = store.create_document(_new("uploads/r.pdf"), kind="pdf", pages=[1]).job_ids
+    job = claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3)
     assert job is not None
-    assert db.requeue_job(job, "HTTP 503", delay_seconds=3600)
+    assert store.requeue_job(job, "HTTP 503", delay_seconds=3600)
     # The sweeper does not send it again before its backoff; a message naming the job (sent with that delay) may
     # claim it
-    assert db.take_unsent_jobs(resend_after_seconds=0, limit=10) == []
-    again = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
+    assert store.take_unsent_jobs(resend_after_seconds=0, limit=10) == []
+    again = claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3)
     assert again is not None and again.attempts == 2
 
 
-def test_the_last_page_is_seen_by_exactly_one_completion(db: Database) -> None:
-    created = db.create_document(_new("uploads/d.pdf"), kind="pdf", pages=[1, 2, 3])
-    jobs = [claim_one(db, j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
+def test_the_last_page_is_seen_by_exactly_one_completion(db: Database, store: Database) -> None:
+    created = store.create_document(_new("uploads/d.pdf"), kind="pdf", pages=[1, 2, 3])
+    jobs = [claim_one(store, j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
     assert all(jobs)
     claimed = [j for j in jobs if j is not None]
     progress = [
-        db.complete_job(claimed[0], _outcome("one")),
-        db.fail_job(claimed[1], "broken page"),
-        db.complete_job(claimed[2], _outcome("three")),
+        store.complete_job(claimed[0], _outcome("one")),
+        store.fail_job(claimed[1], "broken page"),
+        store.complete_job(claimed[2], _outcome("three")),
     ]
     assert [p.all_pages_done for p in progress if p] == [False, False, True]
-    assert db.finish_document(
+    assert store.finish_document(
         created.document_id, status=DocumentStatus.PARTIAL, error="1 of 3 pages failed", transcript_key="t.md"
     )
-    assert not db.finish_document(created.document_id, status=DocumentStatus.PARTIAL, error=None, transcript_key="t.md")
+    assert not store.finish_document(
+        created.document_id, status=DocumentStatus.PARTIAL, error=None, transcript_key="t.md"
+    )
 
 
 def test_sixteen_threads_claiming_overlapping_batches_of_two_thousand_jobs_claim_each_once(db: Database) -> None:
@@ -208,16 +220,16 @@ def test_sixteen_threads_claiming_overlapping_batches_of_two_thousand_jobs_claim
         assert conn.execute(text("SELECT max(attempts) FROM jobs")).scalar_one() == 1
 
 
-def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(db: Database) -> None:
+def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(db: Database, store: Database) -> None:
     # Given 200 jobs, and three deliveries of each job's message racing across 16 threads
-    job_ids = list(db.create_document(_new("uploads/dups.pdf"), kind="pdf", pages=range(1, 201)).job_ids)
+    job_ids = list(store.create_document(_new("uploads/dups.pdf"), kind="pdf", pages=range(1, 201)).job_ids)
     deliveries = job_ids * 3
     won: list[str] = []
     lock = threading.Lock()
 
     def worker(share: list[str]) -> None:
         for job_id in share:
-            if claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3) is not None:
+            if claim_one(store, job_id, lease_seconds=LEASE, max_attempts=3) is not None:
                 with lock:
                     won.append(job_id)
 

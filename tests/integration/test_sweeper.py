@@ -36,6 +36,14 @@ def database_url(request: pytest.FixtureRequest) -> str:
     return both_servers(request)
 
 
+@pytest.fixture(params=["direct", "dataapi"])
+def pipeline(request: pytest.FixtureRequest, pipeline: Pipeline) -> Pipeline:
+    """The functions reach the database directly, and through the RDS Data API (the data-api profile)."""
+    if request.param == "dataapi":
+        request.getfixturevalue("through_data_api")
+    return pipeline
+
+
 def _reconfigure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -175,8 +183,15 @@ def test_an_upload_the_function_gave_up_on_becomes_a_failed_document_not_a_lost_
     )
     with socket.socket() as unused_port:
         unused_port.bind(("127.0.0.1", 0))
-        dead = f"postgresql://postgres@127.0.0.1:{unused_port.getsockname()[1]}/none?connect_timeout=2"
-    _reconfigure(monkeypatch, DATABASE_URL=dead)
+        port = unused_port.getsockname()[1]
+    # (in the data-api profile, the Data API's endpoint is what cannot be reached)
+    if os.environ.get("DATABASE_ACCESS") == "data-api":
+        endpoint = "AWS_ENDPOINT_URL_RDS_DATA"
+        outage, back = {endpoint: f"http://127.0.0.1:{port}"}, {endpoint: os.environ[endpoint]}
+    else:
+        outage = {"DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/none?connect_timeout=2"}
+        back = {"DATABASE_URL": database_url}
+    _reconfigure(monkeypatch, **outage)
 
     # When the function fails on it every time, until Lambda gives up
     for _ in range(UPLOAD_INVOCATIONS):
@@ -184,7 +199,7 @@ def test_an_upload_the_function_gave_up_on_becomes_a_failed_document_not_a_lost_
     assert service.deliver_uploads() == 0  # given up: nothing is delivered again
 
     # And the database is back and the sweeper runs
-    _reconfigure(monkeypatch, DATABASE_URL=database_url)
+    _reconfigure(monkeypatch, **back)
     report = pipeline.sweep()
 
     # Then the upload is a FAILED document that says the function gave up and why, and the record is gone
@@ -192,7 +207,8 @@ def test_an_upload_the_function_gave_up_on_becomes_a_failed_document_not_a_lost_
     with db.engine.connect() as conn:
         row = conn.execute(text("SELECT status, error, object_key FROM documents")).mappings().one()
     assert (row["status"], row["object_key"]) == ("FAILED", "uploads/during the outage.pdf")
-    assert "the upload function failed on this file and gave up (RetriesExhausted: OperationalError" in row["error"]
+    reason = "EndpointConnectionError" if "AWS_ENDPOINT_URL_RDS_DATA" in outage else "OperationalError"
+    assert f"the upload function failed on this file and gave up (RetriesExhausted: {reason}" in row["error"]
     assert pipeline.sqs.receive_message(QueueUrl=pipeline.upload_failures_url).get("Messages", []) == []
     # And sweeping again records nothing twice
     assert pipeline.sweep()["uploads_failed"] == 0

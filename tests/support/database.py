@@ -20,13 +20,20 @@ ADMIN_URL = os.environ.get("PAGESCRIBE_TEST_ADMIN_URL", "postgresql://postgres@1
 @contextmanager
 def fresh_database() -> Iterator[str]:
     """A new database on the machine's PostgreSQL, migrated to head, dropped on the way out."""
+    with fresh_empty_database() as url:
+        upgrade_database(url)
+        yield url
+
+
+@contextmanager
+def fresh_empty_database() -> Iterator[str]:
+    """A new empty database on the machine's PostgreSQL, dropped on the way out."""
     name = f"pagescribe_test_{os.getpid()}_{secrets.token_hex(3)}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     base = ADMIN_URL.rsplit("/", 1)[0]
     url = f"{base}/{name}".replace("postgresql://", "postgresql+psycopg://", 1)
     try:
-        upgrade_database(url)
         yield url
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import pytest
 import yaml
@@ -727,6 +727,54 @@ def test_runtime_functions_read_the_provider_key_parameter_by_its_arn(template: 
     assert expected in resources
 
 
+DATA_API_ACTIONS = {
+    "rds-data:ExecuteStatement",
+    "rds-data:BatchExecuteStatement",
+    "rds-data:BeginTransaction",
+    "rds-data:CommitTransaction",
+    "rds-data:RollbackTransaction",
+}
+
+
+def test_the_data_api_profile_pauses_the_created_cluster_and_drops_the_proxy_and_the_vpc(
+    template: dict[str, Any],
+) -> None:
+    from pagescribe.settings import Settings
+
+    # Given the DatabaseAccess parameter, which the settings read as DATABASE_ACCESS
+    parameter = template["Parameters"]["DatabaseAccess"]
+    assert (parameter["Default"], parameter["AllowedValues"]) == ("direct", ["direct", "data-api"])
+    assert list(get_args(Settings.model_fields["database_access"].annotation)) == parameter["AllowedValues"]
+    conditions = template["Conditions"]
+    assert conditions["DataApi"] == {
+        "Fn::And": [{"Condition": "CreateDatabase"}, {"Fn::Equals": [{"Ref": "DatabaseAccess"}, "data-api"]}]
+    }
+    assert conditions["ProxiedDatabase"] == {
+        "Fn::And": [{"Condition": "CreateDatabase"}, {"Fn::Not": [{"Condition": "DataApi"}]}]
+    }
+    # Then with data-api the created cluster scales to 0 ACU, pauses when idle and answers the Data API
+    cluster = _properties(template, "DatabaseCluster")
+    scaling = cluster["ServerlessV2ScalingConfiguration"]
+    assert scaling["MinCapacity"] == {"Fn::If": ["DataApi", 0, 0.5]}
+    assert scaling["SecondsUntilAutoPause"] == {"Fn::If": ["DataApi", 300, {"Ref": "AWS::NoValue"}]}
+    assert cluster["EnableHttpEndpoint"] == {"Fn::If": ["DataApi", True, {"Ref": "AWS::NoValue"}]}
+    # And there is no proxy (nor its security groups), and the functions are outside the VPC
+    for name in ("DatabaseProxy", "DatabaseProxyTargetGroup", "DatabaseProxyRole", "DatabaseProxySecurityGroup"):
+        assert _resource(template, name)["Condition"] == "ProxiedDatabase"
+    assert {"Fn::Not": [{"Condition": "DataApi"}]} in conditions["UseVpc"]["Fn::And"]
+    # And the functions are told to use the Data API on that cluster, which they may
+    environment = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert environment["DATABASE_ACCESS"] == {"Fn::If": ["DataApi", "data-api", "direct"]}
+    assert environment["DATABASE_CLUSTER_ARN"] == {
+        "Fn::If": ["DataApi", {"Fn::GetAtt": ["DatabaseCluster", "DBClusterArn"]}, ""]
+    }
+    # And the sweeper wakes the paused cluster every 3 hours, not every minute
+    schedule = _event(template, "SweeperFunction", "Schedule")["Schedule"]
+    assert schedule == {"Fn::If": ["DataApi", "rate(3 hours)", "rate(1 minute)"]}
+    [granted] = [s for s in _policy_statements(template) if set(_as_list(s["Action"])) == DATA_API_ACTIONS]
+    assert granted["Resource"] == {"Fn::GetAtt": ["DatabaseCluster", "DBClusterArn"]}
+
+
 def test_migration_function_reads_no_parameters_and_no_bucket(template: dict[str, Any]) -> None:
     # Given the migration function's statements and policy templates
     statements = _function_statements(template, "MigrateFunction")
@@ -735,8 +783,8 @@ def test_migration_function_reads_no_parameters_and_no_bucket(template: dict[str
     # When the actions it is allowed are collected
     actions = {a for s in statements if s["Effect"] == "Allow" for a in _as_list(s["Action"])}
 
-    # Then it only reads the database secret (and decrypts it)
-    assert actions == {"secretsmanager:GetSecretValue", "kms:Decrypt"}
+    # Then it only reads the database secret (and decrypts it), and in the data-api profile runs statements there
+    assert actions == {"secretsmanager:GetSecretValue", "kms:Decrypt"} | DATA_API_ACTIONS
     assert policies == [{"Ref": "DatabaseSecretReadPolicy"}]
 
 
@@ -865,9 +913,9 @@ def test_sweeper_runs_every_minute(template: dict[str, Any]) -> None:
     # When the schedule expression and the timeout parameter are read
     schedule = event["Schedule"]
 
-    # Then it runs every minute, its timeout is the SweeperFunctionTimeout parameter (default 120 s), and a
-    # failed run is not retried (the next scheduled run is a minute away)
-    assert schedule == "rate(1 minute)"
+    # Then it runs every minute (but in the data-api profile: see its own test), its timeout is the
+    # SweeperFunctionTimeout parameter (default 120 s), and a failed run is not retried (the next run is coming)
+    assert schedule["Fn::If"][0] == "DataApi" and schedule["Fn::If"][2] == "rate(1 minute)"
     assert event.get("Enabled", True) is True
     assert _ref_parameter(timeout) == "SweeperFunctionTimeout"
     assert _default(template, "SweeperFunctionTimeout") == 120
@@ -905,7 +953,7 @@ def test_migration_waits_for_a_created_database(template: dict[str, Any]) -> Non
 
     # Then it waits for the database instance and the proxy's targets, but only when the stack makes them
     assert ["CreateDatabase", {"Ref": "DatabaseInstance"}, ""] in guarded
-    assert ["CreateDatabase", {"Fn::GetAtt": ["DatabaseProxyTargetGroup", "TargetGroupArn"]}, ""] in guarded
+    assert ["ProxiedDatabase", {"Fn::GetAtt": ["DatabaseProxyTargetGroup", "TargetGroupArn"]}, ""] in guarded
 
 
 @pytest.mark.parametrize("function", SCHEMA_DEPENDENT_FUNCTIONS)
@@ -998,8 +1046,10 @@ def test_database_resources_exist_only_when_the_stack_creates_the_database(templ
     # When their conditions are read
     conditions = {name: resource.get("Condition") for name, resource in database_resources.items()}
 
-    # Then all of them carry CreateDatabase, and the ones the issue asks for are among them
-    assert conditions == dict.fromkeys(database_resources, "CreateDatabase")
+    # Then all of them carry CreateDatabase (the proxy and its network: ProxiedDatabase, which implies it), and the
+    # ones the issue asks for are among them
+    proxied = {n for n in database_resources if "Proxy" in n or n == "FunctionSecurityGroup"}
+    assert conditions == {n: "ProxiedDatabase" if n in proxied else "CreateDatabase" for n in database_resources}
     assert {
         "DatabaseCluster",
         "DatabaseInstance",
@@ -1024,7 +1074,7 @@ def test_created_database_is_aurora_postgresql_serverless_v2_kept_as_a_snapshot(
     # Then it is Aurora PostgreSQL 15/16 on a db.serverless instance from 0.5 ACU, snapshotted when deleted
     assert properties["Engine"] == "aurora-postgresql"
     assert re.fullmatch(r"1[56]\.\d+", version), version
-    assert float(scaling["MinCapacity"]) == 0.5
+    assert scaling["MinCapacity"]["Fn::If"][2] == 0.5  # 0 in the data-api profile
     assert _ref_parameter(scaling["MaxCapacity"]) == "DatabaseMaxCapacity"
     assert cluster["DeletionPolicy"] == "Snapshot"
     assert properties["StorageEncrypted"] is True
@@ -1101,13 +1151,16 @@ def test_functions_connect_through_the_proxy_when_the_stack_creates_it(template:
     host = env.get("DATABASE_HOST")
 
     # Then it is the proxy endpoint when the stack creates the database, and empty (the secret's host) otherwise
-    assert host == {"Fn::If": ["CreateDatabase", {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}, ""]}
+    assert host == {"Fn::If": ["ProxiedDatabase", {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}, ""]}
 
 
 def test_only_the_proxy_reaches_the_database_and_only_the_functions_reach_the_proxy(template: dict[str, Any]) -> None:
     # Given the security groups' ingress rules
     groups = _resources_of_type(template, "AWS::EC2::SecurityGroup")
     ingress = {name: g["Properties"].get("SecurityGroupIngress", []) for name, g in groups.items()}
+    # (the cluster's rule exists in the proxied profile only: the Data API reaches it without the VPC)
+    assert ingress["DatabaseSecurityGroup"]["Fn::If"][0] == "ProxiedDatabase"
+    ingress["DatabaseSecurityGroup"] = ingress["DatabaseSecurityGroup"]["Fn::If"][1]
     ingress_resources = _resources_of_type(template, "AWS::EC2::SecurityGroupIngress")
 
     # When the sources they admit are collected
@@ -1121,7 +1174,7 @@ def test_only_the_proxy_reaches_the_database_and_only_the_functions_reach_the_pr
     # (and HTTPS to Bedrock's VPC endpoints comes from the functions: their own group, or the first one given)
     function_group = {
         "Fn::If": [
-            "CreateDatabase",
+            "ProxiedDatabase",
             {"Ref": "FunctionSecurityGroup"},
             {"Fn::Select": [0, {"Ref": "VpcSecurityGroupIds"}]},
         ]

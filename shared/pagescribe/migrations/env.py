@@ -26,4 +26,14 @@ def run_migrations_online() -> None:
         engine.dispose()
 
 
-run_migrations_online()
+def run_migrations_offline() -> None:
+    """The migrations as SQL text (``pagescribe.migrate.migration_sql``): what the Data API profile runs."""
+    context.configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True, transaction_per_migration=False)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -165,8 +165,9 @@ class PgDocuments(Connected):
                            prompt, filename, requested_pages, callback_url, tenant_id, reuse, max_cost_usd,
                            second_read, chunks, merge_tables, furniture, lane, deadline)
     VALUES (%(id)s, %(bucket)s, %(object_key)s, '', '', 0, 'AWAITING_UPLOAD', %(model)s, %(escalation_model)s,
-            %(prompt)s, %(filename)s, %(requested_pages)s, %(callback_url)s, %(tenant_id)s, %(reuse)s,
-            %(max_cost_usd)s, %(second_read)s, %(chunks)s, %(merge_tables)s, %(furniture)s, %(lane)s, %(deadline)s)
+            %(prompt)s, %(filename)s, CAST(%(requested_pages)s AS integer[]), %(callback_url)s, %(tenant_id)s,
+            %(reuse)s, %(max_cost_usd)s, %(second_read)s, %(chunks)s, %(merge_tables)s, %(furniture)s, %(lane)s,
+            %(deadline)s)
     ON CONFLICT (id) DO NOTHING
     """
 
