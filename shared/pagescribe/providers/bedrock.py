@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 import boto3
@@ -52,20 +51,19 @@ from botocore.exceptions import (
 
 from pagescribe.domain import LOOP_CUT
 from pagescribe.providers.base import (
-    FailedAttempt,
     ProviderError,
     Transcription,
     TranscriptionRequest,
 )
 from pagescribe.providers.bedrock_prices import SETTING, ModelPrice, price_of
-from pagescribe.providers.openai_compat import (
-    _CHECK_EVERY_CHARS,
-    _accepted,
-    _backoff,
-    _clip,
-    _is_retryable_status,
-    _retry_after_seconds,
-    _storable,
+from pagescribe.providers.policy import (
+    CHECK_EVERY_CHARS,
+    accepted,
+    clip,
+    is_retryable_status,
+    retry_after_seconds,
+    storable,
+    with_retries,
 )
 from pagescribe.timepolicy import TimePolicy
 
@@ -142,14 +140,16 @@ class BedrockProvider:
         loop = asyncio.get_running_loop()
         started = loop.time()
 
-        async def converse() -> Transcription:
+        async def converse(_deadline: float) -> Transcription:
             if self._stream:
                 answer = await loop.run_in_executor(self._threads, self._converse_stream, body, request.loop_check)
             else:
                 answer = await loop.run_in_executor(self._threads, self._converse, body)
             return _transcription(answer, request, price, loop.time() - started)
 
-        return await with_retries(converse, request, call_seconds, retry_rate_limited=self._retry_rate_limited)
+        return await with_retries(
+            converse, request, call_seconds, retry_rate_limited=self._retry_rate_limited, provider="Bedrock"
+        )
 
     async def aclose(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -190,52 +190,6 @@ class BedrockProvider:
             raise ProviderError(f"cannot call Bedrock: {type(exc).__name__}: {exc}", retryable=False) from exc
 
 
-async def with_retries(
-    one_request: Callable[[], Awaitable[Transcription]],
-    request: TranscriptionRequest,
-    call_seconds: float,
-    *,
-    retry_rate_limited: bool,
-) -> Transcription:
-    """``one_request`` until it answers, retried as the failure policy says within ``call_seconds``; the requests
-    that failed before the answer (or the error) travel with it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + call_seconds
-    failed: list[FailedAttempt] = []
-    last_error: ProviderError | None = None
-    try:
-        async with asyncio.timeout_at(deadline):
-            while True:
-                request_started = loop.time()
-                try:
-                    return replace(await one_request(), failed_attempts=tuple(failed))
-                except ProviderError as error:
-                    error.earlier_attempts = tuple(failed)
-                    if not error.retryable or (error.status_code == 429 and not retry_rate_limited):
-                        raise
-                    last_error = error
-                wait = max(_backoff(len(failed) + 1), last_error.retry_after or 0.0)
-                if loop.time() + wait >= deadline:
-                    raise last_error
-                failed.append(FailedAttempt(last_error.status_code, last_error.message, loop.time() - request_started))
-                logger.warning(
-                    "page %d of document %s: attempt %d failed (%s); retrying in %.2f s",
-                    request.page_number,
-                    request.document_id,
-                    len(failed),
-                    last_error.message,
-                    wait,
-                )
-                await asyncio.sleep(wait)
-    except TimeoutError:
-        message = f"no answer from Bedrock within the call's {call_seconds:.1f} s"
-        if last_error is not None:
-            message += f" (last error: {last_error.message})"
-        timed_out = ProviderError(message, retryable=True)
-        timed_out.earlier_attempts = tuple(failed)
-        raise timed_out from None
-
-
 def _converse_body(request: TranscriptionRequest) -> dict[str, Any]:
     image_format = IMAGE_FORMATS.get(request.image.media_type)
     if image_format is None:
@@ -271,7 +225,7 @@ class _StreamedAnswer:
             self._pieces += 1
         self._stop_reason = event.get("messageStop", {}).get("stopReason", self._stop_reason)
         self._usage = event.get("metadata", {}).get("usage", self._usage)
-        threshold = max(_CHECK_EVERY_CHARS, self._checked_at // 8)
+        threshold = max(CHECK_EVERY_CHARS, self._checked_at // 8)
         if self._loop_check is None or self._chars - self._checked_at < threshold:
             return False
         self._checked_at = self._chars
@@ -300,12 +254,12 @@ def _client_error(exc: ClientError) -> ProviderError:
     code = str(error.get("Code") or "error")
     code = code[:1].upper() + code[1:]  # an error event mid-stream is named in camel case: throttlingException
     status = ERROR_STATUSES.get(code) or metadata.get("HTTPStatusCode")  # an error event's HTTP status is 400
-    detail = _clip(str(error.get("Message") or "")) or "no error message"
+    detail = clip(str(error.get("Message") or "")) or "no error message"
     headers = metadata.get("HTTPHeaders", {})
-    retry_after = _retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
+    retry_after = retry_after_seconds(headers.get("retry-after")) if status in (429, 503) else None
     return ProviderError(
         f"Bedrock returned HTTP {status} {code}: {detail}",
-        retryable=isinstance(status, int) and _is_retryable_status(status),
+        retryable=isinstance(status, int) and is_retryable_status(status),
         status_code=status,
         retry_after=retry_after,
     )
@@ -319,9 +273,9 @@ def _transcription(
     blocks = message.get("content") if isinstance(message, dict) else None
     if not isinstance(blocks, list):
         raise ProviderError("Bedrock returned a malformed response: no output.message.content", retryable=True)
-    text = _storable("".join(block["text"] for block in blocks if isinstance(block.get("text"), str)))
+    text = storable("".join(block["text"] for block in blocks if isinstance(block.get("text"), str)))
     stop_reason = str(answer.get("stopReason") or "unknown")
-    finish_reason = _accepted(text, FINISH_REASONS.get(stop_reason, stop_reason))
+    finish_reason = accepted(text, FINISH_REASONS.get(stop_reason, stop_reason))
     usage = answer.get("usage", {})
     input_tokens, output_tokens = usage.get("inputTokens"), usage.get("outputTokens")
     priced = isinstance(input_tokens, int) and isinstance(output_tokens, int)  # a stream cut at a loop has no usage

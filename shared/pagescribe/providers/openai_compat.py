@@ -21,7 +21,7 @@ Streaming (``stream``: auto, on, off). Streamed, the answer comes as server-sent
 (``: OPENROUTER PROCESSING``) are keep-alives. The same failure policy holds: an error status before the stream, an
 error object in an event (mid-stream too: the partial answer is dropped) and a stream that ends before the answer
 did are classified and retried as above. While the answer arrives the request's ``loop_check`` is run on the text so
-far, every ``_CHECK_EVERY_CHARS`` characters at first, then every eighth more: when it finds a loop, the response is
+far, every ``CHECK_EVERY_CHARS`` characters at first, then every eighth more: when it finds a loop, the response is
 closed (the connection with it, so the provider stops generating) and the call answers with the text received,
 ``finish_reason == LOOP_CUT``, the usage if it came, else the text events received counted as completion tokens.
 An endpoint that answers a streamed request with a plain JSON body is read as today; with ``auto``, one that rejects
@@ -34,35 +34,34 @@ import asyncio
 import base64
 import json
 import logging
-import math
-import random
 import re
 from collections.abc import Callable
-from dataclasses import asdict, replace
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from dataclasses import asdict
 from typing import Literal
 
 import httpx
 
 from pagescribe.domain import LOOP_CUT
 from pagescribe.providers.base import (
-    FailedAttempt,
     PageImage,
     ProviderError,
     Transcription,
     TranscriptionRequest,
 )
+from pagescribe.providers.policy import (
+    CHECK_EVERY_CHARS,
+    accepted,
+    clip,
+    is_retryable_status,
+    retry_after_seconds,
+    storable,
+    with_retries,
+)
 from pagescribe.timepolicy import TimePolicy
 
 logger = logging.getLogger(__name__)
 
-BACKOFF_BASE_SECONDS = 0.5
-BACKOFF_CAP_SECONDS = 20.0
-_NOT_RETRYABLE_5XX = frozenset({501, 505})  # Not Implemented, HTTP Version Not Supported
 _RETRY_AFTER_STATUSES = frozenset({429, 503})
-_DETAIL_LIMIT = 500  # characters of a provider's error text kept in a message
-_CHECK_EVERY_CHARS = 512  # a streamed answer is checked for a loop at least this many new characters apart
 _JSON_HEADERS = {"Content-Type": "application/json"}
 # "stream", "stream_options" or "streaming is not supported"; not "upstream error"
 _NAMES_STREAM = re.compile(r"\bstream(?:_options|ing)?\b", re.IGNORECASE)
@@ -129,48 +128,14 @@ class OpenAICompatibleProvider:
 
     async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
         """Transcribe one page; return or raise :class:`ProviderError` within ``call_seconds``."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline = started + call_seconds
-        requests = 0  # made so far in this call
-        last_error: ProviderError | None = None
-        failed: list[FailedAttempt] = []  # the requests retried, each recorded by the caller as a call
-        try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    requests += 1
-                    request_started = loop.time()
-                    try:
-                        result = await self._request(request, started, deadline)
-                        return replace(result, failed_attempts=tuple(failed))
-                    except ProviderError as error:
-                        error.earlier_attempts = tuple(failed)
-                        if not error.retryable or (error.status_code == 429 and not self._retry_rate_limited):
-                            raise
-                        last_error = error
-                    # Retry-After is a floor: "0" or a date in the past must not turn backoff into a tight loop.
-                    wait = max(_backoff(requests), last_error.retry_after or 0.0)
-                    if loop.time() + wait >= deadline:
-                        raise last_error
-                    failed.append(
-                        FailedAttempt(last_error.status_code, last_error.message, loop.time() - request_started)
-                    )
-                    logger.warning(
-                        "page %d of document %s: attempt %d failed (%s); retrying in %.2f s",
-                        request.page_number,
-                        request.document_id,
-                        requests,
-                        last_error.message,
-                        wait,
-                    )
-                    await asyncio.sleep(wait)
-        except TimeoutError:
-            message = f"no answer from the provider within the call's {call_seconds:.1f} s"
-            if last_error is not None:
-                message += f" (last error: {last_error.message})"
-            timed_out = ProviderError(message, retryable=True)
-            timed_out.earlier_attempts = tuple(failed)
-            raise timed_out from None
+        started = asyncio.get_running_loop().time()
+
+        async def one_request(deadline: float) -> Transcription:
+            return await self._request(request, started, deadline)
+
+        return await with_retries(
+            one_request, request, call_seconds, retry_rate_limited=self._retry_rate_limited, provider="the provider"
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -294,19 +259,19 @@ class _StreamedAnswer:
 
     def _looping(self) -> bool:
         """Whether the text so far is a loop, checked when it has grown enough since the check before."""
-        if self._loop_check is None or self._chars - self._checked_at < max(_CHECK_EVERY_CHARS, self._checked_at // 8):
+        if self._loop_check is None or self._chars - self._checked_at < max(CHECK_EVERY_CHARS, self._checked_at // 8):
             return False
         self._checked_at = self._chars
         return self._loop_check("".join(self._parts))
 
     def transcription(self, response: httpx.Response, request: TranscriptionRequest, latency: float) -> Transcription:
-        text = _storable("".join(self._parts))
+        text = storable("".join(self._parts))
         if self._cut:
             finish_reason = LOOP_CUT
         elif self._finish_reason is None and not self._done:
             raise _malformed("the stream ended before the answer did")
         else:
-            finish_reason = _accepted(text, self._finish_reason or "unknown")
+            finish_reason = accepted(text, self._finish_reason or "unknown")
         prompt_tokens, completion_tokens, cost = _usage({"usage": self._usage})
         if completion_tokens is None and self._cut:
             completion_tokens = self._pieces
@@ -342,57 +307,20 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _backoff(attempt: int) -> float:
-    """Exponential backoff with jitter: between half and all of min(cap, base * 2**(attempt-1))."""
-    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2.0 ** (attempt - 1))
-    return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not cryptography
-
-
-def _retry_after_seconds(value: str | None) -> float | None:
-    """A ``Retry-After`` header as seconds from now: delay-seconds or an HTTP-date."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def _is_retryable_status(status: int) -> bool:
-    return status in (408, 429) or (500 <= status <= 599 and status not in _NOT_RETRYABLE_5XX)
-
-
 def _error_detail(error: object) -> str | None:
     """The text of an error: a string, or an OpenAI-style object with OpenRouter's ``metadata.raw``."""
     if isinstance(error, str):
-        return _clip(error)
+        return clip(error)
     if not isinstance(error, dict):
         return None
     message = error.get("message")
-    detail = _clip(message) if isinstance(message, str) else None
+    detail = clip(message) if isinstance(message, str) else None
     metadata = error.get("metadata")
     upstream = metadata.get("raw") if isinstance(metadata, dict) else None
-    raw = _clip(upstream) if isinstance(upstream, str) else None
+    raw = clip(upstream) if isinstance(upstream, str) else None
     if raw and raw != detail:
-        return _clip(f"{detail} ({raw})") if detail else raw
+        return clip(f"{detail} ({raw})") if detail else raw
     return detail
-
-
-def _clip(text: str) -> str | None:
-    """Provider text fit for a one-line message: whitespace collapsed, at most _DETAIL_LIMIT characters."""
-    return " ".join(_storable(text).split())[:_DETAIL_LIMIT] or None
-
-
-def _storable(text: str) -> str:
-    """Provider text as PostgreSQL can store it: JSON strings may carry NUL and lone surrogates; it cannot."""
-    return text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
 
 
 def _status_error(response: httpx.Response) -> ProviderError:
@@ -400,12 +328,12 @@ def _status_error(response: httpx.Response) -> ProviderError:
     try:
         body: object = json.loads(response.content)
     except ValueError:
-        detail = _clip(response.text)
+        detail = clip(response.text)
     else:
         detail = _error_detail(body.get("error")) if isinstance(body, dict) else None
     message = f"provider returned HTTP {status}: {detail or response.reason_phrase or 'no error message'}"
-    retry_after = _retry_after_seconds(response.headers.get("retry-after")) if status in _RETRY_AFTER_STATUSES else None
-    return ProviderError(message, retryable=_is_retryable_status(status), status_code=status, retry_after=retry_after)
+    retry_after = retry_after_seconds(response.headers.get("retry-after")) if status in _RETRY_AFTER_STATUSES else None
+    return ProviderError(message, retryable=is_retryable_status(status), status_code=status, retry_after=retry_after)
 
 
 def _body_error(error: dict[str, object] | str) -> ProviderError:
@@ -418,7 +346,7 @@ def _body_error(error: dict[str, object] | str) -> ProviderError:
     label = f"error {code}" if code is not None else "an error"
     return ProviderError(
         f"provider reported {label}: {detail}",
-        retryable=status is None or _is_retryable_status(status),
+        retryable=status is None or is_retryable_status(status),
         status_code=status,
     )
 
@@ -515,19 +443,10 @@ def _answer(body: dict[str, object]) -> tuple[str, str]:
     text = _content_text(message.get("content"))
     if text is None:
         raise _malformed("choices[0].message.content is neither text nor a list of parts")
-    text = _storable(text)
+    text = storable(text)
     raw_finish_reason = choices[0].get("finish_reason")
     finish_reason = raw_finish_reason if isinstance(raw_finish_reason, str) else "unknown"
-    return text, _accepted(text, finish_reason)
-
-
-def _accepted(text: str, finish_reason: str) -> str:
-    """The finish reason of an answer that may be kept; a failed or empty answer raises."""
-    if finish_reason == "error":
-        raise ProviderError("provider reported an error while answering (finish_reason=error)", retryable=True)
-    if not text.strip() and finish_reason != "length":
-        raise ProviderError(f"provider returned an empty answer (finish_reason={finish_reason})", retryable=True)
-    return finish_reason
+    return text, accepted(text, finish_reason)
 
 
 def _usage(body: dict[str, object]) -> tuple[int | None, int | None, float | None]:
