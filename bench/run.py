@@ -27,6 +27,7 @@ from bench import (
     claims,
     coldstart,
     connections,
+    dbload,
     fanout,
     governor,
     pipeline,
@@ -56,6 +57,7 @@ def benchmarks(mode: Mode, scratch: Path, built_ahead: Future[None] | None) -> l
         ("streaming", lambda: streaming.run(mode)),
         ("batchlane", lambda: batchlane.run(mode, scratch=scratch)),
         ("tiles", lambda: tiles.run(mode)),
+        ("dbload", lambda: dbload.run(mode)),
     ]
 
 
