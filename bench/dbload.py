@@ -21,6 +21,7 @@ are in, and on which table's rows the lock waits are.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import random
@@ -56,6 +57,7 @@ SEED_PAGES = 1  # each tenant's earlier pages, completed before the run: the pri
 PROCESSES = 5  # client processes (each with its threads and its share of the connections)
 CONNECTION_CAP = 50  # most connections the workers share (the server's max_connections is shared with other work)
 SAMPLE_SECONDS = 0.05
+WARM_UP = 0.25  # the share of a run's window whose completions are not counted in its pages/s
 P99_TARGET_MS = 50.0
 OUTCOME = PageOutcome(
     text="Transcribed page: " + "lorem ipsum " * 40,
@@ -102,7 +104,7 @@ class Layout:
 class Sizes:
     pages: int  # pages of each layout (HOT: one document of this many pages)
     workers: tuple[int, ...]  # saturation runs, no think time
-    window: float  # seconds each run takes batches for (each batch taken is finished)
+    window: float  # seconds each run works for (then each worker ends the page it is on, gives the rest back)
     think_workers: int  # the run with a think time standing in for the model call
     think_seconds: float
     think_window: float
@@ -214,6 +216,9 @@ class Client:
             "get_documents", self.db.get_documents, [job.document_id for job in claims.claimed.values()]
         )
         for job in claims.claimed.values():
+            if time.time() >= self.stop_at:  # the window is over: the batch's other pages go back, as a page held
+                self._give_back(job)  # back by a gate does (its claim not counted), so that a run ends soon after it
+                continue
             document = documents[job.document_id]
             if document.max_cost_usd is not None or document.tenant_daily_budget_usd is not None:
                 verdict = self.timed(
@@ -230,6 +235,12 @@ class Client:
             if admission.wait > 0:
                 raise RuntimeError(f"the governor held a page back ({admission.why}): its bucket must never empty")
             self._page(job)
+
+    def _give_back(self, job: ClaimedJob) -> None:
+        with self._slots:
+            deferred = self.db.defer_job(job, "the run's window ended", delay_seconds=0, slot_at=None, keep_slot=False)
+        if not deferred:
+            self.violation(f"job {job.job_id}: giving it back found its lease gone")
 
     def _page(self, job: ClaimedJob) -> None:
         self.timed("keep_page_image", self.db.keep_page_image, job, f"transcripts/{job.document_id}/pages/x.webp")
@@ -305,14 +316,15 @@ def _normal(sql: str) -> str:
     return re.sub(r"\s+", " ", sql).strip()[:60]
 
 
-def statement_names() -> dict[str, str]:
-    """The start of each statement's text -> its name (constants looked up by name: one that no longer exists is
-    reported by the start of its text instead)."""
-    names: dict[str, str] = {}
+def statement_names() -> dict[str, tuple[str, str | None]]:
+    """The start of each statement's text -> its name, and the one table it writes or locks (None when it touches
+    several). Constants are looked up by name: one that no longer exists is reported by the start of its text."""
+    names: dict[str, tuple[str, str | None]] = {}
     for constant, name in STATEMENTS.items():
         sql = getattr(Database, constant, None)
         if isinstance(sql, str):
-            names[_normal(sql)] = name
+            written = set(re.findall(r"(?:UPDATE|INSERT INTO|DELETE FROM)\s+(\w+)", sql))
+            names[_normal(sql)] = (name, written.pop() if len(written) == 1 and "FOR UPDATE OF" not in sql else None)
     return names
 
 
@@ -329,20 +341,29 @@ class Waits:
         return sum(self.lock_waits.values()) / self.active if self.active else 0.0
 
     def hot_row(self) -> str:
+        """The table whose rows were waited on most (of the waits whose table was found), and the statements that
+        waited most."""
+        known = [(table, seen) for table, seen in self.lock_waits.most_common() if not table.startswith("unknown")]
         if not self.lock_waits:
             return "none: no backend was seen waiting on a lock"
-        table, seen = self.lock_waits.most_common(1)[0]
-        statement = self.lock_statements.most_common(1)[0][0]
-        return f"{table} ({seen} of {sum(self.lock_waits.values())} lock waits seen; most waits in {statement})"
+        statements = ", ".join(f"{name} {seen}" for name, seen in self.lock_statements.most_common(3))
+        total = sum(self.lock_waits.values())
+        if not known:
+            return f"table not found ({total} lock waits seen, by statement: {statements})"
+        table, seen = known[0]
+        return f"{table}: {seen} of {total} lock waits seen (by statement: {statements})"
 
 
-def _table_of(locks: str | None) -> str:
-    """The table whose row a waiting backend waits on: its tuple lock's, else the relation it waits for."""
+def _table_of(locks: str | None, written: str | None) -> str:
+    """The table whose row a waiting backend waits on: its tuple lock's, else the relation it waits for, else (a
+    wait on the holder's transaction with no tuple lock) the one table its statement writes."""
     entries = (locks or "").split(",")
     for kind in ("tuple:", "relation:", "extend:"):
         for entry in entries:
             if entry.startswith(kind) and entry != kind:
                 return f"{entry.split(':', 1)[1]} ({'row' if kind == 'tuple:' else kind.rstrip(':')})"
+    if written is not None and "transactionid:" in entries:
+        return f"{written} (row)"
     return f"unknown table ({locks or 'no lock row'})"
 
 
@@ -376,9 +397,10 @@ class Sampler(threading.Thread):
             waits.active += 1
             waits.events[f"{event_type}:{event}" if event_type else "CPU (no wait event)"] += 1
             if event_type == "Lock":
-                waits.lock_waits[_table_of(locks)] += 1
                 normal = _normal(query or "")
-                waits.lock_statements[self._names.get(normal, normal)] += 1
+                name, written = self._names.get(normal, (normal, None))
+                waits.lock_waits[_table_of(locks, written)] += 1
+                waits.lock_statements[name] += 1
 
 
 # --- server CPU ----------------------------------------------------------------------------------------------
@@ -476,8 +498,8 @@ class Run:
     workers: int
     connections: int
     think: float
-    pages: int  # completed in all (every batch taken is finished)
-    in_window: int  # completed within the window
+    pages: int  # completed in all (the pages under way when the window ended included)
+    in_window: int  # completed within the window, after its warm-up
     window: float
     seconds: float  # from the start to the last completion
     latencies: dict[str, list[float]]
@@ -489,9 +511,10 @@ class Run:
 
     @property
     def rate(self) -> float:
-        """Pages per second while every worker was busy: those completed within the window (the batches still being
-        finished after it are done and checked, not counted)."""
-        return self.in_window / self.window
+        """Pages per second while every worker was busy: those completed within the window, after its first quarter
+        (the workers' start: in a think-time run no page completes before the think time); the pages under way when
+        it ended are checked, not counted."""
+        return self.in_window / (self.window * (1 - WARM_UP))
 
     def p(self, name: str, fraction: float) -> float:
         return percentile(self.latencies[name], fraction)
@@ -595,7 +618,8 @@ def _drive(url: str, batches: list[list[str]], workers: int, connections: int, t
 
 def measure(layout: str, workers: int, pages: int, window: float, *, think: float = 0.0) -> Run:
     """One run on a fresh database: ``pages`` pages in ``layout``, taken by ``workers`` workers in PROCESSES
-    processes for ``window`` seconds (every batch taken is finished)."""
+    processes for ``window`` seconds (then each worker ends the page it is on and gives its batch's other pages
+    back)."""
     connections = connection_budget(workers)
     with fresh_database(f"dbload_{layout}") as url:
         seeded = seed(url, layout, pages)
@@ -614,7 +638,9 @@ def measure(layout: str, workers: int, pages: int, window: float, *, think: floa
         connections=connections,
         think=think,
         pages=done,
-        in_window=sum(t <= drive.started + window for f in figures for t in f.completed_at),
+        in_window=sum(
+            drive.started + WARM_UP * window < t <= drive.started + window for f in figures for t in f.completed_at
+        ),
         window=window,
         seconds=max(f.finished for f in figures) - drive.started,
         latencies=latencies,
@@ -821,15 +847,15 @@ def run(mode: Mode) -> Result:
         _progress(each)
     judged = 200 if 200 in sizes.workers else sizes.workers[-1]
     spread, hot = saturated[Layout.SPREAD, judged], saturated[Layout.HOT, judged]
-    ratio = hot.rate / spread.rate
+    ratio = hot.rate / spread.rate if spread.rate else math.nan
     worst = max(((*think[layout].worst_p99(), layout) for layout in think), key=lambda item: item[1])
-    think_ratio = think[Layout.HOT].rate / think[Layout.SPREAD].rate
+    think_ratio = think[Layout.HOT].rate / think[Layout.SPREAD].rate if think[Layout.SPREAD].rate else math.nan
     rows = [
         (
             f"saturated, {workers} workers ({saturated[Layout.SPREAD, workers].connections} connections): pages/s "
             "spread · hot (hot / spread)",
             f"{saturated[Layout.SPREAD, workers].rate:,.0f} · {saturated[Layout.HOT, workers].rate:,.0f} "
-            f"({saturated[Layout.HOT, workers].rate / saturated[Layout.SPREAD, workers].rate:.2f})",
+            f"({saturated[Layout.HOT, workers].rate / max(saturated[Layout.SPREAD, workers].rate, 1e-9):.2f})",
         )
         for workers in sizes.workers
     ]
@@ -868,7 +894,7 @@ def run(mode: Mode) -> Result:
             f"saturated at {judged} workers: hot {hot.rate:,.0f} vs spread {spread.rate:,.0f} pages/s; think "
             f"{sizes.think_seconds:g} s at {sizes.think_workers}: hot {think[Layout.HOT].rate:,.0f} vs spread "
             f"{think[Layout.SPREAD].rate:,.0f} pages/s; worst p99 there {worst[1]:.1f} ms ({worst[0]}, {worst[2]}; "
-            f"target ≤ {P99_TARGET_MS:g}: {verdict}); hot row: {hot.waits.hot_row().split(' (')[0]}"
+            f"target ≤ {P99_TARGET_MS:g}: {verdict}); hot row: {hot.waits.hot_row().split(':')[0]}"
         ),
         rows=rows,
         notes=_notes(saturated, think, sizes),
