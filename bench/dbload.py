@@ -21,11 +21,13 @@ are in, and on which table's rows the lock waits are.
 
 from __future__ import annotations
 
+import argparse
 import math
 import multiprocessing
 import os
 import random
 import re
+import sys
 import threading
 import time
 import uuid
@@ -43,6 +45,7 @@ from pagescribe.settings import Settings
 from pagescribe.store.postgres import Database, create_database_engine
 
 from bench.common import ADMIN_URL, CorrectnessError, Mode, Result, connect, fresh_database, percentile
+from bench.report import EXPLANATIONS, _table, machine_facts, publish_section
 
 T = TypeVar("T")
 
@@ -55,7 +58,7 @@ PAGES_PER_DOCUMENT = 50  # SPREAD: documents of this many pages, four documents 
 DOCUMENTS_PER_TENANT = 4
 SEED_PAGES = 1  # each tenant's earlier pages, completed before the run: the price history the cost gate reads
 PROCESSES = 5  # client processes (each with its threads and its share of the connections)
-CONNECTION_CAP = 50  # most connections the workers share (the server's max_connections is shared with other work)
+CONNECTION_CAP = 40  # most connections the workers share (the server's max_connections is shared with other work)
 SAMPLE_SECONDS = 0.05
 WARM_UP = 0.25  # the share of a run's window whose completions are not counted in its pages/s
 P99_TARGET_MS = 50.0
@@ -111,7 +114,7 @@ class Sizes:
 
 
 SIZES: dict[Mode, Sizes] = {
-    Mode.FULL: Sizes(10_000, (50, 200, 500), 20.0, 200, 1.0, 25.0),
+    Mode.FULL: Sizes(10_000, (50, 200, 500), 15.0, 200, 1.0, 20.0),
     Mode.QUICK: Sizes(10_000, (50, 200), 10.0, 200, 1.0, 15.0),
     # SMOKE: 50 workers for a few seconds each way, a short think time: every check still runs.
     Mode.SMOKE: Sizes(1_000, (50,), 2.0, 50, 0.2, 2.0),
@@ -536,7 +539,7 @@ def connection_budget(workers: int) -> int:
             " - (SELECT count(*) FROM pg_stat_activity)"
         ).fetchone()
     free = int(row[0]) if row else 0
-    budget = min(workers, CONNECTION_CAP, free - 10)
+    budget = min(workers, CONNECTION_CAP, free - 20)
     if budget < PROCESSES:
         raise RuntimeError(f"only {free} connections free on the server")
     return budget - budget % PROCESSES
@@ -586,7 +589,7 @@ def _drive(url: str, batches: list[list[str]], workers: int, connections: int, t
         process.start()
     finished = False
     try:
-        _collect(out, processes, PROCESSES, timeout=120)
+        _collect(out, processes, PROCESSES, timeout=300)
         with connect(url) as conn:
             backends = [
                 r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
@@ -910,3 +913,48 @@ def _progress(run: Run) -> None:
         + f" ms; hot row {run.waits.hot_row()}",
         flush=True,
     )
+
+
+HEADING = "## Database load alone (bench.dbload)"
+
+
+def section(result: Result, command: str) -> str:
+    """The benchmark's section of docs/benchmarks.md as a run of this module alone writes it (a full run of bench.run
+    writes the same figures among the others')."""
+    facts = machine_facts()
+    lines = [
+        HEADING,
+        "",
+        f"`{command}` at commit {facts['commit']}, {facts['date']}; `nproc` = {facts['nproc']}, {facts['cpu']}; "
+        f"PostgreSQL {facts['postgres']}; load average (1, 5, 15 min) at the end: {facts['load']} (the machine "
+        "was shared with other work).",
+        "",
+        f"**{result.title}**: {result.ratio_label} = **{result.ratio:.2f}** ({result.target_text}: "
+        f"{'met' if result.met else 'missed'}).",
+        "",
+        EXPLANATIONS["dbload"],
+        "",
+        _table(None, result.rows),
+    ]
+    for note in result.notes:
+        lines += ["", note]
+    lines += ["", f"*{result.summary}* ({result.seconds:.0f} s)", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--markdown", type=Path, help="write the section into this markdown file (replacing its own)")
+    parser.add_argument("--quick", action="store_true", help="50 and 200 workers, shorter windows")
+    args = parser.parse_args(argv)
+    mode = Mode.QUICK if args.quick else Mode.FULL
+    result = run(mode)
+    print(result.line(), flush=True)
+    command = ".venv/bin/python -m bench.dbload" + (" --quick" if args.quick else "")
+    publish_section(section(result, command + (f" --markdown {args.markdown}" if args.markdown else "")), HEADING,
+                    args.markdown)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -241,7 +241,7 @@ statement runs, no page waits), `keep_page_image`, then after the think time `co
 documents of 50 pages, four per tenant, batches shuffled; HOT: one document of one tenant. Each run takes batches
 for a fixed window on a fresh database; then each worker ends the page it is on and gives its batch's other pages
 back (`defer_job`, as a page held back by a gate); pages/s counts the pages completed within the window. Workers
-share at most 50 connections (fewer when the server has fewer free), handed out first come first served as RDS Proxy
+share at most 40 connections (fewer when the server has fewer free), handed out first come first served as RDS Proxy
 queues its clients; the wait for one is timed apart from the call. A separate connection samples `pg_stat_activity`
 and `pg_locks` every 50 ms: the busy backends' wait events, and for lock waits the table whose row is waited on (the
 waiter's tuple lock). Every run checks that each page done is COMPLETED once (one claim, one recorded call), the
