@@ -734,6 +734,19 @@ def _statement_rows(label: str, spread: Run, hot: Run) -> list[tuple[str, str]]:
     return rows
 
 
+KINDS = {"Lock": "row and other locks", "LWLock:WALWrite": "commit flush", "IO:WALSync": "commit flush",
+         "IO:WALWrite": "commit flush", "CPU (no wait event)": "on CPU"}  # fmt: skip
+
+
+def _kinds(run: Run) -> str:
+    """The busy backends' samples by kind of wait: locks, commit flushes, CPU, other."""
+    kinds: Counter[str] = Counter()
+    for event, seen in run.waits.events.items():
+        kinds[KINDS.get(event, KINDS.get(event.split(":")[0], "other waits"))] += seen
+    total = sum(kinds.values()) or 1
+    return ", ".join(f"{kind} {seen / total:.0%}" for kind, seen in kinds.most_common())
+
+
 def _events(run: Run) -> str:
     total = run.waits.active or 1
     return ", ".join(f"{event} {seen / total:.0%}" for event, seen in run.waits.events.most_common(4))
@@ -813,11 +826,17 @@ def _notes(saturated: dict[tuple[str, int], Run], think: dict[str, Run], sizes: 
         f"this run's server backends {spread_best.server_cpu:.1f} s: the clients share the server's two cores, so "
         "the ceiling here is lower than the server alone would give.",
         f"**How it scales.** A page costs {sizing.calls_per_page:.1f} transactions ({sizing.statements_per_page:.1f} "
-        f"statements) and {sizing.server_cpu_ms:.2f} ms of server CPU at the spread ceiling: about "
-        f"{per_vcpu:,.0f} pages/s per server vCPU while CPU is the limit, so spread work scales with the server's "
-        "cores (and commits share WAL flushes: group commit grows with concurrency). Work on one document does not: "
-        "its pages queue on that document's row (the cost gate locks it and the tenant's, the completion updates its "
-        "counter), so a hot document's ceiling is one row lock's throughput, whatever the server's size. "
+        f"statements) and {sizing.server_cpu_ms:.2f} ms of server CPU (this run's backends, at the spread ceiling), "
+        f"so one server vCPU would do about {per_vcpu:,.0f} pages/s were CPU the limit; here the backends used "
+        f"{spread_best.server_cpu / spread_best.seconds:.2f} of a core at the spread ceiling and "
+        f"{hot_best.server_cpu / hot_best.seconds:.2f} at the hot one. What the busy backends waited on, by kind: "
+        f"spread {_kinds(spread_best)}; hot {_kinds(hot_best)}. CPU grows with the server's vCPUs and commit flushes "
+        "get cheaper with faster storage (and are shared: group commit); a row lock does not: every page of one "
+        "document takes that document's row twice (the cost gate's LOCK_SPENDERS holds it, and the tenant's, to its "
+        "commit; COMPLETE_JOB updates its counter), and every page of every tenant takes the one `rate_buckets` row, "
+        "each hold lasting a commit's flush or more, so those rows' throughput is the ceiling whatever the server's "
+        "size. On this machine a hold also lasts while the client thread that holds it waits for a core (the clients "
+        "run on the same two cores): behind RDS Proxy the gap is a network round trip. "
         f"First hot row: hot layout {hot_best.waits.hot_row()}; spread layout {spread_best.waits.hot_row()}.",
         "**Sizing a deployment**, from these figures and stated assumptions (no internet here: the ACU figure is an "
         f"assumption, 1 ACU ≈ 2 GiB of memory with about {Sizing.ACU_VCPU} vCPU; {Sizing.CALL_SECONDS:g} s per page "
