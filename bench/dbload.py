@@ -790,7 +790,8 @@ class Sizing:
         environments = math.ceil(pages_per_second * self.CALL_SECONDS / self.PAGES_PER_ENVIRONMENT)
         connections = pages_per_second * self.db_ms_per_page / 1000
         return (
-            f"- **{label}** ({pages_per_second:,.1f} pages/s): {pages_per_second:,.1f} × {self.statements_per_page:.1f} = "
+            f"- **{label}** ({pages_per_second:,.1f} pages/s): {pages_per_second:,.1f} × "
+            f"{self.statements_per_page:.1f} = "
             f"{pages_per_second * self.statements_per_page:,.0f} statements/s "
             f"({pages_per_second * self.calls_per_page:,.0f} transactions/s); server CPU {pages_per_second:,.1f} × "
             f"{self.server_cpu_ms:.2f} ms = {vcpu:.2f} vCPU, so {vcpu:.2f} / {self.ACU_VCPU} / {self.UTILISATION} = "
