@@ -212,7 +212,9 @@ class Client:
     def _batch(self, batch: list[str]) -> None:
         """One SQS batch, as TranscriptionBatch and Transcriber handle it: one claim, one read of the documents, then
         each page's gates, image, call and completion."""
-        claims = self.timed("claim_jobs", self.db.claim_jobs, batch, lease_seconds=LEASE_SECONDS, max_attempts=3)
+        claims = self.timed(
+            "claim_jobs", self.db.claim_jobs, batch, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS
+        )
         if len(claims.claimed) != len(batch):
             self.violation(f"a claim of {len(batch)} fresh jobs got {len(claims.claimed)} (busy {len(claims.busy)})")
         documents = self.timed(
@@ -904,8 +906,9 @@ def run(mode: Mode) -> Result:
     rows += _statement_rows(f"saturated, {judged} workers", spread, hot)
     rows += _statement_rows(f"think {sizes.think_seconds:g} s, {sizes.think_workers} workers", *think.values())
     rows += [
-        (f"lock waits, share of busy backends sampled: {layout}, saturated at {judged}", f"{r.waits.lock_share:.0%}; "
-         f"on: {', '.join(f'{t} {n}' for t, n in r.waits.lock_waits.most_common(3)) or 'none'}")
+        (f"lock waits, share of busy backends sampled: {layout}, saturated at {judged}", f"{r.waits.lock_share:.0%} "
+         f"of {r.waits.active:,} busy backends seen in {r.waits.samples} samples; on: "
+         f"{', '.join(f'{t} {n}' for t, n in r.waits.lock_waits.most_common(3)) or 'none'}")
         for layout, r in ((Layout.SPREAD, spread), (Layout.HOT, hot))
     ]  # fmt: skip
     rows += [
