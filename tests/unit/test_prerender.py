@@ -144,3 +144,22 @@ def test_a_page_whose_ahead_render_failed_is_rendered_by_its_claim_which_meets_t
     with pytest.raises(InvalidDocumentError, match="the PDF could not be read"):
         asyncio.run(claim())
     assert pool.page_renders == [2]
+
+
+def test_with_other_environments_at_work_the_pages_ahead_skip_what_they_will_take() -> None:
+    # Given a 100-page document, RENDER_AHEAD_PAGES=10, and no render process free yet (nothing starts: the pool is
+    # closed, so the test sees only what is wanted)
+    closed = RenderPool(workers=1, memory_limit_mb=1024, timeout_seconds=60)
+    closed.close()
+    images = PageImages(Settings(text_layer="off", render_ahead_pages=10), closed)
+    document = _document(100)
+    # When this environment gets pages 1-10 (every page of the batch asks), then pages 41-50 (three other
+    # environments took 11-40 meanwhile)
+    for _ in range(10):
+        images.follow(document, FOUR_PAGES, range(1, 11))
+    first = sorted(key[3] for key in images._entries)
+    images.follow(document, FOUR_PAGES, range(41, 51))
+    # Then first the next ten pages are wanted (as if it were alone), then the ten its next batch will likely hold
+    assert first == list(range(11, 21))
+    assert sorted(key[3] for key in images._entries)[-10:] == list(range(81, 91))
+    assert following_pages(_document(100), [41, 50], 10, skip=30) == list(range(81, 91))

@@ -33,6 +33,7 @@ from pagescribe.sources.textlayer import TextLayer
 log = logging.getLogger(__name__)
 
 _SPARE_WAIT_SECONDS = 1.0  # how long a thread waits for spare time before it looks at what is wanted again
+_DOCUMENTS_TRACKED = 64  # documents whose last batch here is remembered (for the stride between batches)
 
 PageKey = tuple[str, str, str, int]  # the document's id, etag and version, and the page number
 
@@ -58,12 +59,13 @@ def page_key(document: DocumentRecord, page_number: int) -> PageKey:
     return document.document_id, document.etag, document.version_id, page_number
 
 
-def following_pages(document: DocumentRecord, claimed: Collection[int], count: int) -> list[int]:
-    """The ``count`` pages of the document asked for after the last of ``claimed``, in order."""
+def following_pages(document: DocumentRecord, claimed: Collection[int], count: int, *, skip: int = 0) -> list[int]:
+    """The ``count`` pages of the document asked for after the last of ``claimed``, less the first ``skip`` of them,
+    in order."""
     last = max(claimed)
     if document.requested_pages is not None:
-        return [page for page in sorted(document.requested_pages) if page > last][:count]
-    return list(range(last + 1, min(document.page_count, last + count) + 1))
+        return [page for page in sorted(document.requested_pages) if page > last][skip : skip + count]
+    return list(range(last + 1 + skip, min(document.page_count, last + skip + count) + 1))
 
 
 class PageImages:
@@ -86,6 +88,9 @@ class PageImages:
         self._entries: OrderedDict[PageKey, Future[Prepared]] = OrderedDict()
         self._wanted: deque[_Wanted] = deque()
         self._threads = 0
+        self._strides: OrderedDict[str, tuple[int, int]] = (
+            OrderedDict()
+        )  # a document's last batch here: first page, skip
 
     async def text_layer(self, document: DocumentRecord, source: Path, page_number: int) -> TextLayer:
         """The page's text layer: read ahead with its image, or read now."""
@@ -109,7 +114,7 @@ class PageImages:
         if not self._ahead or not claimed or document.kind is None:
             return
         kind = DocumentKind(document.kind)
-        pages = following_pages(document, claimed, self._ahead)
+        pages = following_pages(document, claimed, self._ahead, skip=self._skip(document.document_id, claimed))
         with self._lock:
             fresh = [page for page in pages if page_key(document, page) not in self._entries]
             for page in fresh:
@@ -121,6 +126,24 @@ class PageImages:
             self._threads += max(0, start)
         for _ in range(start):
             threading.Thread(target=self._render_wanted, name="render-ahead", daemon=True).start()
+
+    def _skip(self, document_id: str, claimed: Collection[int]) -> int:
+        """How many pages after this batch's the next batch here will likely skip: the pages the other environments
+        take meanwhile. Messages are received roughly in page order, so with n environments at work on a document
+        this environment's batches start n batches apart; the stride between its last two batches measures that
+        (none yet: as if it were the only one). Every page of a batch asks; the batch's first answer stands."""
+        first = min(claimed)
+        with self._lock:
+            previous = self._strides.pop(document_id, None)
+            if previous is not None and previous[0] == first:
+                skip = previous[1]
+            else:
+                stride = first - previous[0] if previous is not None and first > previous[0] else len(claimed)
+                skip = max(0, stride - len(claimed))
+            self._strides[document_id] = (first, skip)
+            while len(self._strides) > _DOCUMENTS_TRACKED:
+                self._strides.popitem(last=False)
+        return skip
 
     async def _ready(self, key: PageKey, *, keep: bool) -> Prepared | None:
         """What was prepared of the page ahead, ready or awaited while a thread prepares it; None when nothing was, or
