@@ -88,22 +88,23 @@ def test_the_pages_after_a_batch_are_rendered_ahead_and_served_to_their_claims(p
 
 
 def test_at_most_render_ahead_pages_are_kept(pool: CountingPool) -> None:
-    # Given RENDER_AHEAD_PAGES=2 and pages 1 then 2 claimed here
+    # Given RENDER_AHEAD_PAGES=2 and a six-page document
     settings = Settings(text_layer="off", render_ahead_pages=2)
     images = PageImages(settings, pool)
-    document = _document(4)
+    document = _document(6)
+    # When page 1 is claimed here, Then only the next two pages are rendered ahead
     images.follow(document, FOUR_PAGES, [1])
     _settle(images)
+    assert sorted(key[3] for key in images._entries) == [2, 3]
+    # And when page 2 is claimed next, the page after the next two is wanted too, and every claim finds its image
     images.follow(document, FOUR_PAGES, [2])
     _settle(images)
 
     async def claim(page: int) -> None:
         await images.render(document, FOUR_PAGES, DocumentKind.PDF, page)
 
-    # When pages 3 and 4 are claimed
-    asyncio.run(claim(3))
-    asyncio.run(claim(4))
-    # Then both were ready (the newest two); nothing more was kept
+    for page in (2, 3, 4):
+        asyncio.run(claim(page))
     assert pool.page_renders == []
     assert len(images._entries) == 0
 
@@ -163,3 +164,25 @@ def test_with_other_environments_at_work_the_pages_ahead_skip_what_they_will_tak
     assert first == list(range(11, 21))
     assert sorted(key[3] for key in images._entries)[-10:] == list(range(81, 91))
     assert following_pages(_document(100), [41, 50], 10, skip=30) == list(range(81, 91))
+
+
+def test_the_pages_of_a_batch_rendered_ahead_are_kept_for_its_claims_while_newer_pages_are_wanted(
+    pool: CountingPool,
+) -> None:
+    # Given RENDER_AHEAD_PAGES=2 and pages 2 and 3 rendered ahead of the batch that then claims them
+    images = PageImages(Settings(text_layer="off", render_ahead_pages=2), pool)
+    document = _document(6)
+    images.follow(document, FOUR_PAGES, [1])
+    _settle(images)
+    # When a page of that batch asks for the pages after it before the other page of the batch took its image
+    images.follow(document, FOUR_PAGES, [2, 3])
+
+    async def claim(page: int) -> None:
+        await images.render(document, FOUR_PAGES, DocumentKind.PDF, page)
+
+    asyncio.run(claim(3))
+    _settle(images)
+    asyncio.run(claim(2))
+    # Then pages 2 and 3 were served from what was rendered ahead, and the next two pages are wanted as well
+    assert pool.page_renders == []
+    assert sorted(key[3] for key in images._entries) == [4, 5]

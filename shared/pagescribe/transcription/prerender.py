@@ -121,7 +121,7 @@ class PageImages:
                 key = page_key(document, page)
                 self._entries[key] = Future()
                 self._wanted.append(_Wanted(key, source, kind, page))
-            self._make_room()
+            self._make_room(protected={page_key(document, page) for page in claimed})
             start = min(len(self._wanted), self._renderer.workers) - self._threads
             self._threads += max(0, start)
         for _ in range(start):
@@ -158,10 +158,12 @@ class PageImages:
         except Exception:  # the claim renders the page itself and meets the failure there
             return None
 
-    def _make_room(self) -> None:
-        """Drop the oldest pages not being rendered while more than RENDER_AHEAD_PAGES are kept (under the lock)."""
-        excess = len(self._entries) - self._ahead
-        for key in [key for key, future in self._entries.items() if not future.running()][: max(0, excess)]:
+    def _make_room(self, protected: set[PageKey]) -> None:
+        """Drop the oldest pages no thread is rendering while more than RENDER_AHEAD_PAGES are kept besides those
+        ``protected`` (the batch's own, whose claims are about to take them), never these (under the lock)."""
+        excess = len(self._entries) - len(protected.intersection(self._entries)) - self._ahead
+        droppable = [key for key, future in self._entries.items() if key not in protected and not future.running()]
+        for key in droppable[: max(0, excess)]:
             self._entries.pop(key).cancel()
 
     def _render_wanted(self) -> None:

@@ -111,7 +111,7 @@ class Transcriber:
         self, job: ClaimedJob, document: DocumentRecord, deadline: Deadline, *, batch_pages: Collection[int] = ()
     ) -> PageResult:
         """Transcribe a claimed page and store the result under its lease (or its failure, or a retry). The pages
-        after ``batch_pages`` (the document's pages claimed with it) are rendered ahead while its call runs."""
+        after ``batch_pages`` (the document's pages claimed with it) are rendered ahead once it is rendered."""
         ctx = PageContext(job, document)
         try:
             return await self._transcribe_claimed(ctx, deadline, batch_pages)
@@ -139,7 +139,6 @@ class Transcriber:
             if document.kind is None:
                 raise InvalidDocumentError("the document has no detected type")
             kind = DocumentKind(document.kind)
-            self._images.follow(document, source, batch_pages)
             if settings.text_layer == "auto" and kind is DocumentKind.PDF:
                 embedded = await self._images.text_layer(document, source, job.page_number)
                 if usable_text_layer(embedded.text):
@@ -151,6 +150,7 @@ class Transcriber:
             if isinstance(admitted, PageResult):
                 return admitted
             rendered = await self._images.render(document, source, kind, job.page_number)
+            self._images.follow(document, source, batch_pages)  # once a page of the batch is rendered: no sooner
         keeping = [self._keep_image(ctx, rendered)] if settings.keep_page_images and not batch else []
         keeping += [self._keep_figures(ctx, rendered)] if rendered.figures else []
         ctx.storing.extend(asyncio.create_task(work) for work in keeping)
