@@ -188,6 +188,50 @@ class _Worker:
         return returncode
 
 
+def _render_request(
+    path: Path,
+    kind: DocumentKind,
+    page_number: int,
+    *,
+    dpi: int,
+    max_long_edge: int,
+    image_format: Literal["jpeg", "png"],
+    max_image_pixels: int,
+    jpeg_quality: int = 85,
+    orient: bool = True,
+    blank_below: float = 0.0,
+    words: bool = False,
+) -> dict[str, Any]:
+    """A render request (see ``RenderPool.render``)."""
+    return {
+        "op": "render",
+        "path": os.fspath(path),
+        "kind": DocumentKind(kind).value,
+        "page_number": page_number,
+        "dpi": dpi,
+        "max_long_edge": max_long_edge,
+        "image_format": image_format,
+        "jpeg_quality": jpeg_quality,
+        "max_image_pixels": max_image_pixels,
+        "orient": orient,
+        "blank_below": blank_below,
+        "words": words,
+    }
+
+
+def _rendered(result: dict[str, Any], data: bytes) -> RenderedPage:
+    """A render request's reply as the page it describes."""
+    return RenderedPage(
+        data,
+        str(result["media_type"]),
+        int(result["width"]),
+        int(result["height"]),
+        **{field: result[field] for field in SEEN_FIELDS if field != "figures"},
+        figures=tuple((box[0], box[1], box[2], box[3]) for box in result["figures"]),
+        words=_evidence(result.get("words")),
+    )
+
+
 def _close_all(workers: set[_Worker]) -> None:
     """At interpreter exit, or when a pool is collected without close(): no process outlives its pool."""
     for worker in list(workers):
@@ -230,10 +274,15 @@ class RenderPool:
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
         self._starting = 0
+        self._pending = 0  # pages' requests waiting for a worker or holding one (spare-time work waits for none)
         self._closed = False
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
         self._finalizer = weakref.finalize(self, _close_all, self._all)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -258,30 +307,20 @@ class RenderPool:
     ) -> RenderedPage:
         """sources.render_page in a worker; InvalidDocumentError for a page that can never render. With ``words``, a
         page with a usable text layer comes with its words placed on the image (the evidence to ground to)."""
-        request = {
-            "op": "render",
-            "path": os.fspath(path),
-            "kind": DocumentKind(kind).value,
-            "page_number": page_number,
-            "dpi": dpi,
-            "max_long_edge": max_long_edge,
-            "image_format": image_format,
-            "jpeg_quality": jpeg_quality,
-            "max_image_pixels": max_image_pixels,
-            "orient": orient,
-            "blank_below": blank_below,
-            "words": words,
-        }
-        result, data = await self._request(request, f"page {page_number} could not be rendered")
-        return RenderedPage(
-            data,
-            str(result["media_type"]),
-            int(result["width"]),
-            int(result["height"]),
-            **{field: result[field] for field in SEEN_FIELDS if field != "figures"},
-            figures=tuple((box[0], box[1], box[2], box[3]) for box in result["figures"]),
-            words=_evidence(result.get("words")),
+        request = _render_request(
+            path,
+            kind,
+            page_number,
+            dpi=dpi,
+            max_long_edge=max_long_edge,
+            image_format=image_format,
+            max_image_pixels=max_image_pixels,
+            jpeg_quality=jpeg_quality,
+            orient=orient,
+            blank_below=blank_below,
+            words=words,
         )
+        return _rendered(*await self._request(request, f"page {page_number} could not be rendered"))
 
     async def render_band(
         self,
@@ -342,6 +381,30 @@ class RenderPool:
         result, _ = await self._request(request, f"the text of page {page_number} could not be read")
         return TextLayer(str(result["text"]), str(result["laid_out"]))
 
+    def wait_spare(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until no page's request waits for a worker or holds one and a worker is
+        free (or may start): True then; False at the timeout or once the pool is closed. For work done in spare time
+        (rendering ahead), which must never make a page wait for a worker."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not self._closed and (self._pending or not self._spare()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return not self._closed
+
+    def spare_render(self, path: Path, kind: DocumentKind, page_number: int, **params: Any) -> RenderedPage:
+        """``render`` from a thread, in spare time (see ``wait_spare``): not counted as a page's request."""
+        request = _render_request(path, kind, page_number, **params)
+        return _rendered(*self._exchange(request, f"page {page_number} could not be rendered"))
+
+    def spare_text_layer(self, path: Path, page_number: int) -> TextLayer:
+        """``text_layer`` from a thread, in spare time (see ``wait_spare``)."""
+        request = {"op": "text", "path": os.fspath(path), "page_number": page_number}
+        result, _ = self._exchange(request, f"the text of page {page_number} could not be read")
+        return TextLayer(str(result["text"]), str(result["laid_out"]))
+
     def inspect(self, path: Path, *, max_pages: int, max_image_pixels: int) -> DocumentInfo:
         """sources.inspect_document in a worker, from a synchronous caller (the upload function): opening a file
         to count its pages inflates whatever its cross-reference, object streams or page tree say, so a bomb fails
@@ -355,17 +418,18 @@ class RenderPool:
         result, _ = self._exchange(request, "the document could not be opened")
         return DocumentInfo(DocumentKind(result["kind"]), int(result["page_count"]))
 
-    def prestart(self) -> None:
-        """Start one worker in the background, so that the first request does not wait for its start (a function's
-        cold start calls this; the init phase ends without waiting). A worker that cannot start is reported by the
-        first request that needs it."""
+    def prestart(self, count: int = 1) -> None:
+        """Start ``count`` workers (at most the pool's size) in the background, so that the first requests do not wait
+        for their start (a function's cold start calls this; the init phase ends without waiting). A worker that
+        cannot start is reported by the first request that needs it."""
 
         def start() -> None:
             # the pool was closed meanwhile, or a worker cannot start: the first request says so
             with contextlib.suppress(RenderWorkerError):
                 self._checkin(self._checkout())
 
-        threading.Thread(target=start, name="render-prestart", daemon=True).start()
+        for number in range(min(count, self.workers)):
+            threading.Thread(target=start, name=f"render-prestart-{number}", daemon=True).start()
 
     def close(self) -> None:
         """Stop every worker and reap it. Idempotent; a request in flight fails with RenderWorkerError."""
@@ -399,8 +463,15 @@ class RenderPool:
     ) -> tuple[dict[str, Any], bytes]:
         """The worker's reply, within ``limit_seconds`` (at most the pool's own limit): the worker is a process, so
         the limit is the reply's deadline, and a worker that misses it is killed."""
-        async with self._slot():
-            return await asyncio.to_thread(self._exchange, request, failure, blob, limit_seconds)
+        with self._changed:
+            self._pending += 1
+        try:
+            async with self._slot():
+                return await asyncio.to_thread(self._exchange, request, failure, blob, limit_seconds)
+        finally:
+            with self._changed:
+                self._pending -= 1
+                self._changed.notify_all()
 
     def _exchange(
         self, request: dict[str, Any], failure: str, blob: bytes = b"", limit_seconds: float | None = None
@@ -441,6 +512,10 @@ class RenderPool:
         result: dict[str, Any] = reply["ok"]
         return result, data
 
+    def _spare(self) -> bool:
+        """A worker is idle, or one more may start (under ``_changed``)."""
+        return bool(self._idle) or len(self._all) + self._starting < self.workers
+
     def _checkout(self) -> _Worker:
         with self._changed:
             while True:
@@ -461,7 +536,7 @@ class RenderPool:
         finally:
             with self._changed:
                 self._starting -= 1
-                self._changed.notify()
+                self._changed.notify_all()
         with self._changed:
             if not self._closed:
                 self._all.add(worker)
@@ -495,12 +570,12 @@ class RenderPool:
         with self._changed:
             if not self._closed:
                 self._idle.append(worker)
-                self._changed.notify()
+                self._changed.notify_all()
                 return
         worker.close()
 
     def _discard(self, worker: _Worker) -> int | None:
         with self._changed:
             self._all.discard(worker)
-            self._changed.notify()
+            self._changed.notify_all()
         return worker.close()

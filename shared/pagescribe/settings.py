@@ -378,6 +378,14 @@ class Settings(BaseSettings):
         "bomb) fails with this limit named, and the function lives on.",
     )
     render_timeout_seconds: float = Field(default=60.0, gt=0, le=900, description="Longest render of one page.")
+    render_ahead_pages: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description="Pages rendered ahead while a batch's model calls run: the pages after the batch's own in its "
+        "documents, kept (at most this many images) for the next batch this environment gets. 0: render only "
+        "what is claimed.",
+    )
     aws_lambda_function_memory_size: int | None = Field(
         default=None, description="Set by Lambda: the function's memory (MB), which the render processes share."
     )

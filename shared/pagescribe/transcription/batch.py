@@ -56,10 +56,13 @@ class TranscriptionBatch:
                 self._job_ids.append(parse_job_id(body))
         self._claims: Claims | None = None
         self._documents: dict[str, DocumentRecord] = {}
+        self._pages: dict[str, list[int]] = {}  # the pages claimed in this batch, by document
 
     def _claim(self, job_id: str) -> tuple[ClaimedJob, DocumentRecord] | None:
         if self._claims is None:
             self._claims, self._documents = self._transcriber.claim_batch(self._job_ids, self._deadline)
+            for claimed in self._claims.claimed.values():
+                self._pages.setdefault(claimed.document_id, []).append(claimed.page_number)
         job = self._claims.claimed.pop(job_id, None)
         if job is None:
             if job_id in self._claims.busy:
@@ -88,4 +91,5 @@ class TranscriptionBatch:
             count("DuplicateDeliveries")
             return PageResult.DUPLICATE
         job, document = claimed
-        return await self._transcriber.transcribe_claimed(job, document, self._deadline)
+        batch_pages = self._pages.get(job.document_id, [])
+        return await self._transcriber.transcribe_claimed(job, document, self._deadline, batch_pages=batch_pages)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from pagescribe.assembly import TranscriptWriter
@@ -27,6 +27,7 @@ from pagescribe.transcription.asking import CheckedAnswer, ModelCaller, SeenPage
 from pagescribe.transcription.batch import TranscriptionBatch
 from pagescribe.transcription.gates import CallGates
 from pagescribe.transcription.outcomes import rejection, text_layer_outcome, thresholds
+from pagescribe.transcription.prerender import PageImages
 from pagescribe.transcription.results import PageContext, PageResults
 from pagescribe.transcription.sourcecache import SourceCache
 from pagescribe.transcription.tiles import TileAsk, TiledReader
@@ -74,7 +75,7 @@ class Transcriber:
         self._settings = settings
         self._db = db
         self._sources = sources
-        self._renderer = renderer
+        self._images = PageImages(settings, renderer)
         self._transcripts = transcripts
         self._reader = reader
         self._governor = RateGovernor(settings, db, provider.name, provider.serving)
@@ -106,11 +107,14 @@ class Transcriber:
         documents = self._db.get_documents([job.document_id for job in claims.claimed.values()])
         return claims, documents
 
-    async def transcribe_claimed(self, job: ClaimedJob, document: DocumentRecord, deadline: Deadline) -> PageResult:
-        """Transcribe a claimed page and store the result under its lease (or its failure, or a retry)."""
+    async def transcribe_claimed(
+        self, job: ClaimedJob, document: DocumentRecord, deadline: Deadline, *, batch_pages: Collection[int] = ()
+    ) -> PageResult:
+        """Transcribe a claimed page and store the result under its lease (or its failure, or a retry). The pages
+        after ``batch_pages`` (the document's pages claimed with it) are rendered ahead once it is rendered."""
         ctx = PageContext(job, document)
         try:
-            return await self._transcribe_claimed(ctx, deadline)
+            return await self._transcribe_claimed(ctx, deadline, batch_pages)
         except InvalidDocumentError as exc:
             return await self._results.fail(ctx, f"the page could not be rendered: {exc.reason}")
         except ObjectMissingError as exc:
@@ -127,14 +131,16 @@ class Transcriber:
             log.exception("page failed unexpectedly; its message will be delivered again", extra=ctx.log_extra)
             raise
 
-    async def _transcribe_claimed(self, ctx: PageContext, deadline: Deadline) -> PageResult:
+    async def _transcribe_claimed(
+        self, ctx: PageContext, deadline: Deadline, batch_pages: Collection[int]
+    ) -> PageResult:
         settings, job, document = self._settings, ctx.job, ctx.document
         async with self._sources.use(document) as source:  # the file stays on disk while it is read
             if document.kind is None:
                 raise InvalidDocumentError("the document has no detected type")
             kind = DocumentKind(document.kind)
             if settings.text_layer == "auto" and kind is DocumentKind.PDF:
-                embedded = await self._renderer.text_layer(source, job.page_number)
+                embedded = await self._images.text_layer(document, source, job.page_number)
                 if usable_text_layer(embedded.text):
                     return await self._results.complete(ctx, text_layer_outcome(embedded.laid_out, []))
             model, earlier, escalated_to = _model_to_ask(job, document)
@@ -143,18 +149,8 @@ class Transcriber:
             admitted = await (self._gates.admit_batch(ctx, model) if batch else self._gates.admit(ctx, model))
             if isinstance(admitted, PageResult):
                 return admitted
-            rendered = await self._renderer.render(
-                source,
-                kind,
-                job.page_number,
-                dpi=settings.render_dpi,
-                max_long_edge=settings.render_max_long_edge,
-                image_format=settings.render_format,
-                max_image_pixels=settings.max_image_pixels,
-                orient=settings.detect_orientation,
-                blank_below=settings.flag_blank_render_threshold,
-                words=True,
-            )
+            rendered = await self._images.render(document, source, kind, job.page_number)
+            self._images.follow(document, source, batch_pages)  # once a page of the batch is rendered: no sooner
         keeping = [self._keep_image(ctx, rendered)] if settings.keep_page_images and not batch else []
         keeping += [self._keep_figures(ctx, rendered)] if rendered.figures else []
         ctx.storing.extend(asyncio.create_task(work) for work in keeping)
