@@ -242,17 +242,23 @@ def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(db: Database, 
     assert sorted(won) == sorted(job_ids)
 
 
-def test_a_batch_claim_is_one_limited_statement_without_joins(db: Database) -> None:
+def test_a_batch_claim_is_one_limited_statement_that_locks_the_jobs_alone_and_reads_their_document(
+    db: Database,
+) -> None:
     # Given three queued jobs
-    job_ids = db.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3]).job_ids
+    created = db.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3])
+    job_ids = created.job_ids
     # When a batch's two jobs are claimed by id
     with _on_the_wire(db) as (traced, wire):
-        claimed = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3).claimed
-    # Then both were claimed together, in one statement sent and answered in one round trip (no ping, no BEGIN/COMMIT)
-    assert sorted(claimed) == sorted(job_ids[:2])
+        claims = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3)
+    # Then both were claimed together, with their document's record, in one statement sent and answered in one round
+    # trip (no ping, no BEGIN/COMMIT, no read of the documents after it)
+    assert sorted(claims.claimed) == sorted(job_ids[:2])
+    assert list(claims.documents) == [created.document_id]
     assert (len(wire.queries), wire.round_trips) == (1, 1), wire
-    sql = wire.queries[0].upper()
-    assert "LIMIT" in sql and "JOIN" not in sql and "FOR UPDATE SKIP LOCKED" in sql
+    # And the rows it locks are the jobs' alone: the document is joined after the lock, not locked with them
+    locking, _, after = wire.queries[0].upper().partition("FOR UPDATE SKIP LOCKED")
+    assert "LIMIT" in locking and "JOIN" not in locking and "JOIN DOCUMENTS" in after and "FOR " not in after
 
 
 def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_more(db: Database) -> None:
