@@ -4,19 +4,21 @@ changed).
 
 A statement is one ``Cursor.execute`` (one round trip: automatic prepared statements are off, so psycopg sends
 Parse/Bind/Execute/Sync together). A transaction (``Connection.transaction``) adds two round trips, its BEGIN and its
-COMMIT (or ROLLBACK), which psycopg sends as queries of their own. Statements run outside a Database method (the
-benchmark's own reads) are not counted."""
+COMMIT (or ROLLBACK), which psycopg sends as queries of their own; a transaction sent as one query string
+(``Connected._in_one_transaction``) is its statements in one round trip. Statements run outside a Database method
+(the benchmark's own reads) are not counted."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from pagescribe.store.postgres import Database
+from pagescribe.store.postgres.connection import Connected
 
 # The steps of a page's way through the pipeline, by the Database methods that make them; a method not named here
 # is a step of its own.
@@ -73,7 +75,7 @@ class RoundTrips:
 
     def _count(self, statements: int, round_trips: int) -> None:
         method = getattr(self._current, "method", None)
-        if method is None:
+        if method is None or getattr(self._current, "sent_together", False):
             return
         with self._lock:
             self.statements[method] += statements
@@ -81,9 +83,19 @@ class RoundTrips:
 
     @contextmanager
     def counting(self) -> Iterator[None]:
-        """Patch psycopg's Cursor.execute and Connection.transaction for the block."""
+        """Patch psycopg's Cursor.execute and Connection.transaction, and Connected._in_one_transaction, for the
+        block."""
         execute, transaction = psycopg.Cursor.execute, psycopg.Connection.transaction
+        in_one_transaction = Connected._in_one_transaction
         counter = self
+
+        def counted_in_one_transaction(db: Any, statements: Sequence[str], params: dict[str, Any]) -> list[Any]:
+            counter._count(len(statements), 1)  # BEGIN, the statements and COMMIT in one query string
+            counter._current.sent_together = True
+            try:
+                return in_one_transaction(db, statements, params)
+            finally:
+                counter._current.sent_together = False
 
         def counted_execute(cursor: Any, *args: Any, **kwargs: Any) -> Any:
             counter._count(1, 1)
@@ -97,11 +109,13 @@ class RoundTrips:
 
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
         psycopg.Connection.transaction = counted_transaction  # type: ignore[method-assign,assignment]
+        Connected._in_one_transaction = counted_in_one_transaction  # type: ignore[method-assign]
         try:
             yield
         finally:
             psycopg.Cursor.execute = execute  # type: ignore[method-assign]
             psycopg.Connection.transaction = transaction  # type: ignore[method-assign]
+            Connected._in_one_transaction = in_one_transaction  # type: ignore[method-assign]
 
     def by_step(self) -> list[tuple[str, list[str], int, int]]:
         """(step, its methods as 'name Nx', statements, round trips), in the order of STEPS, then the others."""
