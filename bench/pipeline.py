@@ -360,8 +360,9 @@ def _result(
             "Round trips per page, all steps, as measured by this benchmark's full run (50-page PDF): 8.48 (6.44 "
             "statements) on commit 945c7c1; 5.38 (6.34 statements) on commit 8ccc8db, where the claim reads its "
             "documents in its own statement (claim 0.20 -> 0.10 per page) and the cost gate's transaction goes as one "
-            "query string (admission 4.00 -> 1.00). The count is the code's, not the machine's: it does not vary "
-            "from run to run.",
+            "query string (admission 4.00 -> 1.00). The count is the code's, not the machine's: those two runs were "
+            "at a load average of about 8 and 27 (other work on the machine), which their wall times show and their "
+            "counts do not.",
         ],
         seconds=seconds,
     )
