@@ -140,7 +140,13 @@ model call as the provider client timed it) and the start of the invocation that
 per-page overhead is the page's time in the handler less its model call. Renders are timed around
 `RenderPool.render` (the wait for a free render process, the render in it, the image back). Database time is
 the wall time spent inside `Database` methods (instrumented in this process only). Commits are durable here
-(`synchronous_commit` as the server has it).""",
+(`synchronous_commit` as the server has it). Every page passes the cost gate (a tenant daily budget, with one
+priced call recorded before the run) and the rate governor (a rate that never makes a page wait), so each step
+is made: per page, each step's statements and round trips are counted at psycopg (`Cursor.execute`, and BEGIN and
+COMMIT for each `Connection.transaction`) by the `Database` method that ran them (bench/roundtrips.py), and the
+functions' SQS and S3 calls by operation (botocore's events). A second document, a PDF of scans with no text
+layer (congress.pdf and cardinal.pdf in turn), then goes the same way in a stack of its own: orientation and
+the second read (SECOND_READ=auto) on every page; its wall / ideal is reported beside, not judged.""",
     "fanout": """\
 The upload function gets the S3 event of a 1,000-page PDF (`MAX_PAGES=1000` for this run; 300 pages with
 `--quick`): it downloads the object, counts the pages, commits the document and one job per page in one
@@ -358,8 +364,8 @@ Wall time was 1.40× the ideal.
 
 **Done:**
 - the transcribe handler claims its whole SQS batch in one statement (`CLAIM_JOBS_BY_ID`: `id = ANY`, `LIMIT`,
-  `FOR UPDATE SKIP LOCKED`, no join) and reads the batch's documents in one (commit fd158a4): two round trips per
-  batch instead of six per page;
+  `FOR UPDATE SKIP LOCKED` on the jobs alone) that reads the batch's documents too, joined after the lock (commits
+  fd158a4, 2a4f08d): one round trip per batch instead of six per page;
 - pages render in long-lived worker processes (`RenderPool`, commits de49e67 and e167f14), as many as the
   function's memory holds at `RENDER_MEMORY_LIMIT_MB` each, at most the CPUs; they also bound a bomb page's
   memory (the hostile-input suite's decompression bomb fails its page, naming the limit);
@@ -370,7 +376,7 @@ Wall time was 1.40× the ideal.
   15.1 ms → 9.6 ms per page in-process, with byte-identical images.
 
 **Now:** wall / ideal **{pipeline.ratio:.2f}** (target ≤ 1.25: {"met" if pipeline.met else "**not met**"});
-Database per page {_row(pipeline, "claim_jobs + get_documents")} (in the pipeline / alone); renders
+Database per page {_row(pipeline, "claim_jobs (with")} (in the pipeline / alone); renders
 {_row(pipeline, "render per page")} per page in the batch (median / p95, including the wait for a free
 process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95). What remains is mostly the
 render phase at the start of every batch: the last page starts its model call only when its own render is done,

@@ -126,11 +126,13 @@ class ApiKeyRecord(NamedTuple):
 
 
 class Claims(NamedTuple):
-    """A batch's claim: the jobs claimed, by id, and those whose row another transaction held past the claim's wait
-    (``busy``: their messages must come back, not be taken for duplicates)."""
+    """A batch's claim: the jobs claimed, by id, those whose row another transaction held past the claim's wait
+    (``busy``: their messages must come back, not be taken for duplicates), and the records of the claimed jobs'
+    documents, by id, read with the claim."""
 
     claimed: dict[str, ClaimedJob]
     busy: frozenset[str]
+    documents: dict[str, DocumentRecord]
 
 
 class CreatedDocument(NamedTuple):

@@ -154,6 +154,26 @@ def test_a_job_is_claimed_once_and_a_job_named_twice_is_claimed_once(store: Stor
     assert (again.claimed, again.busy) == ({}, frozenset())
 
 
+def test_a_claim_reads_the_records_of_the_claimed_jobs_documents(store: Store) -> None:
+    # Given jobs of two documents in one batch, one of a tenant with a daily budget and a prompt of its own
+    store.ensure_tenant("capped")
+    store.set_daily_budget("capped", 5.0)
+    first, [first_job] = _document(store)
+    second, [second_job] = _document(store, tenant_id="capped", prompt="a prompt")
+    # When the batch is claimed
+    claims = store.claim_jobs([first_job, second_job], lease_seconds=LEASE, max_attempts=3)
+    # Then the claim carries both documents' records, as get_documents reads them
+    assert set(claims.claimed) == {first_job, second_job}
+    assert claims.documents == store.get_documents([first, second])
+    assert (claims.documents[second].tenant_daily_budget_usd, claims.documents[second].prompt) == (5.0, "a prompt")
+
+
+def test_a_claim_reads_no_record_for_a_job_it_did_not_claim(store: Store) -> None:
+    _, [job_id] = _document(store)
+    _claim(store, job_id)
+    assert store.claim_jobs([job_id], lease_seconds=LEASE, max_attempts=3).documents == {}
+
+
 def test_unknown_and_exhausted_jobs_are_not_claimed(store: Store) -> None:
     _, [job_id] = _document(store)
     store.requeue_job(_claim(store, job_id, max_attempts=1), "HTTP 503", delay_seconds=0)

@@ -242,17 +242,52 @@ def test_sixteen_threads_claiming_the_same_ids_hand_each_out_once(db: Database, 
     assert sorted(won) == sorted(job_ids)
 
 
-def test_a_batch_claim_is_one_limited_statement_without_joins(db: Database) -> None:
+def test_a_batch_claim_is_one_limited_statement_that_locks_the_jobs_alone_and_reads_their_document(
+    db: Database,
+) -> None:
     # Given three queued jobs
-    job_ids = db.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3]).job_ids
+    created = db.create_document(_new("uploads/s.pdf"), kind="pdf", pages=[1, 2, 3])
+    job_ids = created.job_ids
     # When a batch's two jobs are claimed by id
     with _on_the_wire(db) as (traced, wire):
-        claimed = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3).claimed
-    # Then both were claimed together, in one statement sent and answered in one round trip (no ping, no BEGIN/COMMIT)
-    assert sorted(claimed) == sorted(job_ids[:2])
+        claims = traced.claim_jobs(job_ids[:2], lease_seconds=LEASE, max_attempts=3)
+    # Then both were claimed together, with their document's record, in one statement sent and answered in one round
+    # trip (no ping, no BEGIN/COMMIT, no read of the documents after it)
+    assert sorted(claims.claimed) == sorted(job_ids[:2])
+    assert list(claims.documents) == [created.document_id]
     assert (len(wire.queries), wire.round_trips) == (1, 1), wire
-    sql = wire.queries[0].upper()
-    assert "LIMIT" in sql and "JOIN" not in sql and "FOR UPDATE SKIP LOCKED" in sql
+    # And the rows it locks are the jobs' alone: the document is joined after the lock, not locked with them
+    locking, _, after = wire.queries[0].upper().partition("FOR UPDATE SKIP LOCKED")
+    assert "LIMIT" in locking and "JOIN" not in locking and "JOIN DOCUMENTS" in after and "FOR " not in after
+
+
+def test_the_cost_gate_is_one_transaction_sent_in_one_round_trip(db: Database) -> None:
+    # Given a claimed page of a tenant with a daily budget
+    db.set_daily_budget("default", 5.0)
+    [job_id] = db.create_document(_new("uploads/gate.pdf"), kind="pdf", pages=[1]).job_ids
+    job = claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3)
+    assert job is not None
+    # When its call passes the cost gate
+    with _on_the_wire(db) as (traced, wire):
+        verdict = traced.admit_spend(job, "test/model", daily_budget_usd=None, max_output_tokens=100)
+    # Then BEGIN, the lock, the verdict and COMMIT went as one query, answered in one round trip
+    assert verdict.verdict == "GO" and verdict.daily_budget_usd == 5.0
+    assert (len(wire.queries), wire.round_trips) == (1, 1), wire
+    assert wire.queries[0].count("FOR UPDATE OF d, t") == 1 and "COMMIT" in wire.queries[0]
+
+
+def test_a_failed_statement_of_a_transaction_in_one_round_trip_rolls_it_back(db: Database) -> None:
+    # Given a job, a Database of one connection, and a transaction that moves the job and then fails
+    [job_id] = db.create_document(_new("uploads/failing.pdf"), kind="pdf", pages=[1]).job_ids
+    engine = create_database_engine(db.engine.url.render_as_string(hide_password=False), pool_size=1)
+    single = Database(engine)
+    moved = "UPDATE jobs SET status = 'FAILED' WHERE id = %(job_id)s"
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        single._in_one_transaction((moved, "SELECT 1 / 0"), {"job_id": job_id})
+    # Then nothing it did stays, and its one connection, out of the failed transaction, serves the next statement
+    assert _status(db, job_id) == ("QUEUED", 0)
+    assert claim_one(single, job_id, lease_seconds=LEASE, max_attempts=3) is not None
+    engine.dispose()
 
 
 def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_more(db: Database) -> None:

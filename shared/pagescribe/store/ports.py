@@ -149,10 +149,10 @@ class ClaimStore(Protocol):
     """Claims and leases: who may work on a page, for how long; the resend of lost messages."""
 
     def claim_jobs(self, job_ids: Sequence[str], *, lease_seconds: float, max_attempts: int) -> Claims:
-        """Claim the claimable ones of these jobs (an SQS batch's) in one statement. A job already claimed, finished,
-        out of attempts or unknown is not claimed; a job named twice is claimed once. A job whose row another
-        transaction held is claimed once more, waiting for its row (CLAIM_JOB_WAITING); one still held after that
-        wait is ``busy``: neither claimed nor a duplicate."""
+        """Claim the claimable ones of these jobs (an SQS batch's) in one statement, which reads their documents'
+        records too. A job already claimed, finished, out of attempts or unknown is not claimed; a job named twice is
+        claimed once. A job whose row another transaction held is claimed once more, waiting for its row
+        (CLAIM_JOB_WAITING); one still held after that wait is ``busy``: neither claimed nor a duplicate."""
 
     def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
         """Put a page back to QUEUED, due after ``delay_seconds``; False when the lease was lost."""

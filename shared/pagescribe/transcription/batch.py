@@ -42,7 +42,7 @@ def parse_job_id(body: str) -> str:
 
 class TranscriptionBatch:
     """One SQS batch of page jobs. When its first message is processed, every job of the batch is claimed in
-    one statement and their documents read in one (two round trips for the batch, not two per page); each
+    one statement that reads their documents too (one round trip for the batch, not two per page); each
     message then transcribes its own page. A job named twice, already claimed or finished is a duplicate
     delivery, acknowledged without a model call; a job whose row stayed held by another transaction fails its
     message, which comes back."""
@@ -55,12 +55,11 @@ class TranscriptionBatch:
             with contextlib.suppress(MalformedMessageError):  # rejected when its own message is processed
                 self._job_ids.append(parse_job_id(body))
         self._claims: Claims | None = None
-        self._documents: dict[str, DocumentRecord] = {}
         self._pages: dict[str, list[int]] = {}  # the pages claimed in this batch, by document
 
     def _claim(self, job_id: str) -> tuple[ClaimedJob, DocumentRecord] | None:
         if self._claims is None:
-            self._claims, self._documents = self._transcriber.claim_batch(self._job_ids, self._deadline)
+            self._claims = self._transcriber.claim_batch(self._job_ids, self._deadline)
             for claimed in self._claims.claimed.values():
                 self._pages.setdefault(claimed.document_id, []).append(claimed.page_number)
         job = self._claims.claimed.pop(job_id, None)
@@ -72,7 +71,7 @@ class TranscriptionBatch:
                     "the message is left for redelivery"
                 )
             return None
-        document = self._documents.get(job.document_id)
+        document = self._claims.documents.get(job.document_id)
         if document is None:  # the foreign key makes this impossible short of manual deletion
             raise LookupError(f"job {job_id} names document {job.document_id}, which does not exist")
         return job, document

@@ -89,8 +89,8 @@ class Transcriber:
         ``TranscriptionBatch.transcribe`` per message."""
         return TranscriptionBatch(self, bodies, deadline)
 
-    def claim_batch(self, job_ids: Sequence[str], deadline: Deadline) -> tuple[Claims, dict[str, DocumentRecord]]:
-        """Claim a batch's jobs in one statement and read their documents in one: (claims, documents by id).
+    def claim_batch(self, job_ids: Sequence[str], deadline: Deadline) -> Claims:
+        """Claim a batch's jobs, and read their documents, in one statement.
 
         Raises NotEnoughTimeError, claiming nothing, when too little of the invocation is left for a useful
         model call. Each claim is committed before any model is called, and no transaction stays open."""
@@ -99,13 +99,11 @@ class Transcriber:
             raise NotEnoughTimeError(
                 f"only {remaining:.1f} s of the invocation left; the batch's jobs are left for redelivery"
             )
-        claims = self._db.claim_jobs(
+        return self._db.claim_jobs(
             job_ids,
             lease_seconds=deadline.policy.lease(remaining),
             max_attempts=self._settings.max_attempts,
         )
-        documents = self._db.get_documents([job.document_id for job in claims.claimed.values()])
-        return claims, documents
 
     async def transcribe_claimed(
         self, job: ClaimedJob, document: DocumentRecord, deadline: Deadline, *, batch_pages: Collection[int] = ()

@@ -46,7 +46,12 @@ class MemoryClaims:
                     job.id, job.document_id, job.page_number, job.attempts, token, job.escalation, tuple(job.flags),
                     slot, job.requested_model, job.lane,
                 )  # fmt: skip
-            return Claims(claimed, frozenset())  # no row is ever held past a statement here: nothing is busy
+            documents = {
+                job.document_id: self.state.document_record(self.state.documents[job.document_id])
+                for job in claimed.values()
+                if job.document_id in self.state.documents
+            }
+            return Claims(claimed, frozenset(), documents)  # no row is ever held past a statement here: nothing is busy
 
     def requeue_job(self, job: ClaimedJob, error: str, *, delay_seconds: float) -> bool:
         with self.state.lock:

@@ -11,23 +11,13 @@ from psycopg.types.json import Jsonb
 
 from pagescribe.domain import BatchPage, ClaimedJob, ProviderBatch
 from pagescribe.store.postgres.connection import Connected
+from pagescribe.store.postgres.rows import claimed_job
 
 
 def batch_pages(rows: Sequence[Any]) -> list[BatchPage]:
     return [
         BatchPage(
-            ClaimedJob(
-                str(r.id),
-                str(r.document_id),
-                r.page_number,
-                r.attempts,
-                str(r.lease_token),
-                r.escalation,
-                tuple(r.flags),
-                None,
-                r.requested_model,
-                r.lane,
-            ),
+            claimed_job(r),
             r.batch_model,
             r.image_key,
             dict(r.batch_evidence or {}),

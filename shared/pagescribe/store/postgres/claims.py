@@ -16,21 +16,56 @@ from pagescribe.domain import (
     DocumentProgress,
 )
 from pagescribe.store.postgres.connection import Connected
-from pagescribe.store.postgres.rows import (
-    claimed_jobs,
-)
+from pagescribe.store.postgres.rows import claims_with_documents
 
 
 class PgClaims(Connected):
     """Claims and leases: a page moves QUEUED → PROCESSING under a lease, goes back (requeue, defer) or is taken
     over once its lease expired; the sweeper's resend of the messages that were lost."""
 
-    # The claim: one statement, one round trip, for every job of an SQS batch at once. The rows are locked with
-    # SKIP LOCKED, so a concurrent claim of the same job (a duplicate delivery) finds nothing and returns nothing.
-    # An expired lease proves its holder dead (Lambda is killed at its timeout and the lease outlasts the
-    # invocation), so it may be taken over. The jobs claimed together share the statement's fresh lease token:
+    # What a claim returns: each job claimed, with its document's record beside it (read in the claim's snapshot, not
+    # locked: only the jobs' rows are), so that a batch's claim and the read of its documents are one round trip. The
+    # fields a page is transcribed by (kind, model, prompt, caps, lane) are written with its jobs and never change; a
+    # re-run changes only the document's status and counters, which no page reads from here. The document's columns
+    # carry the prefix document_ (its id is the job's document_id).
+    CLAIMED = """
+    claimed AS (
+        UPDATE jobs
+        SET status = 'PROCESSING', attempts = attempts + 1, lease_token = %(lease_token)s,
+            lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), reserved_usd = NULL,
+            started_at = now(), updated_at = now()
+        WHERE id IN (SELECT id FROM candidate)
+        RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags,
+                  extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model, lane
+    )
+    SELECT c.id, c.document_id, c.page_number, c.attempts, c.lease_token, c.escalation, c.flags, c.slot_in_seconds,
+           c.requested_model, c.lane,
+           d.bucket AS document_bucket, d.object_key AS document_object_key, d.etag AS document_etag,
+           d.version_id AS document_version_id, d.size_bytes AS document_size_bytes, d.kind AS document_kind,
+           d.page_count AS document_page_count, d.source_page_count AS document_source_page_count,
+           d.status AS document_status, d.error AS document_error, d.model AS document_model,
+           d.escalation_model AS document_escalation_model, d.prompt AS document_prompt,
+           d.pages_completed AS document_pages_completed, d.pages_failed AS document_pages_failed,
+           d.transcript_key AS document_transcript_key, d.created_at AS document_created_at,
+           d.finished_at AS document_finished_at, d.filename AS document_filename,
+           d.requested_pages AS document_requested_pages, d.callback_url AS document_callback_url,
+           d.callback_status AS document_callback_status, d.callback_error AS document_callback_error,
+           d.retries AS document_retries, d.tenant_id AS document_tenant_id, d.reuse AS document_reuse,
+           d.reused_from AS document_reused_from, d.max_cost_usd AS document_max_cost_usd,
+           d.second_read AS document_second_read, d.chunks AS document_chunks,
+           d.merge_tables AS document_merge_tables, d.furniture AS document_furniture, d.lane AS document_lane,
+           d.deadline AS document_deadline,
+           (SELECT daily_budget_usd FROM tenants WHERE tenants.id = d.tenant_id) AS document_tenant_daily_budget_usd
+    FROM claimed c LEFT JOIN documents d ON d.id = c.document_id
+    """
+
+    # The claim: one statement, one round trip, for every job of an SQS batch at once, with their documents. The rows
+    # are locked with SKIP LOCKED, so a concurrent claim of the same job (a duplicate delivery) finds nothing and
+    # returns nothing. An expired lease proves its holder dead (Lambda is killed at its timeout and the lease outlasts
+    # the invocation), so it may be taken over. The jobs claimed together share the statement's fresh lease token:
     # a token fences one claim of one job, and no statement claims a job twice.
-    CLAIM_JOBS_BY_ID = """
+    CLAIM_JOBS_BY_ID = (
+        """
     WITH candidate AS (
         SELECT id FROM jobs
         WHERE id = ANY(CAST(%(job_ids)s AS uuid[]))
@@ -38,32 +73,26 @@ class PgClaims(Connected):
           AND (status = 'QUEUED' OR (status = 'PROCESSING' AND lease_expires_at < now()))
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
+    ),"""
+        + CLAIMED
     )
-    UPDATE jobs
-    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = %(lease_token)s,
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), reserved_usd = NULL,
-        started_at = now(), updated_at = now()
-    WHERE id IN (SELECT id FROM candidate)
-    RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags,
-              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model, lane
-    """
 
     def claim_jobs(self, job_ids: Sequence[str], *, lease_seconds: float, max_attempts: int) -> Claims:
         unique = list(dict.fromkeys(job_ids))
         if not unique:
-            return Claims({}, frozenset())
+            return Claims({}, frozenset(), {})
         lease_token = str(uuid.uuid4())
         params = {"lease_token": lease_token, "lease_seconds": lease_seconds, "max_attempts": max_attempts}
         rows = self._rows(self.CLAIM_JOBS_BY_ID, {**params, "job_ids": unique, "limit": len(unique)})
-        claimed = {job.job_id: job for job in claimed_jobs(rows)}
         busy: set[str] = set()
+        claimed_ids = {str(row.id) for row in rows}
         for job_id in unique:
-            if job_id not in claimed:
+            if job_id not in claimed_ids:
                 waited = self._claim_waiting({**params, "job_id": job_id})
                 if waited is None:
                     busy.add(job_id)
-                claimed.update((job.job_id, job) for job in claimed_jobs(waited or []))
-        return Claims(claimed, frozenset(busy))
+                rows += waited or []
+        return claims_with_documents(rows, frozenset(busy))
 
     # A job the claim skipped is a duplicate only if it is still not claimable once the transaction holding its row has
     # ended: the upload (or a retry, a re-run) holds the row for a moment while it stamps it as sent, just after its
@@ -74,22 +103,17 @@ class PgClaims(Connected):
 
     SET_CLAIM_LOCK_WAIT = "SELECT set_config('lock_timeout', %(lock_wait)s, true)"
 
-    CLAIM_JOB_WAITING = """
+    CLAIM_JOB_WAITING = (
+        """
     WITH candidate AS (
         SELECT id FROM jobs
         WHERE id = %(job_id)s
           AND attempts < %(max_attempts)s
           AND (status = 'QUEUED' OR (status = 'PROCESSING' AND lease_expires_at < now()))
         FOR UPDATE
+    ),"""
+        + CLAIMED
     )
-    UPDATE jobs
-    SET status = 'PROCESSING', attempts = attempts + 1, lease_token = %(lease_token)s,
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s), reserved_usd = NULL,
-        started_at = now(), updated_at = now()
-    WHERE id IN (SELECT id FROM candidate)
-    RETURNING id, document_id, page_number, attempts, lease_token, escalation, flags,
-              extract(epoch FROM rate_slot_at - now()) AS slot_in_seconds, requested_model, lane
-    """
 
     def _claim_waiting(self, params: dict[str, Any]) -> list[Any] | None:
         """CLAIM_JOB_WAITING in a transaction of its own: the claimed row, none, or None when the row stayed held."""

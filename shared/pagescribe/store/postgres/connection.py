@@ -10,10 +10,11 @@ while a model call runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import QueuePool
@@ -93,3 +94,26 @@ class Connected:
     def _row(self, statement: str, params: dict[str, Any]) -> Any | None:
         rows = self._rows(statement, params)
         return rows[0] if rows else None
+
+    def _in_one_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> list[Any]:
+        """Run ``statements`` in one transaction and one round trip: the rows of the last.
+
+        BEGIN, the statements and COMMIT go as one query string (the simple query protocol, so the parameters are
+        bound here, by psycopg's ClientCursor). Each statement still reads with a snapshot of its own, taken when it
+        starts (READ COMMITTED), as when they are sent one by one: a statement after a lock reads what the lock's
+        holder committed. A failed statement ends the string; its transaction is rolled back here."""
+        script = ";\n".join(("BEGIN", *statements, "COMMIT"))
+
+        def run(connection: psycopg.Connection[Any]) -> list[Any]:
+            try:
+                with psycopg.ClientCursor(connection, row_factory=namedtuple_row) as cursor:
+                    cursor.execute(script, params)
+                    for _ in statements:  # past BEGIN's result, to the last statement's
+                        cursor.nextset()
+                    return cursor.fetchall() if cursor.description is not None else []
+            except psycopg.Error:
+                if not connection.closed and connection.info.transaction_status is TransactionStatus.INERROR:
+                    connection.rollback()
+                raise
+
+        return self._with_connection(run)

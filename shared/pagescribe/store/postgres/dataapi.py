@@ -29,7 +29,7 @@ import re
 import time
 import uuid
 from collections import namedtuple
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -263,3 +263,12 @@ class DataApiConnected:
     def _row(self, statement: str, params: dict[str, Any]) -> Any | None:
         rows = self._rows(statement, params)
         return rows[0] if rows else None
+
+    def _in_one_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> list[Any]:
+        """The statements in one transaction, one request each (the Data API runs one statement a request)."""
+        connection = DataApiConnection(self.api)
+        rows: list[Any] = []
+        with connection.transaction():
+            for statement in statements:
+                rows = self.api.execute(statement, params, connection.transaction_id)
+        return rows

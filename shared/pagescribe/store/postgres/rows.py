@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from pagescribe.domain import (
     AttemptRecord,
     ClaimedJob,
+    Claims,
     DocumentProgress,
     DocumentRecord,
     DocumentStatus,
@@ -27,22 +29,37 @@ def progress_of(row: Any | None) -> DocumentProgress | None:
     return DocumentProgress(str(row.id), row.page_count, row.pages_completed, row.pages_failed)
 
 
-def claimed_jobs(rows: Sequence[Any]) -> list[ClaimedJob]:
-    return [
-        ClaimedJob(
-            str(r.id),
-            str(r.document_id),
-            r.page_number,
-            r.attempts,
-            str(r.lease_token),
-            r.escalation,
-            tuple(r.flags),
-            float(r.slot_in_seconds) if r.slot_in_seconds is not None else None,
-            r.requested_model,
-            r.lane,
-        )
-        for r in rows
-    ]
+def claimed_job(row: Any, slot_in_seconds: float | None = None) -> ClaimedJob:
+    """A claimed job from a row of the jobs table's columns (``id``, ``lane`` and the others of ClaimedJob)."""
+    return ClaimedJob(
+        str(row.id),
+        str(row.document_id),
+        row.page_number,
+        row.attempts,
+        str(row.lease_token),
+        row.escalation,
+        tuple(row.flags),
+        slot_in_seconds,
+        row.requested_model,
+        row.lane,
+    )
+
+
+def claims_with_documents(rows: Sequence[Any], busy: frozenset[str]) -> Claims:
+    """A claim's rows (PgClaims.CLAIMED: each job, with its document's columns prefixed document_) as Claims; a job
+    whose document is gone has no record in ``documents``."""
+    claimed = {str(r.id): claimed_job(r, float_or_none(r.slot_in_seconds)) for r in rows}
+    documents = {
+        str(r.document_id): document_record(_prefixed(r, "document_")) for r in rows if r.document_status is not None
+    }
+    return Claims(claimed, busy, documents)
+
+
+def _prefixed(row: Any, prefix: str) -> SimpleNamespace:
+    """The columns of ``row`` named with ``prefix``, without it: a record read beside another in one row."""
+    return SimpleNamespace(
+        **{name.removeprefix(prefix): getattr(row, name) for name in row._fields if name.startswith(prefix)}
+    )
 
 
 def document_record(row: Any) -> DocumentRecord:

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-from psycopg.rows import namedtuple_row
-
 from pagescribe.domain import (
     ClaimedJob,
     PricedCall,
@@ -29,7 +24,8 @@ class PgSpend(Connected):
     # the tenant's rows are locked first, so calls of one tenant pass the gate one at a time, and ADMIT_SPEND, a
     # statement of its own, reads what the gates before it committed (in one statement, the reads of the other
     # tables would keep the snapshot taken before the lock was granted, and miss the price a concurrent gate had
-    # just held).
+    # just held). The transaction is one round trip all the same (``_in_one_transaction``: BEGIN, the two statements
+    # and COMMIT sent as one query string, each statement with its own snapshot), not four.
     #
     # A call is held at its worst case (reserve), priced on the tenant's own latest calls of the model, never on
     # other tenants': each call's cost is at least its prompt tokens times the price of a prompt token, and at least
@@ -127,13 +123,8 @@ class PgSpend(Connected):
             "max_output_tokens": max_output_tokens,
         }
 
-        def gate(connection: psycopg.Connection[Any]) -> Any:
-            with connection.transaction(), connection.cursor(row_factory=namedtuple_row) as cursor:
-                cursor.execute(self.LOCK_SPENDERS, params)
-                cursor.execute(self.ADMIT_SPEND, params)
-                return cursor.fetchone()
-
-        row = self._with_connection(gate)
+        rows = self._in_one_transaction((self.LOCK_SPENDERS, self.ADMIT_SPEND), params)
+        row = rows[0] if rows else None
         if row is None:  # the document is gone (deleted by hand): nothing to hold the call against
             return SpendVerdict("GO", None, None, 0.0, None, None, 0.0)
         return SpendVerdict(
