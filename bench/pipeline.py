@@ -204,6 +204,7 @@ def _scanned(run: Run, trips: RoundTrips, renders: list[float]) -> list[tuple[st
         ),
         ("  scanned: per-page overhead, invocation start -> result committed, less model", spread_ms(overhead)),
         ("  scanned: render per page in the batch", spread_ms(renders)),
+        ("  scanned: pages whose image was rendered ahead", f"{run.pages - len(renders)} of {run.pages}"),
         (
             "  scanned: statements / round trips per page, all steps",
             f"{_per_page(trips.total_statements, run.pages)} / {_per_page(trips.total_round_trips, run.pages)}",
@@ -296,7 +297,7 @@ def _result(
         title=f"Pipeline overhead ({pages}-page PDF, {len(transcribes)} batches, provider answering in 1.0 s)",
         ratio_label="wall / ideal",
         ratio=document.ratio,
-        target=1.25,
+        target=1.10,
         direction="<=",
         summary=(
             f"wall {wall:.2f} s vs ideal {ideal:.1f} s (one environment, batches in turn); per-page overhead "
@@ -329,6 +330,11 @@ def _result(
                 spread_ms(renders),
             ),
             ("sum of the renders over the document", f"{sum(renders):.2f} s"),
+            (
+                "pages whose image was rendered ahead (RENDER_AHEAD_PAGES: while the batch before them was at the "
+                "model), not by their claim",
+                f"{pages - len(renders)} of {pages}",
+            ),
             (
                 "database time in Database calls (all functions), per page",
                 f"{figures['db_seconds'] / pages * 1000:.1f} ms in {figures['db_calls'] / pages:.1f} calls",

@@ -375,25 +375,28 @@ Wall time was 1.40× the ideal.
   the pixels into a fresh 5 MB buffer (page faults on a new allocation every page) cost as much as the render,
   15.1 ms → 9.6 ms per page in-process, with byte-identical images.
 
-**Now:** wall / ideal **{pipeline.ratio:.2f}** (target ≤ 1.25: {"met" if pipeline.met else "**not met**"});
+**Issue 32 (no gap before a call):**
+- pages render ahead (`PageImages`, commits 8dbf72b..bef0bda): once a page of a batch is rendered, the render
+  processes the batch no longer needs render, in spare time (never while a page of a batch waits for a process),
+  the pages that follow the batch in its documents, at most `RENDER_AHEAD_PAGES` (10); the next batch on the same
+  environment takes its images and starts its calls at once. With other environments at work on the document, the
+  window skips the pages they will take (the stride between this environment's last two batches). Pages rendered
+  ahead here: {_row(pipeline, "pages whose image was rendered ahead")};
+- the transcribe function starts all its render processes during init (`RenderPool.prestart(workers)`), not on the
+  first batch.
+
+**Now:** wall / ideal **{pipeline.ratio:.2f}** (target ≤ 1.10: {"met" if pipeline.met else "**not met**"});
 Database per page {_row(pipeline, "claim_jobs (with")} (in the pipeline / alone); renders
-{_row(pipeline, "render per page")} per page in the batch (median / p95, including the wait for a free
-process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95). What remains is mostly the
-render phase at the start of every batch: the last page starts its model call only when its own render is done,
-and the batch's ten renders share this machine's two cores with the handlers, the in-process moto server and the
-fake provider parsing ten ~0.5 MB request bodies — during those ~85 ms the cores are busy, while over the whole
-run they are mostly idle ({_row(pipeline, "CPU during the run")}: this process / render processes / share of two
-cores over the wall time), because the rest of each batch waits for the model. More render processes than cores
-did not help (3 and 4 processes: 1.20–1.22, same run conditions). **The figure depends on CPU speed**, because
-the render phase is CPU work measured against a fixed 1.0 s model call. The code before commit 6a9d26a measured
-1.37 in the full run on commit f3fa6fa, on a machine that rendered 44 pages/s; on a machine about 2.5× faster
-(about 110 pages/s) that code measured 1.21–1.23, the code after it 1.18–1.19, and 1.27 with one of the two
-cores taken by a busy loop. Not done: rendering ahead — while a batch's
-model calls are in flight, the idle render processes could render the document's following pages, so that a
-later batch on the same environment finds its images ready. Deployed, a page's model call takes seconds rather
-than 1.0 s and the event source spreads a document's batches over several environments, so the render phase is a
-smaller share and such a cache would seldom hit; rendering fewer pixels would also shorten it, but the image size
-section below argues against that.
+{_row(pipeline, "render per page")} per page in the batch (median / p95, the pages their claims rendered,
+including the wait for a free process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95).
+What remains is the first batch's render phase (nothing is rendered before the first claim: its last page starts
+its call only when its own render is done, and a born-digital page's render includes placing its text layer's
+words, the grounding evidence, which the dense-page check needs before the call), the upload function
+({_row(pipeline, "upload function")}) and the local service's polling ({_row(pipeline, "local emulation")}).
+**The figure depends on CPU speed**, because the render phase is CPU work measured against a fixed 1.0 s model
+call. Deployed, the event source spreads a document's batches over several environments: a render ahead is used
+only where the stride between an environment's batches holds, and a page's model call takes seconds rather than
+1.0 s, so the first render phase is a smaller share.
 """
         )
     cold = by_key.get("coldstart")
