@@ -278,6 +278,24 @@ def test_every_call_counts_in_the_documents_spend_and_its_tenants_day(store: Sto
     assert [a.outcome for a in store.load_attempts(document_id)] == ["RATE_LIMITED", "KEPT"]
 
 
+def test_a_tenants_day_sums_the_calls_of_all_its_pages_and_the_cost_gate_reads_that_sum(store: Store) -> None:
+    # Given a tenant's twenty pages, each with a call that failed and a call that answered at $0.25
+    store.ensure_tenant("acme")
+    _, job_ids = _document(store, pages=20, tenant_id="acme")
+    for job_id in job_ids:
+        job = _claim(store, job_id)
+        store.record_failed_call(job, FailedCall("test/model", "fake", 503, "busy", 10))
+        store.complete_job(job, _answer(cost=0.25))
+    # Then its day holds all forty calls and their $5
+    day = store.tenant_day("acme")
+    assert day is not None and (day.spent_usd, day.calls) == (pytest.approx(5.0), 40)
+    # And the cost gate reads the same day against the tenant's budget
+    _, [next_page] = _document(store, tenant_id="acme")
+    store.set_daily_budget("acme", 100.0)
+    verdict = store.admit_spend(_claim(store, next_page), "test/model", daily_budget_usd=None, max_output_tokens=100)
+    assert verdict.verdict == "GO" and verdict.spent_today == pytest.approx(5.0)
+
+
 def test_a_page_read_in_tiles_records_each_call_as_it_answers_and_its_end_none_of_its_own(store: Store) -> None:
     store.ensure_tenant("acme")
     document_id, [job_id] = _document(store, tenant_id="acme")

@@ -195,6 +195,27 @@ def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(
     assert paused.paused and not paused.reserved and 20 < paused.wait <= 30
 
 
+def test_the_buckets_commits_do_not_wait_for_the_wal_flush_and_nothing_else_does_so(db: Database) -> None:
+    # Given a bucket
+    bucket = RateBucket("fake", requests_per_minute=60, tokens_per_minute=6000, burst=2)
+    params = {**bucket.params("m"), "prepaid": False, "max_wait": 899.0, "estimate": 0.0, "actual": 10}
+    db.take_rate_slot(bucket, "m", prepaid=False, max_wait=899)
+    pooled = db.engine.raw_connection()
+    try:
+        connection = pooled.driver_connection
+        assert connection is not None
+        for statement in (db.TAKE_RATE_SLOT, db.SETTLE_RATE_USAGE):
+            # When its statement runs in a transaction, the transaction commits without waiting for the flush
+            with connection.transaction():
+                connection.execute(statement, params)
+                assert connection.execute("SHOW synchronous_commit").fetchone() == ("off",)
+            # And the next transaction on the connection waits for it again
+            with connection.transaction():
+                assert connection.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    finally:
+        pooled.close()
+
+
 def create(body: dict[str, Any]) -> dict[str, Any]:
     response = api_app.handler(api_event("POST", "/documents", body=json.dumps(body)), LambdaContext(29))
     assert response["statusCode"] == 201, response["body"]

@@ -21,6 +21,16 @@ from pagescribe.store.postgres.rows import (
     progress_of,
 )
 
+# A tenant's day is counted in DAY_SHARDS rows (tenant_days' shard, a page's by its number), summed when read: every
+# call of the tenant moves its day, and one row would pass the tenant's calls one at a time (each holding the row
+# until its commit is flushed).
+DAY_SHARDS = 16
+
+
+def day_shard(job: ClaimedJob) -> int:
+    """The row of its tenant's day a page's calls are counted in."""
+    return job.page_number % DAY_SHARDS
+
 
 def fenced_write(job: ClaimedJob, outcome: PageOutcome, written: AttemptOutcome) -> dict[str, Any]:
     """The parameters of a fenced result write (COMPLETE_JOB, FAIL_JOB, ESCALATE_JOB): the lease that must still
@@ -28,6 +38,7 @@ def fenced_write(job: ClaimedJob, outcome: PageOutcome, written: AttemptOutcome)
     return {
         "job_id": job.job_id,
         "document_id": job.document_id,
+        "day_shard": day_shard(job),
         "lease_token": job.lease_token,
         "claim": job.attempts,
         "answered": outcome.text is not None,
@@ -101,10 +112,11 @@ class PgLedger(Connected):
         WHERE %(called)s
     ),
     counted AS (
-        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(day_shard)s, coalesce(%(cost)s, 0), 1
         FROM documents WHERE id = %(document_id)s AND %(called)s
-        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+        ON CONFLICT (tenant_id, day, shard)
+        DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
     )
     UPDATE documents
     SET pages_completed = pages_completed + 1, updated_at = now()
@@ -150,10 +162,11 @@ class PgLedger(Connected):
         WHERE %(called)s
     ),
     counted AS (
-        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(day_shard)s, coalesce(%(cost)s, 0), 1
         FROM documents WHERE id = %(document_id)s AND %(called)s
-        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+        ON CONFLICT (tenant_id, day, shard)
+        DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
     )
     UPDATE documents
     SET pages_failed = pages_failed + 1, updated_at = now()
@@ -198,10 +211,11 @@ class PgLedger(Connected):
         WHERE %(called)s
     ),
     counted AS (
-        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(day_shard)s, coalesce(%(cost)s, 0), 1
         FROM documents WHERE id = %(document_id)s AND %(called)s
-        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+        ON CONFLICT (tenant_id, day, shard)
+        DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
     )
     SELECT document_id FROM written
     """
@@ -239,9 +253,9 @@ class PgLedger(Connected):
         VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(latency_ms)s,
                 %(status_code)s, %(error)s)
     )
-    INSERT INTO tenant_days AS t (tenant_id, day, calls)
-    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), 1 FROM documents WHERE id = %(document_id)s
-    ON CONFLICT (tenant_id, day) DO UPDATE SET calls = t.calls + 1
+    INSERT INTO tenant_days AS t (tenant_id, day, shard, calls)
+    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(day_shard)s, 1 FROM documents WHERE id = %(document_id)s
+    ON CONFLICT (tenant_id, day, shard) DO UPDATE SET calls = t.calls + 1
     """
 
     def record_failed_call(self, job: ClaimedJob, failed: FailedCall) -> None:
@@ -250,6 +264,7 @@ class PgLedger(Connected):
             {
                 "job_id": job.job_id,
                 "document_id": job.document_id,
+                "day_shard": day_shard(job),
                 "claim": job.attempts,
                 "outcome": (AttemptOutcome.RATE_LIMITED if failed.status_code == 429 else AttemptOutcome.ERROR).value,
                 "model": failed.model,
@@ -272,10 +287,10 @@ class PgLedger(Connected):
                 %(prompt_tokens)s, %(completion_tokens)s, %(cost)s, %(cost_estimated)s, %(latency_ms)s,
                 %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(tile)s)
     )
-    INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+    INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(day_shard)s, coalesce(%(cost)s, 0), 1
     FROM documents WHERE id = %(document_id)s
-    ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    ON CONFLICT (tenant_id, day, shard) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
     """
 
     def record_call(
