@@ -290,7 +290,9 @@ def test_a_tenants_daily_budget_skips_the_pages_beyond_it(
 
     # Then the calls stop where the day's spend could pass the budget, and the rest are skipped, saying why
     assert fake_provider.calls == 3
-    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
+    [day] = rows(
+        db, "SELECT sum(spent_usd) AS spent_usd, sum(calls) AS calls FROM tenant_days WHERE tenant_id = 'default'"
+    )
     assert float(day["spent_usd"]) == pytest.approx(3 * PRICE) and day["calls"] == 3
     document_row = db.get_document(document["document_id"])
     assert document_row is not None and document_row.status == "PARTIAL"
@@ -402,7 +404,9 @@ def test_twenty_pages_at_once_answered_at_fifty_times_the_mean_never_pass_the_te
     deliver(pipeline, until=lambda: all(finished(db, document_id)() for document_id in document_ids))
 
     # Then the day ends within the budget, no further from it than one call's worst case, every call counted
-    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
+    [day] = rows(
+        db, "SELECT sum(spent_usd) AS spent_usd, sum(calls) AS calls FROM tenant_days WHERE tenant_id = 'default'"
+    )
     assert budget - reserve < float(day["spent_usd"]) <= budget
     assert day["calls"] == fake_provider.calls
     # And calls were in flight together, as many as the budget held at their worst case
@@ -446,7 +450,7 @@ def test_every_call_counts_in_the_totals_whatever_became_of_it(
     assert fake_provider.calls == 5
     described = db.spend(document["document_id"])
     assert described.calls == 5 and described.cost == pytest.approx(5 * PRICE)
-    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days")
+    [day] = rows(db, "SELECT sum(spent_usd) AS spent_usd, sum(calls) AS calls FROM tenant_days")
     assert float(day["spent_usd"]) == pytest.approx(5 * PRICE) and day["calls"] == 5
     _, transcript = pipeline.transcript(document["document_id"])
     errors = [a for page in transcript["pages"] for a in page["attempts"] if a["outcome"] == "ERROR"]

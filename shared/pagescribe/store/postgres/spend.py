@@ -45,8 +45,14 @@ class PgSpend(Connected):
     # helps. A page that would fit once the calls in flight settle waits (DEFER). Before the tenant's first call of
     # the model that reported a cost the reserve is unknown: a capped document, or a tenant with a budget, makes one
     # call at a time.
+    #
+    # The locked section reads in O(1): the document's spend is its running total (document_counts, summed over its
+    # shards, moved by each call's write), not a sum over its calls. The lock is NO KEY UPDATE: it excludes the other
+    # gates as FOR UPDATE did, but not the key-share locks a page's write takes on the document's row (the attempts'
+    # and the counts' foreign keys), so a page's end never waits for a gate of its document.
     LOCK_SPENDERS = """
-    SELECT 1 FROM documents d JOIN tenants t ON t.id = d.tenant_id WHERE d.id = %(document_id)s FOR UPDATE OF d, t
+    SELECT 1 FROM documents d JOIN tenants t ON t.id = d.tenant_id WHERE d.id = %(document_id)s
+    FOR NO KEY UPDATE OF d, t
     """
 
     ADMIT_SPEND = """
@@ -73,7 +79,7 @@ class PgSpend(Connected):
                         max(cost)) AS reserve
         FROM history
     ),
-    spent AS (SELECT coalesce(sum(cost), 0) AS usd FROM attempts WHERE document_id = %(document_id)s),
+    spent AS (SELECT coalesce(sum(spent_usd), 0) AS usd FROM document_counts WHERE document_id = %(document_id)s),
     in_flight AS (
         SELECT j.document_id, j.reserved_usd FROM jobs j JOIN documents d ON d.id = j.document_id
         WHERE j.reserved_usd IS NOT NULL AND j.status = 'PROCESSING' AND j.lease_expires_at > now()
