@@ -73,7 +73,7 @@ def db(database_url: str) -> Iterator[Database]:
         conn.execute(
             text(
                 "TRUNCATE documents, jobs, attempts, page_corrections, api_keys, idempotency_keys, rate_buckets, "
-                "tenant_days, provider_batches"
+                "tenant_days, provider_batches, document_counts"
             )
         )
         conn.execute(text("DELETE FROM tenants WHERE id <> 'default'"))

@@ -298,6 +298,55 @@ def test_every_call_counts_in_the_documents_spend_and_its_tenants_day(store: Sto
     assert [a.outcome for a in store.load_attempts(document_id)] == ["RATE_LIMITED", "KEPT"]
 
 
+def test_a_tenants_day_sums_the_calls_of_all_its_pages_and_the_cost_gate_reads_that_sum(store: Store) -> None:
+    # Given a tenant's twenty pages, each with a call that failed and a call that answered at $0.25
+    store.ensure_tenant("acme")
+    _, job_ids = _document(store, pages=20, tenant_id="acme")
+    for job_id in job_ids:
+        job = _claim(store, job_id)
+        store.record_failed_call(job, FailedCall("test/model", "fake", 503, "busy", 10))
+        store.complete_job(job, _answer(cost=0.25))
+    # Then its day holds all forty calls and their $5
+    day = store.tenant_day("acme")
+    assert day is not None and day.spent_usd == pytest.approx(5.0) and day.calls == 40
+    # And the cost gate reads the same day against the tenant's budget
+    _, [next_page] = _document(store, tenant_id="acme")
+    store.set_daily_budget("acme", 100.0)
+    verdict = store.admit_spend(_claim(store, next_page), "test/model", daily_budget_usd=None, max_output_tokens=100)
+    assert verdict.verdict == "GO" and verdict.spent_today == pytest.approx(5.0)
+
+
+def test_a_large_documents_count_and_spend_are_the_sums_of_every_page_ended(store: Store) -> None:
+    # Given a tenant's document of 300 pages (a large one is counted in shards), every page but the last ended, one
+    # in ten failed, each after a call of $0.5
+    store.ensure_tenant("acme")
+    document_id, job_ids = _document(store, pages=300, tenant_id="acme")
+    *firsts, last = job_ids
+    progress = []
+    for n, job_id in enumerate(firsts):
+        job, answer = _claim(store, job_id), _answer(cost=0.5)
+        ended = store.fail_job(job, "broken", answer) if n % 10 == 0 else store.complete_job(job, answer)
+        assert ended is not None
+        progress.append((ended.pages_completed, ended.pages_failed, ended.all_pages_done))
+    # Then each end counted every page ended before it, and none but the last saw the document done
+    assert progress == [(n - (n + 9) // 10, (n + 9) // 10, False) for n in range(1, 300)]
+    record = store.get_document(document_id)
+    assert record is not None and (record.pages_completed, record.pages_failed) == (269, 30)
+    # And the cost gate reads what the document spent
+    store.set_daily_budget("acme", 1000.0)
+    job = _claim(store, last)
+    verdict = store.admit_spend(job, "test/model", daily_budget_usd=None, max_output_tokens=100)
+    assert verdict.spent == pytest.approx(149.5) and verdict.spent_today == pytest.approx(149.5)
+    # When the last page ends, it sees the document done, and the document is finished once
+    final = store.complete_job(job, _answer(cost=0.5))
+    assert final is not None and (final.pages_completed, final.pages_failed, final.all_pages_done) == (270, 30, True)
+    finish = {"status": DocumentStatus.PARTIAL, "error": "30 pages failed", "transcript_key": "t.md"}
+    assert store.finish_document(document_id, **finish)  # type: ignore[arg-type]
+    assert not store.finish_document(document_id, **finish)  # type: ignore[arg-type]
+    [listed] = store.list_documents("acme", limit=1)
+    assert (listed.pages_completed, listed.pages_failed) == (270, 30) and listed.cost == pytest.approx(150.0)
+
+
 def test_a_page_read_in_tiles_records_each_call_as_it_answers_and_its_end_none_of_its_own(store: Store) -> None:
     store.ensure_tenant("acme")
     document_id, [job_id] = _document(store, tenant_id="acme")

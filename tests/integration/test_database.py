@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from pagescribe.domain import ClaimedJob, DocumentStatus, JobStatus, NewDocument, PageOutcome
+from pagescribe.domain import ClaimedJob, DocumentProgress, DocumentStatus, JobStatus, NewDocument, PageOutcome
 from pagescribe.store.postgres import Database, create_database_engine
 from psycopg import pq
 from sqlalchemy import text
@@ -482,3 +482,51 @@ def test_a_stale_write_is_refused_by_its_lease_token_while_the_newer_claim_is_st
     [page] = db.load_pages(newer.document_id)
     assert (page.status, page.text) == (JobStatus.COMPLETED, "newer result")
     assert [a.outcome for a in db.load_attempts(newer.document_id)] == ["LEASE_LOST", "LEASE_LOST", "KEPT"]
+
+
+def _held_on_a_lock(db: Database) -> bool:
+    """Whether a statement of another connection waits for a row lock."""
+    with db.engine.connect() as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        )
+        return bool(waiting.scalar_one())
+
+
+def test_the_last_two_pages_of_a_sharded_document_ending_together_finish_it_once(db: Database, store: Database) -> None:
+    # Given a document large enough to be counted in shards, every page ended but pages 1 and 2 (two shards)
+    created = store.create_document(_new("uploads/large.pdf"), kind="pdf", pages=list(range(1, 257)))
+    jobs = [claim_one(store, j, lease_seconds=LEASE, max_attempts=3) for j in created.job_ids]
+    claimed = [j for j in jobs if j is not None]
+    for job in claimed[2:]:
+        store.complete_job(job, _outcome("page"))
+    ended: dict[int, DocumentProgress | None] = {}
+    pooled = db.engine.raw_connection()
+    try:
+        holder = pooled.driver_connection
+        assert isinstance(holder, psycopg.Connection)
+        # When page 2's end waits for its shard's row (held by another transaction) after its statement began, and
+        # page 1 ends meanwhile: neither statement sees the other's count
+        with holder.transaction():
+            holder.execute(
+                "SELECT 1 FROM document_counts WHERE document_id = %s AND shard = 2 FOR UPDATE", (created.document_id,)
+            )
+            second = threading.Thread(target=lambda: ended.update({2: store.complete_job(claimed[1], _outcome("2"))}))
+            second.start()
+            while not _held_on_a_lock(db):
+                second.join(0.01)
+            ended[1] = store.complete_job(claimed[0], _outcome("1"))
+        second.join()
+    finally:
+        pooled.close()
+    # Then page 1's end, committed first, sees one page left, and page 2's end, committed last, reads the count
+    # again and sees the document done
+    first_end, second_end = ended[1], ended[2]
+    assert first_end is not None and second_end is not None
+    assert (first_end.pages_completed, second_end.pages_completed) == (255, 256)
+    # And it is finished once
+    finish = {"status": DocumentStatus.COMPLETED, "error": None, "transcript_key": "t.md"}
+    assert store.finish_document(created.document_id, **finish)  # type: ignore[arg-type]
+    assert not store.finish_document(created.document_id, **finish)  # type: ignore[arg-type]

@@ -195,6 +195,27 @@ def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(
     assert paused.paused and not paused.reserved and 20 < paused.wait <= 30
 
 
+def test_the_buckets_commits_do_not_wait_for_the_wal_flush_and_nothing_else_does_so(db: Database) -> None:
+    # Given a bucket
+    bucket = RateBucket("fake", requests_per_minute=60, tokens_per_minute=6000, burst=2)
+    params = {**bucket.params("m"), "prepaid": False, "max_wait": 899.0, "estimate": 0.0, "actual": 10}
+    db.take_rate_slot(bucket, "m", prepaid=False, max_wait=899)
+    pooled = db.engine.raw_connection()
+    try:
+        connection = pooled.driver_connection
+        assert connection is not None
+        for statement in (db.TAKE_RATE_SLOT, db.SETTLE_RATE_USAGE):
+            # When its statement runs in a transaction, the transaction commits without waiting for the flush
+            with connection.transaction():
+                connection.execute(statement, params)
+                assert connection.execute("SHOW synchronous_commit").fetchone() == ("off",)
+            # And the next transaction on the connection waits for it again
+            with connection.transaction():
+                assert connection.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    finally:
+        pooled.close()
+
+
 def create(body: dict[str, Any]) -> dict[str, Any]:
     response = api_app.handler(api_event("POST", "/documents", body=json.dumps(body)), LambdaContext(29))
     assert response["statusCode"] == 201, response["body"]
@@ -269,7 +290,9 @@ def test_a_tenants_daily_budget_skips_the_pages_beyond_it(
 
     # Then the calls stop where the day's spend could pass the budget, and the rest are skipped, saying why
     assert fake_provider.calls == 3
-    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
+    [day] = rows(
+        db, "SELECT sum(spent_usd) AS spent_usd, sum(calls) AS calls FROM tenant_days WHERE tenant_id = 'default'"
+    )
     assert float(day["spent_usd"]) == pytest.approx(3 * PRICE) and day["calls"] == 3
     document_row = db.get_document(document["document_id"])
     assert document_row is not None and document_row.status == "PARTIAL"
@@ -381,7 +404,9 @@ def test_twenty_pages_at_once_answered_at_fifty_times_the_mean_never_pass_the_te
     deliver(pipeline, until=lambda: all(finished(db, document_id)() for document_id in document_ids))
 
     # Then the day ends within the budget, no further from it than one call's worst case, every call counted
-    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days WHERE tenant_id = 'default'")
+    [day] = rows(
+        db, "SELECT sum(spent_usd) AS spent_usd, sum(calls) AS calls FROM tenant_days WHERE tenant_id = 'default'"
+    )
     assert budget - reserve < float(day["spent_usd"]) <= budget
     assert day["calls"] == fake_provider.calls
     # And calls were in flight together, as many as the budget held at their worst case
@@ -425,7 +450,7 @@ def test_every_call_counts_in_the_totals_whatever_became_of_it(
     assert fake_provider.calls == 5
     described = db.spend(document["document_id"])
     assert described.calls == 5 and described.cost == pytest.approx(5 * PRICE)
-    [day] = rows(db, "SELECT spent_usd, calls FROM tenant_days")
+    [day] = rows(db, "SELECT sum(spent_usd) AS spent_usd, sum(calls) AS calls FROM tenant_days")
     assert float(day["spent_usd"]) == pytest.approx(5 * PRICE) and day["calls"] == 5
     _, transcript = pipeline.transcript(document["document_id"])
     errors = [a for page in transcript["pages"] for a in page["attempts"] if a["outcome"] == "ERROR"]

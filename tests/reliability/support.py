@@ -53,8 +53,18 @@ def jobs(db: Database, job_ids: list[str] | None = None) -> list[dict[str, Any]]
 
 
 def documents(db: Database) -> list[dict[str, Any]]:
+    """Every document's row, its pages ended counted with its shards' (document_counts)."""
     with db.engine.connect() as conn:
-        return [dict(r) for r in conn.execute(text("SELECT * FROM documents ORDER BY created_at")).mappings()]
+        rows = conn.execute(
+            text(
+                "SELECT d.*, d.pages_completed + o.completed AS pages_completed,"
+                " d.pages_failed + o.failed AS pages_failed FROM documents d"
+                " CROSS JOIN LATERAL (SELECT coalesce(sum(pages_completed), 0) AS completed,"
+                " coalesce(sum(pages_failed), 0) AS failed FROM document_counts WHERE document_id = d.id) o"
+                " ORDER BY d.created_at"
+            )
+        ).mappings()
+        return [dict(r) for r in rows]
 
 
 def wait_for_leases_to_expire(db: Database, job_ids: list[str]) -> None:

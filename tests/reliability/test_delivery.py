@@ -3,7 +3,7 @@
 Every test drives the real handlers with real event shapes against PostgreSQL, moto and the fake
 chat-completions server; concurrent and dying invocations are separate processes (execution environments).
 What "once" means is checked on real evidence: the provider's request log (model calls), the jobs' ``attempts``
-and ``completed_at``, the documents' ``pages_completed`` counter (moved only by a fenced completion) and
+and ``completed_at``, the documents' ``pages_completed`` count (its shards' moved only by a fenced completion) and
 ``finished_at``, and the number of versions of each transcript object in a versioned bucket (PUTs).
 """
 

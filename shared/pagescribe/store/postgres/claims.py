@@ -214,7 +214,11 @@ class PgClaims(Connected):
     SET pages_failed = pages_failed + counts.n, updated_at = now()
     FROM counts
     WHERE documents.id = counts.document_id
-    RETURNING documents.id, documents.page_count, documents.pages_completed, documents.pages_failed,
+    RETURNING documents.id, documents.page_count,
+              documents.pages_completed + (SELECT coalesce(sum(c.pages_completed), 0) FROM document_counts c
+                                           WHERE c.document_id = documents.id) AS pages_completed,
+              documents.pages_failed + (SELECT coalesce(sum(c.pages_failed), 0) FROM document_counts c
+                                        WHERE c.document_id = documents.id) AS pages_failed,
               counts.n AS jobs_failed
     """
 

@@ -240,13 +240,22 @@ class PgDocuments(Connected):
         if job_ids:
             self._rows(self.MARK_ENQUEUED, {"ids": list(job_ids)})
 
+    # A document's pages ended: its own count (moved by the sweeper, retries and re-runs) plus its shards'
+    # (document_counts, moved by each page's end).
     GET_DOCUMENTS = """
     SELECT id, bucket, object_key, etag, version_id, size_bytes, kind, page_count, source_page_count, status, error,
-           model, escalation_model, prompt, pages_completed, pages_failed, transcript_key, created_at, finished_at,
+           model, escalation_model, prompt, pages_completed + o.completed AS pages_completed,
+           pages_failed + o.failed AS pages_failed, transcript_key, created_at, finished_at,
            filename, requested_pages, callback_url, callback_status, callback_error, retries, tenant_id, reuse,
            reused_from, max_cost_usd, second_read, chunks, merge_tables, furniture, lane, deadline,
            (SELECT daily_budget_usd FROM tenants WHERE tenants.id = documents.tenant_id) AS tenant_daily_budget_usd
-    FROM documents WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
+    FROM documents
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(c.pages_completed), 0) AS completed, coalesce(sum(c.pages_failed), 0) AS failed,
+               max(c.updated_at) AS updated_at
+        FROM document_counts c WHERE c.document_id = documents.id
+    ) o
+    WHERE id = ANY(CAST(%(document_ids)s AS uuid[]))
     """
 
     def get_document(self, document_id: str) -> DocumentRecord | None:
@@ -262,11 +271,16 @@ class PgDocuments(Connected):
     # A tenant's documents, newest first, a page at a time: keyset pagination on (created_at, id), which
     # ix_documents_tenant (tenant_id, created_at) serves.
     LIST_DOCUMENTS = """
-    SELECT d.id, d.filename, d.status, d.page_count, d.pages_completed, d.pages_failed, d.model, d.created_at,
-           d.finished_at,
+    SELECT d.id, d.filename, d.status, d.page_count, d.pages_completed + o.completed AS pages_completed,
+           d.pages_failed + o.failed AS pages_failed, d.model, d.created_at, d.finished_at,
            (SELECT count(*) FROM jobs WHERE jobs.document_id = d.id AND jobs.flags <> '[]'::jsonb) AS flagged,
            (SELECT coalesce(sum(cost), 0) FROM attempts WHERE attempts.document_id = d.id) AS cost
     FROM documents d
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(c.pages_completed), 0) AS completed, coalesce(sum(c.pages_failed), 0) AS failed,
+               max(c.updated_at) AS updated_at
+        FROM document_counts c WHERE c.document_id = d.id
+    ) o
     WHERE d.tenant_id = %(tenant_id)s
       AND (CAST(%(before_at)s AS timestamptz) IS NULL
            OR (d.created_at, d.id) < (CAST(%(before_at)s AS timestamptz), CAST(%(before_id)s AS uuid)))
@@ -368,14 +382,18 @@ class PgDocuments(Connected):
 
         return self._with_connection(read)
 
-    # Only a document whose pages are all terminal, and only once.
+    # Only a document whose pages are all terminal (its count and its shards'), and only once: the update of its row
+    # waits for a concurrent finish, then finds finished_at set.
     FINISH_DOCUMENT = """
     UPDATE documents
     SET status = %(status)s, error = %(error)s, transcript_key = %(transcript_key)s,
         finished_at = now(), updated_at = now(),
         callback_status = CASE WHEN callback_url IS NOT NULL THEN 'PENDING' END,
         callback_attempts = 0, callback_next_at = now(), callback_error = NULL
-    WHERE id = %(document_id)s AND finished_at IS NULL AND pages_completed + pages_failed >= page_count
+    WHERE id = %(document_id)s AND finished_at IS NULL
+      AND pages_completed + pages_failed
+          + (SELECT coalesce(sum(c.pages_completed + c.pages_failed), 0) FROM document_counts c
+             WHERE c.document_id = documents.id) >= page_count
     RETURNING status
     """
 
@@ -389,15 +407,22 @@ class PgDocuments(Connected):
         return row is not None
 
     # Documents whose pages are all terminal but whose finishing invocation died: touched, so that a concurrent
-    # sweeper leaves them alone for the grace period.
+    # sweeper leaves them alone for the grace period. The grace runs from the last move of the document or of its
+    # count (a page's end moves its shard only).
     TAKE_UNFINISHED_DOCUMENTS = """
     WITH stuck AS (
-        SELECT id FROM documents
-        WHERE finished_at IS NULL AND status = 'PROCESSING' AND pages_completed + pages_failed >= page_count
-          AND updated_at < now() - make_interval(secs => %(grace_seconds)s)
-        ORDER BY updated_at
+        SELECT d.id FROM documents d
+        CROSS JOIN LATERAL (
+            SELECT coalesce(sum(c.pages_completed), 0) AS completed, coalesce(sum(c.pages_failed), 0) AS failed,
+                   max(c.updated_at) AS updated_at
+            FROM document_counts c WHERE c.document_id = d.id
+        ) o
+        WHERE d.finished_at IS NULL AND d.status = 'PROCESSING'
+          AND d.pages_completed + d.pages_failed + o.completed + o.failed >= d.page_count
+          AND greatest(d.updated_at, o.updated_at) < now() - make_interval(secs => %(grace_seconds)s)
+        ORDER BY d.updated_at
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF d SKIP LOCKED
     )
     UPDATE documents SET updated_at = now()
     WHERE id IN (SELECT id FROM stuck)

@@ -21,6 +21,22 @@ from pagescribe.store.postgres.rows import (
     progress_of,
 )
 
+# A tenant's day is counted in SHARDS rows (tenant_days' shard, a page's by its number), summed when read: every call
+# of the tenant moves its day, and one row would pass the tenant's calls one at a time (each holding the row until its
+# commit is flushed). A document's pages ended and money spent are counted so too (document_counts), from
+# SHARDED_FROM_PAGES pages on; a smaller document counts in one row (shard 0), read exactly in the write that moves it.
+SHARDS = 16
+SHARDED_FROM_PAGES = 256
+# A page's end that finds this few pages of its sharded document left, or fewer, reads the document's count again once
+# its own write is committed: the write's statement cannot see the other shards' writes committed while it ran, so the
+# last two pages ending together could each miss the other's. The sweeper finishes whatever is missed still.
+FINISH_WATCH_PAGES = 64
+
+
+def shard(job: ClaimedJob) -> int:
+    """The row of its tenant's day (and of its document's count, when sharded) a page's calls are counted in."""
+    return job.page_number % SHARDS
+
 
 def fenced_write(job: ClaimedJob, outcome: PageOutcome, written: AttemptOutcome) -> dict[str, Any]:
     """The parameters of a fenced result write (COMPLETE_JOB, FAIL_JOB, ESCALATE_JOB): the lease that must still
@@ -28,6 +44,8 @@ def fenced_write(job: ClaimedJob, outcome: PageOutcome, written: AttemptOutcome)
     return {
         "job_id": job.job_id,
         "document_id": job.document_id,
+        "shard": shard(job),
+        "sharded_from": SHARDED_FROM_PAGES,
         "lease_token": job.lease_token,
         "claim": job.attempts,
         "answered": outcome.text is not None,
@@ -66,8 +84,10 @@ class PgLedger(Connected):
     # answered without a call (its own text layer) records nothing. The call's cost counts in its tenant's day at once
     # (counted AS).
     #
-    # Fenced completion: only the holder of the current lease may write; the document's counter moves in the
-    # same statement, so exactly one completion sees the last page land.
+    # Fenced completion: only the holder of the current lease may write; the document's count (its shard of
+    # document_counts, with the call's cost) moves in the same statement, and the count is returned: the completion
+    # that sees the last page land finishes the document (FINISH_DOCUMENT lets one finish only). On a sharded document
+    # the count is read again, committed, near its end (_progress).
     COMPLETE_JOB = """
     WITH written AS (
         UPDATE jobs
@@ -101,19 +121,57 @@ class PgLedger(Connected):
         WHERE %(called)s
     ),
     counted AS (
-        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(shard)s, coalesce(%(cost)s, 0), 1
         FROM documents WHERE id = %(document_id)s AND %(called)s
-        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+        ON CONFLICT (tenant_id, day, shard)
+        DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    ),
+    tallied AS (
+        INSERT INTO document_counts AS c (document_id, shard, pages_completed, spent_usd)
+        SELECT id, CASE WHEN page_count >= %(sharded_from)s THEN %(shard)s ELSE 0 END, (SELECT count(*) FROM written),
+               CASE WHEN %(called)s THEN coalesce(%(cost)s, 0) ELSE 0 END
+        FROM documents WHERE id = %(document_id)s AND (%(called)s OR EXISTS (SELECT 1 FROM written))
+        ON CONFLICT (document_id, shard)
+        DO UPDATE SET pages_completed = c.pages_completed + excluded.pages_completed,
+                      spent_usd = c.spent_usd + excluded.spent_usd, updated_at = now()
+        RETURNING shard, pages_completed, pages_failed
     )
-    UPDATE documents
-    SET pages_completed = pages_completed + 1, updated_at = now()
-    WHERE id IN (SELECT document_id FROM written)
-    RETURNING id, page_count, pages_completed, pages_failed
+    SELECT d.id, d.page_count, d.page_count >= %(sharded_from)s AS sharded,
+           d.pages_completed + t.pages_completed + o.pages_completed AS pages_completed,
+           d.pages_failed + t.pages_failed + o.pages_failed AS pages_failed
+    FROM written w JOIN documents d ON d.id = w.document_id CROSS JOIN tallied t
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(c.pages_completed), 0) AS pages_completed, coalesce(sum(c.pages_failed), 0) AS pages_failed
+        FROM document_counts c WHERE c.document_id = d.id AND c.shard <> t.shard
+    ) o
     """
 
     def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
-        return progress_of(self._row(self.COMPLETE_JOB, fenced_write(job, outcome, AttemptOutcome.KEPT)))
+        return self._progress(self._row(self.COMPLETE_JOB, fenced_write(job, outcome, AttemptOutcome.KEPT)))
+
+    # A document's count, summed over its shards (every write that moved it committed).
+    DOCUMENT_PROGRESS = """
+    SELECT d.id, d.page_count, d.pages_completed + o.pages_completed AS pages_completed,
+           d.pages_failed + o.pages_failed AS pages_failed
+    FROM documents d
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(c.pages_completed), 0) AS pages_completed, coalesce(sum(c.pages_failed), 0) AS pages_failed
+        FROM document_counts c WHERE c.document_id = d.id
+    ) o
+    WHERE d.id = %(document_id)s
+    """
+
+    def _progress(self, row: Any | None) -> DocumentProgress | None:
+        """The document's count a page's end wrote, read again once committed when the end of a sharded document is
+        near (FINISH_WATCH_PAGES): one more round trip for its last pages only."""
+        progress = progress_of(row)
+        if row is None or progress is None or not row.sharded:
+            return progress
+        left = progress.page_count - progress.pages_completed - progress.pages_failed
+        if 0 < left <= FINISH_WATCH_PAGES:
+            return progress_of(self._row(self.DOCUMENT_PROGRESS, {"document_id": progress.document_id}))
+        return progress
 
     # A failed page keeps the text of its last answer (a truncated or hard-flagged one, or the answer before an
     # escalation that did not answer).
@@ -150,20 +208,35 @@ class PgLedger(Connected):
         WHERE %(called)s
     ),
     counted AS (
-        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(shard)s, coalesce(%(cost)s, 0), 1
         FROM documents WHERE id = %(document_id)s AND %(called)s
-        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+        ON CONFLICT (tenant_id, day, shard)
+        DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    ),
+    tallied AS (
+        INSERT INTO document_counts AS c (document_id, shard, pages_failed, spent_usd)
+        SELECT id, CASE WHEN page_count >= %(sharded_from)s THEN %(shard)s ELSE 0 END, (SELECT count(*) FROM written),
+               CASE WHEN %(called)s THEN coalesce(%(cost)s, 0) ELSE 0 END
+        FROM documents WHERE id = %(document_id)s AND (%(called)s OR EXISTS (SELECT 1 FROM written))
+        ON CONFLICT (document_id, shard)
+        DO UPDATE SET pages_failed = c.pages_failed + excluded.pages_failed,
+                      spent_usd = c.spent_usd + excluded.spent_usd, updated_at = now()
+        RETURNING shard, pages_completed, pages_failed
     )
-    UPDATE documents
-    SET pages_failed = pages_failed + 1, updated_at = now()
-    WHERE id IN (SELECT document_id FROM written)
-    RETURNING id, page_count, pages_completed, pages_failed
+    SELECT d.id, d.page_count, d.page_count >= %(sharded_from)s AS sharded,
+           d.pages_completed + t.pages_completed + o.pages_completed AS pages_completed,
+           d.pages_failed + t.pages_failed + o.pages_failed AS pages_failed
+    FROM written w JOIN documents d ON d.id = w.document_id CROSS JOIN tallied t
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(c.pages_completed), 0) AS pages_completed, coalesce(sum(c.pages_failed), 0) AS pages_failed
+        FROM document_counts c WHERE c.document_id = d.id AND c.shard <> t.shard
+    ) o
     """
 
     def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
         params = {**fenced_write(job, outcome, AttemptOutcome.REJECTED), "error": error}
-        return progress_of(self._row(self.FAIL_JOB, params))
+        return self._progress(self._row(self.FAIL_JOB, params))
 
     # The one escalation of a page: its hard-flagged answer is kept on the page (the text to fail with if the escalation
     # does not do better) and the page, still under the same lease, goes to the escalation model. A page escalates once:
@@ -198,10 +271,17 @@ class PgLedger(Connected):
         WHERE %(called)s
     ),
     counted AS (
-        INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+        INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+        SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(shard)s, coalesce(%(cost)s, 0), 1
         FROM documents WHERE id = %(document_id)s AND %(called)s
-        ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+        ON CONFLICT (tenant_id, day, shard)
+        DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    ),
+    tallied AS (
+        INSERT INTO document_counts AS c (document_id, shard, spent_usd)
+        SELECT id, CASE WHEN page_count >= %(sharded_from)s THEN %(shard)s ELSE 0 END, coalesce(%(cost)s, 0)
+        FROM documents WHERE id = %(document_id)s AND %(called)s
+        ON CONFLICT (document_id, shard) DO UPDATE SET spent_usd = c.spent_usd + excluded.spent_usd, updated_at = now()
     )
     SELECT document_id FROM written
     """
@@ -219,17 +299,33 @@ class PgLedger(Connected):
             lease_expires_at = NULL, completed_at = now(), updated_at = now()
         WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
         RETURNING document_id
+    ),
+    tallied AS (
+        INSERT INTO document_counts AS c (document_id, shard, pages_failed)
+        SELECT d.id, CASE WHEN d.page_count >= %(sharded_from)s THEN %(shard)s ELSE 0 END, 1
+        FROM written w JOIN documents d ON d.id = w.document_id
+        ON CONFLICT (document_id, shard) DO UPDATE SET pages_failed = c.pages_failed + 1, updated_at = now()
+        RETURNING shard, pages_completed, pages_failed
     )
-    UPDATE documents
-    SET pages_failed = pages_failed + 1, updated_at = now()
-    WHERE id IN (SELECT document_id FROM written)
-    RETURNING id, page_count, pages_completed, pages_failed
+    SELECT d.id, d.page_count, d.page_count >= %(sharded_from)s AS sharded,
+           d.pages_completed + t.pages_completed + o.pages_completed AS pages_completed,
+           d.pages_failed + t.pages_failed + o.pages_failed AS pages_failed
+    FROM written w JOIN documents d ON d.id = w.document_id CROSS JOIN tallied t
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(c.pages_completed), 0) AS pages_completed, coalesce(sum(c.pages_failed), 0) AS pages_failed
+        FROM document_counts c WHERE c.document_id = d.id AND c.shard <> t.shard
+    ) o
     """
 
     def skip_job(self, job: ClaimedJob, reason: str) -> DocumentProgress | None:
-        return progress_of(
-            self._row(self.SKIP_JOB, {"job_id": job.job_id, "lease_token": job.lease_token, "error": reason})
-        )
+        params = {
+            "job_id": job.job_id,
+            "lease_token": job.lease_token,
+            "error": reason,
+            "shard": shard(job),
+            "sharded_from": SHARDED_FROM_PAGES,
+        }
+        return self._progress(self._row(self.SKIP_JOB, params))
 
     # A model call that failed (an HTTP error, a timeout, a 429) is recorded too: it was made, and a 429 is the rate the
     # dashboard shows. A provider reports no usage for a failed call; when it does, the cost counts.
@@ -239,9 +335,9 @@ class PgLedger(Connected):
         VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(latency_ms)s,
                 %(status_code)s, %(error)s)
     )
-    INSERT INTO tenant_days AS t (tenant_id, day, calls)
-    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), 1 FROM documents WHERE id = %(document_id)s
-    ON CONFLICT (tenant_id, day) DO UPDATE SET calls = t.calls + 1
+    INSERT INTO tenant_days AS t (tenant_id, day, shard, calls)
+    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(shard)s, 1 FROM documents WHERE id = %(document_id)s
+    ON CONFLICT (tenant_id, day, shard) DO UPDATE SET calls = t.calls + 1
     """
 
     def record_failed_call(self, job: ClaimedJob, failed: FailedCall) -> None:
@@ -250,6 +346,7 @@ class PgLedger(Connected):
             {
                 "job_id": job.job_id,
                 "document_id": job.document_id,
+                "shard": shard(job),
                 "claim": job.attempts,
                 "outcome": (AttemptOutcome.RATE_LIMITED if failed.status_code == 429 else AttemptOutcome.ERROR).value,
                 "model": failed.model,
@@ -271,11 +368,17 @@ class PgLedger(Connected):
         VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(finish_reason)s,
                 %(prompt_tokens)s, %(completion_tokens)s, %(cost)s, %(cost_estimated)s, %(latency_ms)s,
                 %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(tile)s)
+    ),
+    tallied AS (
+        INSERT INTO document_counts AS c (document_id, shard, spent_usd)
+        SELECT id, CASE WHEN page_count >= %(sharded_from)s THEN %(shard)s ELSE 0 END, coalesce(%(cost)s, 0)
+        FROM documents WHERE id = %(document_id)s AND true
+        ON CONFLICT (document_id, shard) DO UPDATE SET spent_usd = c.spent_usd + excluded.spent_usd, updated_at = now()
     )
-    INSERT INTO tenant_days AS t (tenant_id, day, spent_usd, calls)
-    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), coalesce(%(cost)s, 0), 1
+    INSERT INTO tenant_days AS t (tenant_id, day, shard, spent_usd, calls)
+    SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(shard)s, coalesce(%(cost)s, 0), 1
     FROM documents WHERE id = %(document_id)s
-    ON CONFLICT (tenant_id, day) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
+    ON CONFLICT (tenant_id, day, shard) DO UPDATE SET spent_usd = t.spent_usd + excluded.spent_usd, calls = t.calls + 1
     """
 
     def record_call(

@@ -41,15 +41,21 @@ class PgSpend(Connected):
     # helps. A page that would fit once the calls in flight settle waits (DEFER). Before the tenant's first call of
     # the model that reported a cost the reserve is unknown: a capped document, or a tenant with a budget, makes one
     # call at a time.
+    #
+    # The locked section reads in O(1): the document's spend is its running total (document_counts, summed over its
+    # shards, moved by each call's write), not a sum over its calls. The lock is NO KEY UPDATE: it excludes the other
+    # gates as FOR UPDATE did, but not the key-share locks a page's write takes on the document's row (the attempts'
+    # and the counts' foreign keys), so a page's end never waits for a gate of its document.
     LOCK_SPENDERS = """
-    SELECT 1 FROM documents d JOIN tenants t ON t.id = d.tenant_id WHERE d.id = %(document_id)s FOR UPDATE OF d, t
+    SELECT 1 FROM documents d JOIN tenants t ON t.id = d.tenant_id WHERE d.id = %(document_id)s
+    FOR NO KEY UPDATE OF d, t
     """
 
     ADMIT_SPEND = """
     WITH doc AS (
         SELECT d.id, d.tenant_id, d.max_cost_usd, octet_length(coalesce(d.prompt, '')) AS prompt_bytes,
                coalesce(t.daily_budget_usd, CAST(%(daily_budget)s AS numeric)) AS budget,
-               coalesce((SELECT spent_usd FROM tenant_days
+               coalesce((SELECT sum(spent_usd) FROM tenant_days
                          WHERE tenant_id = d.tenant_id AND day = CAST(now() AT TIME ZONE 'UTC' AS date)), 0) AS today
         FROM documents d JOIN tenants t ON t.id = d.tenant_id
         WHERE d.id = %(document_id)s
@@ -69,7 +75,7 @@ class PgSpend(Connected):
                         max(cost)) AS reserve
         FROM history
     ),
-    spent AS (SELECT coalesce(sum(cost), 0) AS usd FROM attempts WHERE document_id = %(document_id)s),
+    spent AS (SELECT coalesce(sum(spent_usd), 0) AS usd FROM document_counts WHERE document_id = %(document_id)s),
     in_flight AS (
         SELECT j.document_id, j.reserved_usd FROM jobs j JOIN documents d ON d.id = j.document_id
         WHERE j.reserved_usd IS NOT NULL AND j.status = 'PROCESSING' AND j.lease_expires_at > now()
@@ -169,9 +175,13 @@ class PgSpend(Connected):
     def set_daily_budget(self, tenant_id: str, usd: float | None) -> bool:
         return self._row(self.SET_TENANT_BUDGET, {"tenant_id": tenant_id, "usd": usd}) is not None
 
+    # A tenant's day: the sum of its shards (DAY_SHARDS).
     TENANT_DAY = """
     SELECT t.daily_budget_usd, d.spent_usd, d.calls FROM tenants t
-    LEFT JOIN tenant_days d ON d.tenant_id = t.id AND d.day = CAST(now() AT TIME ZONE 'UTC' AS date)
+    CROSS JOIN LATERAL (
+        SELECT sum(spent_usd) AS spent_usd, sum(calls) AS calls FROM tenant_days
+        WHERE tenant_id = t.id AND day = CAST(now() AT TIME ZONE 'UTC' AS date)
+    ) d
     WHERE t.id = %(tenant_id)s
     """
 
@@ -185,6 +195,11 @@ class PgSpend(Connected):
     # call may start now (wait 0), or reserves the next free slot ahead (requests goes below zero by the slots reserved)
     # and waits for it off the Lambda clock, in the queue. During a 429's pause nothing is reserved: the wait is the
     # pause. A page back for the slot it reserved (prepaid) takes nothing more; only a pause holds it back.
+    #
+    # The bucket is one row for every call of every tenant to the model, held from its update to its commit. Its state
+    # is approximate by nature (a refill estimate), so its commit does not wait for the WAL flush (synchronous_commit
+    # off for this statement's transaction, set in the statement itself: no round trip more): the row is free again
+    # as soon as the commit is written, not flushed. A crash may forget the last fraction of a second of takes.
     TAKE_RATE_SLOT = """
     WITH bucket AS (
         SELECT provider, model,
@@ -214,8 +229,8 @@ class PgSpend(Connected):
     SET requests = r.requests - CASE WHEN r.takes THEN 1 ELSE 0 END,
         tokens = r.tokens - CASE WHEN r.takes AND %(tokens_per_second)s > 0 THEN r.mean_tokens ELSE 0 END,
         refilled_at = now()
-    FROM reserve r
-    WHERE b.provider = r.provider AND b.model = r.model
+    FROM reserve r, (SELECT set_config('synchronous_commit', 'off', true) AS relaxed) commit_unflushed
+    WHERE b.provider = r.provider AND b.model = r.model AND commit_unflushed.relaxed = 'off'
     RETURNING r.wait, r.takes AS reserved, r.paused > 0 AS paused, r.mean_tokens,
               now() + make_interval(secs => r.wait) AS slot_at
     """
@@ -246,11 +261,13 @@ class PgSpend(Connected):
         self._rows(self.PAUSE_RATE_BUCKET, {**bucket.params(model), "seconds": seconds})
 
     # A call's real tokens against the estimate it took: the bucket owes or is owed the difference, and learns the mean.
+    # Its commit, as TAKE_RATE_SLOT's, does not wait for the WAL flush.
     SETTLE_RATE_USAGE = """
     UPDATE rate_buckets
     SET tokens = tokens - (%(actual)s - %(estimate)s),
         mean_tokens = CASE WHEN mean_tokens IS NULL THEN %(actual)s ELSE 0.9 * mean_tokens + 0.1 * %(actual)s END
-    WHERE provider = %(provider)s AND model = %(model)s
+    FROM (SELECT set_config('synchronous_commit', 'off', true) AS relaxed) commit_unflushed
+    WHERE provider = %(provider)s AND model = %(model)s AND commit_unflushed.relaxed = 'off'
     """
 
     def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None:
