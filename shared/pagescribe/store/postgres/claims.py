@@ -26,8 +26,9 @@ class PgClaims(Connected):
     # What a claim returns: each job claimed, with its document's record beside it (read in the claim's snapshot, not
     # locked: only the jobs' rows are), so that a batch's claim and the read of its documents are one round trip. The
     # fields a page is transcribed by (kind, model, prompt, caps, lane) are written with its jobs and never change; a
-    # re-run changes only the document's status and counters, which no page reads from here. The document's columns
-    # carry the prefix document_ (its id is the job's document_id).
+    # re-run changes only the document's status and counters, which no page reads from here (the counters are summed
+    # with the document's shards in document_counts all the same, as every reader of a document sums them). The
+    # document's columns carry the prefix document_ (its id is the job's document_id).
     CLAIMED = """
     claimed AS (
         UPDATE jobs
@@ -45,7 +46,8 @@ class PgClaims(Connected):
            d.page_count AS document_page_count, d.source_page_count AS document_source_page_count,
            d.status AS document_status, d.error AS document_error, d.model AS document_model,
            d.escalation_model AS document_escalation_model, d.prompt AS document_prompt,
-           d.pages_completed AS document_pages_completed, d.pages_failed AS document_pages_failed,
+           d.pages_completed + o.completed AS document_pages_completed,
+           d.pages_failed + o.failed AS document_pages_failed,
            d.transcript_key AS document_transcript_key, d.created_at AS document_created_at,
            d.finished_at AS document_finished_at, d.filename AS document_filename,
            d.requested_pages AS document_requested_pages, d.callback_url AS document_callback_url,
@@ -57,6 +59,10 @@ class PgClaims(Connected):
            d.deadline AS document_deadline,
            (SELECT daily_budget_usd FROM tenants WHERE tenants.id = d.tenant_id) AS document_tenant_daily_budget_usd
     FROM claimed c LEFT JOIN documents d ON d.id = c.document_id
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(n.pages_completed), 0) AS completed, coalesce(sum(n.pages_failed), 0) AS failed
+        FROM document_counts n WHERE n.document_id = c.document_id
+    ) o
     """
 
     # The claim: one statement, one round trip, for every job of an SQS batch at once, with their documents. The rows
