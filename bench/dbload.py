@@ -5,7 +5,7 @@ one hot document (issue 32, part 3).
 No rendering, no model, no queue: worker threads in several OS processes run, per page, exactly the data-access calls
 the transcribe function makes, in its order, through ``pagescribe.store.postgres.Database``:
 
-- per SQS batch of ten ids: ``claim_jobs`` (one statement) and ``get_documents`` (one statement);
+- per SQS batch of ten ids: ``claim_jobs`` (one statement, which reads the jobs' documents too);
 - per page: ``admit_spend`` (the cost gate: LOCK_SPENDERS then ADMIT_SPEND in one transaction; every document has a
   ``max_cost_usd`` and every tenant a daily budget, both far above what the run spends, and each tenant has a price
   history, so the gate takes its normal path), the rate governor's ``take_rate_slot`` (through ``RateGovernor.admit``,
@@ -84,7 +84,6 @@ DAILY_BUDGET_USD = 100_000.0
 # The statements by the names of their constants on Database, to name what a sampled backend was running.
 STATEMENTS = {
     "CLAIM_JOBS_BY_ID": "claim_jobs",
-    "GET_DOCUMENTS": "get_documents",
     "LOCK_SPENDERS": "admit_spend (LOCK_SPENDERS)",
     "ADMIT_SPEND": "admit_spend (ADMIT_SPEND)",
     "TAKE_RATE_SLOT": "take_rate_slot",
@@ -92,7 +91,7 @@ STATEMENTS = {
     "KEEP_PAGE_IMAGE": "keep_page_image",
     "COMPLETE_JOB": "complete_job",
 }
-ORDER = ("claim_jobs", "get_documents", "admit_spend", "take_rate_slot", "keep_page_image", "complete_job")
+ORDER = ("claim_jobs", "admit_spend", "take_rate_slot", "keep_page_image", "complete_job")
 
 
 class Layout:
@@ -210,16 +209,14 @@ class Client:
                 self.figures.errors.append(repr(exc))
 
     def _batch(self, batch: list[str]) -> None:
-        """One SQS batch, as TranscriptionBatch and Transcriber handle it: one claim, one read of the documents, then
+        """One SQS batch, as TranscriptionBatch and Transcriber handle it: one claim (with the jobs' documents), then
         each page's gates, image, call and completion."""
         claims = self.timed(
             "claim_jobs", self.db.claim_jobs, batch, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS
         )
         if len(claims.claimed) != len(batch):
             self.violation(f"a claim of {len(batch)} fresh jobs got {len(claims.claimed)} (busy {len(claims.busy)})")
-        documents = self.timed(
-            "get_documents", self.db.get_documents, [job.document_id for job in claims.claimed.values()]
-        )
+        documents = claims.documents
         for job in claims.claimed.values():
             if time.time() >= self.stop_at:  # the window is over: the batch's other pages go back, as a page held
                 self._give_back(job)  # back by a gate does (its claim not counted), so that a run ends soon after it

@@ -239,20 +239,21 @@ The token column applies Anthropic's published estimate to the mean image size; 
     "dbload": """\
 No rendering, no model, no queue: worker threads in five OS processes (forked from one server process that imported
 pagescribe once) call `pagescribe.store.postgres.Database` exactly as the transcribe path does, in its order: per
-batch of ten ids `claim_jobs` and `get_documents`; per page the cost gate `admit_spend` (LOCK_SPENDERS then
-ADMIT_SPEND in one transaction: every document has a `max_cost_usd`, every tenant a daily budget, both far above
-what the run spends, and each tenant a completed page before the run, so the gate prices calls from its history as
-in production), the rate governor's `take_rate_slot` through `RateGovernor.admit` (a bucket no run can empty: the
-statement runs, no page waits), `keep_page_image`, then after the think time `complete_job` with a cost. SPREAD:
-documents of 50 pages, four per tenant, batches shuffled; HOT: one document of one tenant. Each run takes batches
-for a fixed window on a fresh database; then each worker ends the page it is on and gives its batch's other pages
-back (`defer_job`, as a page held back by a gate); pages/s counts the pages completed within the window. Workers
-share at most 40 connections (fewer when the server has fewer free), handed out first come first served as RDS Proxy
-queues its clients; the wait for one is timed apart from the call. A separate connection samples `pg_stat_activity`
-and `pg_locks` every 50 ms: the busy backends' wait events, and for lock waits the table whose row is waited on (the
-waiter's tuple lock). Every run checks that each page done is COMPLETED once (one claim, one recorded call), the
-rest still QUEUED, and each document's counter (read through `get_documents`) equals its completed jobs; a claim
-that misses a fresh job or a completion that finds its lease gone fails the run.""",
+batch of ten ids `claim_jobs` (which reads the jobs' documents too); per page the cost gate `admit_spend`
+(LOCK_SPENDERS then ADMIT_SPEND in one transaction, sent as one round trip: every document has a `max_cost_usd`,
+every tenant a daily budget, both far above what the run spends, and each tenant a completed page before the run, so
+the gate prices calls from its history as in production), the rate governor's `take_rate_slot` through
+`RateGovernor.admit` (a bucket no run can empty: the statement runs, no page waits), `keep_page_image`, then after
+the think time `complete_job` with a cost. SPREAD: documents of 50 pages, four per tenant, batches shuffled; HOT:
+one document of one tenant. Each run takes batches for a fixed window on a fresh database; then each worker ends the
+page it is on and gives its batch's other pages back (`defer_job`, as a page held back by a gate); pages/s counts
+the pages completed within the window. Workers share at most 40 connections (fewer when the server has fewer free),
+handed out first come first served as RDS Proxy queues its clients; the wait for one is timed apart from the call. A
+separate connection samples `pg_stat_activity` and `pg_locks` every 50 ms: the busy backends' wait events, and for
+lock waits the table whose row is waited on (the waiter's tuple lock). Every run checks that each page done is
+COMPLETED once (one claim, one recorded call), the rest still QUEUED, and each document's counter (read through
+`get_documents`) equals its completed jobs; a claim that misses a fresh job or a completion that finds its lease
+gone fails the run.""",
 }
 
 IMAGE_SIZE = """\
