@@ -80,7 +80,7 @@ def _seed(db: Database, jobs: int, variant: str) -> list[str]:
     """Empty tables, then ``jobs`` QUEUED jobs in documents of 100 pages, as the upload function makes them: their
     ids, oldest first."""
     with db.engine.begin() as conn:
-        conn.execute(text("TRUNCATE documents, jobs, attempts, page_corrections, idempotency_keys"))
+        conn.execute(text("TRUNCATE documents, document_counts, jobs, attempts, page_corrections, idempotency_keys"))
     job_ids: list[str] = []
     for start in range(0, jobs, PAGES_PER_DOCUMENT):
         pages = list(range(1, min(PAGES_PER_DOCUMENT, jobs - start) + 1))
@@ -245,7 +245,12 @@ def _check(variant: str, db: Database, tally: Tally, jobs: int) -> None:
         raise CorrectnessError(f"{variant}: {len(tally.lost)} fenced completions found their lease gone")
     with db.engine.connect() as conn:
         completed = conn.execute(text("SELECT count(*) FROM jobs WHERE status = 'COMPLETED' AND attempts = 1"))
-        pages = conn.execute(text("SELECT coalesce(sum(pages_completed), 0) FROM documents"))
+        pages = conn.execute(  # a document's count: its row's and its shards' (document_counts)
+            text(
+                "SELECT (SELECT coalesce(sum(pages_completed), 0) FROM documents)"
+                " + (SELECT coalesce(sum(pages_completed), 0) FROM document_counts)"
+            )
+        )
         counted = (completed.scalar_one(), pages.scalar_one())
     if counted != (jobs, jobs):
         raise CorrectnessError(f"{variant}: completed jobs / document counters {counted}, expected {jobs} each")
@@ -310,7 +315,7 @@ def run(mode: Mode) -> Result:
         title=f"Claim throughput ({THREADS} threads, {jobs:,} jobs per side in {_rounds(rounds)})",
         ratio_label="Database / raw psycopg",
         ratio=ratio,
-        target=0.7,
+        target=0.9,  # issue 32: the project's code within 10 % of the same SQL on raw psycopg
         direction=">=",
         summary=(
             f"Database {database_rate:,.0f} pairs/s vs raw psycopg {raw_rate:,.0f} pairs/s (same autocommitted "

@@ -36,7 +36,7 @@ from tests.fakes.chat_server import FakeChatServer
 
 # pages of the PDF. SMOKE: one batch of ten, the whole way from the S3 put to the transcript, every page checked.
 PAGES = {Mode.FULL: 50, Mode.QUICK: 50, Mode.SMOKE: 10}
-SCANNED_PAGES = {Mode.FULL: 30, Mode.QUICK: 20, Mode.SMOKE: 10}
+SCANNED_PAGES = {Mode.FULL: 30, Mode.QUICK: 20, Mode.SMOKE: 4}
 BATCH = 10
 MODEL_SECONDS = 1.0
 PAGE_CONCURRENCY = 10

@@ -349,7 +349,7 @@ connection's backend and checks the next claim succeeds exactly once; the databa
 passes with the warm environment recovering on its next invocation.
 
 **Now:** round trips per pair {_row(claims, "client-server round trips")}; client CPU per pair
-{_row(claims, "client (Python) CPU")}; Database / raw **{claims.ratio:.2f}** (target ≥ 0.7).
+{_row(claims, "client (Python) CPU")}; Database / raw **{claims.ratio:.2f}** (target ≥ 0.9, issue 32).
 """
         )
     pipeline = by_key.get("pipeline")

@@ -273,7 +273,7 @@ def test_the_cost_gate_is_one_transaction_sent_in_one_round_trip(db: Database) -
     # Then BEGIN, the lock, the verdict and COMMIT went as one query, answered in one round trip
     assert verdict.verdict == "GO" and verdict.daily_budget_usd == 5.0
     assert (len(wire.queries), wire.round_trips) == (1, 1), wire
-    assert wire.queries[0].count("FOR UPDATE OF d, t") == 1 and "COMMIT" in wire.queries[0]
+    assert wire.queries[0].count("FOR NO KEY UPDATE OF d, t") == 1 and "COMMIT" in wire.queries[0]
 
 
 def test_a_failed_statement_of_a_transaction_in_one_round_trip_rolls_it_back(db: Database) -> None:
