@@ -107,12 +107,13 @@ def test_duplicate_deliveries_to_three_environments_pay_each_page_once(
 def test_a_throttle_pauses_every_environment_through_the_governor(
     pipeline: Pipeline, db: Database, bedrock: FakeBedrockServer, corpus: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given the governor on and two one-page documents queued, and Bedrock throttling the next call for 120 s
+    # Given the governor on and two one-page documents queued, and Bedrock throttling the next call for 900 s (far
+    # longer than the test takes on a busy machine, so that the pause is still on when it is checked)
     configure(monkeypatch, RATE_LIMIT_RPM="600")
     pipeline.upload("uploads/a.png", corpus / "smile.png")
     pipeline.upload("uploads/b.jpg", corpus / "smile.jpg")
     first, second = pipeline.receive_all()
-    bedrock.script(Throttle(retry_after="120"))
+    bedrock.script(Throttle(retry_after="900"))
     # When one environment gets the throttle, and another process, which never saw it, the other page
     [answer] = pipeline.invoke_in_new_environments("transcribe", sqs_event([first], pipeline.queue_arn), 1)
     assert answer["batchItemFailures"] == [] and bedrock.calls == {NOVA: 1}
