@@ -92,22 +92,30 @@ def _characters(textpage: pdfium.PdfTextPage, bbox: _Rect) -> Iterator[tuple[str
     """
     from pagescribe.checks import remove_non_characters
 
+    # pdfium's own functions on the raw handle, one box reused: the loop runs once per character of the page
+    handle, box = textpage.raw, pdfium_c.FS_RECTF()
+    kept: dict[str, bool] = {}  # per character: whether it is kept (_kept)
     space = broken = False
     previous = -1  # the index of the last character yielded
     for index in range(textpage.count_chars()):
-        char = chr(pdfium_c.FPDFText_GetUnicode(textpage, index))
+        char = chr(pdfium_c.FPDFText_GetUnicode(handle, index))
         if char.isspace():
             broken, space = broken or char in "\r\n", space or char not in "\r\n"
             continue
-        if not _kept(char, remove_non_characters):
+        keep = kept.get(char)
+        if keep is None:
+            keep = kept[char] = _kept(char, remove_non_characters)
+        if not keep:
             continue
-        rect = textpage.get_charbox(index, loose=True)  # the font's full height: a line's boxes line up
+        if not pdfium_c.FPDFText_GetLooseCharBox(handle, index, box):  # the font's full height: a line's boxes line up
+            raise pdfium.PdfiumError(f"the box of character {index} could not be read")
+        rect = (box.left, box.bottom, box.right, box.top)
         if not _overlaps(rect, bbox):
             yield None
         else:
-            if broken and previous >= 0 and _baseline(textpage, index) != _baseline(textpage, previous):
+            if broken and previous >= 0 and _baseline(handle, index) != _baseline(handle, previous):
                 space = True
-            source = ctypes.cast(pdfium_c.FPDFText_GetTextObject(textpage, index), ctypes.c_void_p).value
+            source = ctypes.cast(pdfium_c.FPDFText_GetTextObject(handle, index), ctypes.c_void_p).value
             yield char, rect, source, space
             previous = index
         space = broken = False
@@ -125,9 +133,9 @@ def _overlaps(rect: _Rect, bbox: _Rect) -> bool:
     return rect[0] <= right and rect[2] >= left and rect[1] <= top and rect[3] >= bottom
 
 
-def _baseline(textpage: pdfium.PdfTextPage, index: int) -> float:
+def _baseline(handle: pdfium_c.FPDF_TEXTPAGE, index: int) -> float:
     x, y = ctypes.c_double(), ctypes.c_double()
-    pdfium_c.FPDFText_GetCharOrigin(textpage, index, x, y)
+    pdfium_c.FPDFText_GetCharOrigin(handle, index, x, y)
     return y.value
 
 
@@ -305,7 +313,7 @@ def _words(characters: Iterable[tuple[str, _Rect, int | None, bool] | None]) -> 
 def _same_line(word: _Word, char: str, rect: _Rect) -> bool:
     """The character is on the word's line: level with its last character and not back to the left of it, or for
     vertical CJK writing, stacked under it."""
-    if _CJK_CHARACTER.match(char) and _CJK_CHARACTER.match(word.text[-1]) and _level(word.last, rect, axis=0):
+    if _cjk(char) and _cjk(word.text[-1]) and _level(word.last, rect, axis=0):
         return rect[3] <= word.last[3]
     return _level(word.last, rect) and rect[0] >= word.last[0]
 
@@ -314,9 +322,14 @@ def _goes_on(word: _Word, char: str, rect: _Rect, space: bool) -> bool:
     """The character goes on the word: the word is hyphenated at a line's end, or no space comes between them and
     the character is level with the word's last or stacked on it (pdfium runs some lines together); a CJK character
     is a word of its own."""
-    if _CJK_CHARACTER.match(char) or _CJK_CHARACTER.match(word.text[-1]):
+    if _cjk(char) or _cjk(word.text[-1]):
         return False
     return word.hyphenated or (not space and (_level(word.last, rect) or _level(word.last, rect, axis=0)))
+
+
+def _cjk(char: str) -> bool:
+    """A CJK character (the check before the pattern: most text is well below its first block)."""
+    return char >= "\u2e80" and _CJK_CHARACTER.match(char) is not None
 
 
 def _level(before: _Rect, after: _Rect, axis: int = 1) -> bool:
