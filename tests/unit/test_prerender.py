@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ from pagescribe.domain import DocumentRecord, DocumentStatus
 from pagescribe.rendering import RenderPool
 from pagescribe.settings import Settings
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError
-from pagescribe.transcription.prerender import PageImages, following_pages
+from pagescribe.transcription.prerender import PageImages, following_pages, page_key
 
 from tests.support import CORPUS
 
@@ -52,6 +53,16 @@ def _settle(images: PageImages) -> None:
     futures = list(images._entries.values())
     _done, not_done = concurrent.futures.wait(futures, timeout=120)
     assert not not_done, "the pages wanted ahead were never rendered"
+
+
+def _waiting_for_the_calls(images: PageImages) -> bool:
+    """Whether a render-ahead thread waits for the batch's calls to be sent (it waits a second at a time)."""
+    deadline = time.monotonic() + 60  # a bound on a failing run only
+    while not images._all_sent._waiters:  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_following_pages_are_the_next_pages_asked_for() -> None:
@@ -186,3 +197,22 @@ def test_the_pages_of_a_batch_rendered_ahead_are_kept_for_its_claims_while_newer
     # Then pages 2 and 3 were served from what was rendered ahead, and the next two pages are wanted as well
     assert pool.page_renders == []
     assert sorted(key[3] for key in images._entries) == [4, 5]
+
+
+def test_nothing_is_rendered_ahead_until_every_page_of_the_batch_has_sent_its_call(pool: CountingPool) -> None:
+    # Given a batch of pages 1 and 2 claimed here, and the pages after them wanted once page 1 is rendered
+    settings = Settings(text_layer="off", render_ahead_pages=2)
+    images = PageImages(settings, pool)
+    document = _document(4)
+    images.hold([page_key(document, 1), page_key(document, 2)])
+    images.follow(document, FOUR_PAGES, [1, 2])
+    # When page 1 has sent its call and page 2 has not
+    images.sent(page_key(document, 1))
+    # Then the render-ahead thread waits for it, and nothing is rendered ahead
+    assert _waiting_for_the_calls(images), "no render-ahead thread waited for the batch's calls"
+    assert not any(future.running() or future.done() for future in images._entries.values())
+    # And once page 2 has sent its call (or ended without one), pages 3 and 4 are rendered ahead
+    images.sent(page_key(document, 2))
+    _settle(images)
+    assert sorted(key[3] for key in images._entries) == [3, 4]
+    assert pool.page_renders == []

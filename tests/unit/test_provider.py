@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import socket
 import subprocess
@@ -515,6 +516,18 @@ def test_streamed_answer_is_read_from_its_events_with_the_usage_of_the_last(fake
     assert result.request_id == "gen-1"
     assert result.model == "vendor/vision-model"
     assert fake.wait_billed(1) == [6]
+
+
+@pytest.mark.parametrize("stream", ["auto", "off"])
+def test_the_request_tells_when_it_is_on_its_way_once(fake: FakeChatServer, stream: str) -> None:
+    # Given a request whose caller waits to hear that it is on its way (to start the work that can wait)
+    seen: list[int] = []
+    request = dataclasses.replace(page_request(), on_sent=lambda: seen.append(len(fake.requests)))
+    # When it is made, streamed or not
+    result = transcribe(fake.base_url, request=request, stream=stream)
+    # Then it was told once; streamed, once the server had the request (its answer had begun)
+    assert result.text == expected_text(IMAGE.data)
+    assert seen == ([1] if stream == "auto" else [0])
 
 
 def test_stream_off_makes_the_call_unstreamed(fake: FakeChatServer) -> None:

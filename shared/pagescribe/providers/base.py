@@ -36,6 +36,9 @@ class TranscriptionRequest:
     # the answer so far is a loop: a streamed call is cut (closed) when this says so, and answers with
     # finish_reason pagescribe.domain.LOOP_CUT
     loop_check: Callable[[str], bool] | None = None
+    # called when a request of the call is on its way (streamed: its answer has begun), so that work that can wait
+    # (rendering the next batch's pages ahead) does not compete with sending it; a provider may never call it
+    on_sent: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)

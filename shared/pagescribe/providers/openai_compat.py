@@ -155,6 +155,7 @@ class OpenAICompatibleProvider:
                     self._streams = False
                     logger.warning("%s rejects streamed calls; its calls are made unstreamed from now on", self._name)
             body = json.dumps(self._payload(request, stream=False), separators=(",", ":")).encode()
+            _sent(request)  # an unstreamed answer's headers come with its end: sent is as late as can be told
             response = await self._client.post("chat/completions", content=body, headers=_JSON_HEADERS, timeout=timeout)
         except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
             raise ProviderError(f"cannot send the request to the provider: {_describe(exc)}", retryable=False) from exc
@@ -168,6 +169,7 @@ class OpenAICompatibleProvider:
         body = json.dumps(self._payload(request, stream=True), separators=(",", ":")).encode()
         stream = self._client.stream("POST", "chat/completions", content=body, headers=_JSON_HEADERS, timeout=limits)
         async with stream as response:
+            _sent(request)
             if response.is_success and _is_event_stream(response):
                 answer = _StreamedAnswer(request.loop_check)
                 await answer.read(response)
@@ -296,6 +298,11 @@ def _is_event_stream(response: httpx.Response) -> bool:
 def _refuses_stream(response: httpx.Response) -> bool:
     """A 400 or 422 whose error names the stream parameter: the endpoint does not stream."""
     return response.status_code in (400, 422) and _NAMES_STREAM.search(response.text) is not None
+
+
+def _sent(request: TranscriptionRequest) -> None:
+    if request.on_sent is not None:
+        request.on_sent()
 
 
 def _data_url(image: PageImage) -> str:

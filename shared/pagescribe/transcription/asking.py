@@ -122,6 +122,7 @@ class ModelCaller:
             document_id=ctx.job.document_id,
             page_number=ctx.job.page_number,
             loop_check=loop_check(self._thresholds.repetition, reference),
+            on_sent=ctx.on_sent,
         )
         started = asyncio.get_running_loop().time()
         ran = self._provider.answering_model(model)

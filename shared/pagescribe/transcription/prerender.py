@@ -3,8 +3,10 @@ longer needs render the pages that follow the batch in its documents, so that th
 finds its images ready and starts its calls at once.
 
 Rendering ahead is spare-time work and best effort. It runs in threads (the invocation's event loop ends with the
-invocation; the images wait for the next one), only while no page of a batch waits for a render process or holds one
-(``RenderPool.wait_spare``), and at most ``RENDER_AHEAD_PAGES`` pages are kept. A page that comes to be claimed here
+invocation; the images wait for the next one), only once every page of the batch has sent its call or ended without
+one (``hold``/``sent``: the render processes' CPU would otherwise slow the sending of those calls), only while no page
+waits for a render process or holds one (``RenderPool.wait_spare``), and at most ``RENDER_AHEAD_PAGES`` pages are
+kept. A page that comes to be claimed here
 takes its image if it is ready, waits for it if it is being rendered, and otherwise renders it itself; a page rendered
 ahead that fails is simply rendered again by its own claim, which meets the failure and handles it as it would have.
 A page claimed by another environment is never claimed here: its image is dropped when newer pages need the room.
@@ -16,7 +18,7 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +87,8 @@ class PageImages:
             "words": True,
         }
         self._lock = threading.Lock()
+        self._held: set[PageKey] = set()  # the batch's pages that have not sent their call yet
+        self._all_sent = threading.Condition(self._lock)
         self._entries: OrderedDict[PageKey, Future[Prepared]] = OrderedDict()
         self._wanted: deque[_Wanted] = deque()
         self._threads = 0
@@ -107,6 +111,18 @@ class PageImages:
         if prepared is not None and prepared.rendered is not None:
             return prepared.rendered
         return await self._renderer.render(source, kind, page_number, **self._params)
+
+    def hold(self, pages: Iterable[PageKey]) -> None:
+        """A new batch's pages: nothing is rendered ahead until each has sent its call or ended (``sent``)."""
+        with self._lock:
+            self._held = set(pages)
+
+    def sent(self, page: PageKey) -> None:
+        """The page's call is on its way, or the page ended without one."""
+        with self._lock:
+            self._held.discard(page)
+            if not self._held:
+                self._all_sent.notify_all()
 
     def follow(self, document: DocumentRecord, source: Path, claimed: Collection[int]) -> None:
         """Render, in spare time, the pages of ``document`` that follow the pages ``claimed`` here (its pages in this
@@ -174,13 +190,21 @@ class PageImages:
                 if wanted is None:
                     self._threads -= 1
                     return
-            if not self._renderer.wait_spare(_SPARE_WAIT_SECONDS):
+            if not self._spare():
                 with self._lock:
                     self._wanted.appendleft(wanted)  # still wanted: looked at again (a closed pool ends the loop)
                     if self._renderer.closed:
                         self._wanted.clear()
                 continue
             self._prepare(wanted)
+
+    def _spare(self) -> bool:
+        """Whether it is spare time: every page of the batch has sent its call, and no page waits for a render process
+        or holds one (False after waiting a while for it)."""
+        with self._lock:
+            if not self._all_sent.wait_for(lambda: not self._held, timeout=_SPARE_WAIT_SECONDS):
+                return False
+        return self._renderer.wait_spare(_SPARE_WAIT_SECONDS)
 
     def _next_wanted(self) -> _Wanted | None:
         """The first wanted page still waiting for its render (under the lock)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ class PageContext:
     job: ClaimedJob
     document: DocumentRecord
     storing: list[asyncio.Task[None]] = field(default_factory=list)  # the page's figures (and image) being stored
+    on_sent: Callable[[], None] | None = None  # the page's first call is on its way (see PageImages.sent)
 
     @property
     def log_extra(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ when its answer must be, and its result written under its lease."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pagescribe.transcription.asking import CheckedAnswer, ModelCaller, SeenPage
 from pagescribe.transcription.batch import TranscriptionBatch
 from pagescribe.transcription.gates import CallGates
 from pagescribe.transcription.outcomes import rejection, text_layer_outcome, thresholds
-from pagescribe.transcription.prerender import PageImages
+from pagescribe.transcription.prerender import PageImages, page_key
 from pagescribe.transcription.results import PageContext, PageResults
 from pagescribe.transcription.sourcecache import SourceCache
 from pagescribe.transcription.tiles import TileAsk, TiledReader
@@ -99,18 +100,26 @@ class Transcriber:
             raise NotEnoughTimeError(
                 f"only {remaining:.1f} s of the invocation left; the batch's jobs are left for redelivery"
             )
-        return self._db.claim_jobs(
+        claims = self._db.claim_jobs(
             job_ids,
             lease_seconds=deadline.policy.lease(remaining),
             max_attempts=self._settings.max_attempts,
         )
+        documents = claims.documents  # nothing is rendered ahead before the batch's calls are sent
+        self._images.hold(
+            page_key(documents[job.document_id], job.page_number)
+            for job in claims.claimed.values()
+            if job.document_id in documents
+        )
+        return claims
 
     async def transcribe_claimed(
         self, job: ClaimedJob, document: DocumentRecord, deadline: Deadline, *, batch_pages: Collection[int] = ()
     ) -> PageResult:
         """Transcribe a claimed page and store the result under its lease (or its failure, or a retry). The pages
         after ``batch_pages`` (the document's pages claimed with it) are rendered ahead once it is rendered."""
-        ctx = PageContext(job, document)
+        sent = functools.partial(self._images.sent, page_key(document, job.page_number))
+        ctx = PageContext(job, document, on_sent=sent)
         try:
             return await self._transcribe_claimed(ctx, deadline, batch_pages)
         except InvalidDocumentError as exc:
@@ -128,6 +137,8 @@ class Transcriber:
         except Exception:  # the page's message goes back to the queue, its lease to the sweeper: say why, with its ids
             log.exception("page failed unexpectedly; its message will be delivered again", extra=ctx.log_extra)
             raise
+        finally:
+            sent()  # the page ended, with or without a call
 
     async def _transcribe_claimed(
         self, ctx: PageContext, deadline: Deadline, batch_pages: Collection[int]
