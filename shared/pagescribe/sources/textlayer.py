@@ -4,6 +4,7 @@ on the page's rendered image (the evidence an answer is grounded to)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -90,11 +91,8 @@ def _characters(textpage: pdfium.PdfTextPage, bbox: _Rect) -> Iterator[tuple[str
     Non-characters and lone surrogates (of a broken ToUnicode map) are left out, as pdfium's own text leaves them;
     pdfium's hyphenation marks are kept.
     """
-    from pagescribe.checks import remove_non_characters
-
     # pdfium's own functions on the raw handle, one box reused: the loop runs once per character of the page
     handle, box = textpage.raw, pdfium_c.FS_RECTF()
-    kept: dict[str, bool] = {}  # per character: whether it is kept (_kept)
     space = broken = False
     previous = -1  # the index of the last character yielded
     for index in range(textpage.count_chars()):
@@ -102,14 +100,9 @@ def _characters(textpage: pdfium.PdfTextPage, bbox: _Rect) -> Iterator[tuple[str
         if char.isspace():
             broken, space = broken or char in "\r\n", space or char not in "\r\n"
             continue
-        keep = kept.get(char)
-        if keep is None:
-            keep = kept[char] = _kept(char, remove_non_characters)
-        if not keep:
+        if not _kept(char):
             continue
-        if not pdfium_c.FPDFText_GetLooseCharBox(handle, index, box):  # the font's full height: a line's boxes line up
-            raise pdfium.PdfiumError(f"the box of character {index} could not be read")
-        rect = (box.left, box.bottom, box.right, box.top)
+        rect = _loose_box(handle, index, box)  # the font's full height: a line's boxes line up
         if not _overlaps(rect, bbox):
             yield None
         else:
@@ -121,10 +114,20 @@ def _characters(textpage: pdfium.PdfTextPage, bbox: _Rect) -> Iterator[tuple[str
         space = broken = False
 
 
-def _kept(char: str, remove_non_characters: Callable[[str], str]) -> bool:
+@functools.lru_cache(maxsize=4096)
+def _kept(char: str) -> bool:
     """pdfium's hyphenation mark, or a character pdfium's own text keeps: neither a non-character nor a lone
-    surrogate (of a broken ToUnicode map)."""
+    surrogate (of a broken ToUnicode map). Decided once per character: it is asked for every character of a page."""
+    from pagescribe.checks import remove_non_characters
+
     return char in _HYPHENATION_MARKS or (bool(remove_non_characters(char)) and not "\ud800" <= char <= "\udfff")
+
+
+def _loose_box(handle: pdfium_c.FPDF_TEXTPAGE, index: int, box: pdfium_c.FS_RECTF) -> _Rect:
+    """The character's box at the font's full height, read into ``box``."""
+    if not pdfium_c.FPDFText_GetLooseCharBox(handle, index, box):
+        raise pdfium.PdfiumError(f"the box of character {index} could not be read")
+    return box.left, box.bottom, box.right, box.top
 
 
 def _overlaps(rect: _Rect, bbox: _Rect) -> bool:
