@@ -6,9 +6,9 @@ Rendering ahead is spare-time work and best effort. It runs in threads (the invo
 invocation; the images wait for the next one), only once every page of the batch has sent its call or ended without
 one (``hold``/``sent``: the render processes' CPU would otherwise slow the sending of those calls), only while no page
 waits for a render process or holds one (``RenderPool.wait_spare``), and at most ``RENDER_AHEAD_PAGES`` pages are
-kept. A page that comes to be claimed here
-takes its image if it is ready, waits for it if it is being rendered, and otherwise renders it itself; a page rendered
-ahead that fails is simply rendered again by its own claim, which meets the failure and handles it as it would have.
+kept. A page that comes to be claimed here takes its image if it is ready, waits for it if it is being rendered, and
+otherwise renders it itself; a page rendered ahead that fails is simply rendered again by its own claim, which meets
+the failure and handles it as it would have.
 A page claimed by another environment is never claimed here: its image is dropped when newer pages need the room.
 """
 
