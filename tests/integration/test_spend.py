@@ -14,17 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from pagescribe.domain import NewDocument, PageOutcome, RateBucket
 from pagescribe.handlers import api as api_app
+from pagescribe.migrate import alembic_config
 from pagescribe.runtime import shutdown_runtime
 from pagescribe.settings import get_settings
-from pagescribe.store.postgres import Database
+from pagescribe.store.postgres import Database, create_database_engine
 from sqlalchemy import text
 
 from tests.fakes.chat_server import FakeChatServer, Gate, Ok, Status
 from tests.integration.test_api import upload_through_presigned_url
 from tests.support.aws_events import LambdaContext, api_event, sqs_event
-from tests.support.database import claim_one
+from tests.support.database import claim_one, fresh_empty_database
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -349,6 +351,47 @@ def test_a_call_is_held_at_its_worst_case_on_its_own_tenants_prices_only(db: Dat
     assert prompted.reserve == pytest.approx((10 + 20) * 0.0001 + 100 * 0.00004)
     # And a cap that cannot hold the worst case skips the page before its call, though the mean would fit
     assert _capped_call(db, max_cost_usd=0.004).verdict == "CAP"
+
+
+def test_a_recorded_call_carries_its_documents_tenant_and_the_migration_gives_the_earlier_calls_theirs() -> None:
+    # Given a database at revision 0022 (calls recorded without their tenant) with a priced call of tenant "acme"
+    with fresh_empty_database() as url:
+        config = alembic_config(url)
+        command.upgrade(config, "0022")
+        engine = create_database_engine(url, pool_size=2)
+        db = Database(engine)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO tenants (id) VALUES ('acme')"))
+            new = NewDocument("bucket", "uploads/a.png", "etag", "", 10, "test/model", tenant_id="acme")
+            [job_id] = db.create_document(new, kind="image", pages=[1]).job_ids
+            with engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "INSERT INTO attempts (job_id, document_id, claim, outcome, model, cost, cost_estimated) "
+                        "SELECT id, document_id, 1, 'KEPT', 'test/model', 0.003, false FROM jobs WHERE id = :j"
+                    ),
+                    {"j": job_id},
+                )
+
+            # When the database is brought to head
+            command.upgrade(config, "head")
+
+            # Then the earlier call has its document's tenant, and the tenant's price is read from it
+            assert rows_of(engine, "SELECT tenant_id FROM attempts") == [("acme",)]
+            price, calls = db.model_price("test/model", "acme")
+            assert (price, calls) == (0.003, 1)
+            assert db.model_price("test/model", "default") == (None, 0)
+            # And a call recorded now carries its tenant too
+            _paid_page(db, "acme", cost=0.001, prompt_tokens=10, completion_tokens=5)
+            assert rows_of(engine, "SELECT tenant_id FROM attempts ORDER BY id") == [("acme",), ("acme",)]
+        finally:
+            engine.dispose()
+
+
+def rows_of(engine: Any, sql: str) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text(sql))]
 
 
 DOCUMENTS = Path(__file__).resolve().parents[1] / "data" / "documents"

@@ -112,12 +112,12 @@ class PgLedger(Connected):
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
                               completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
-                              confidence, second_read)
+                              confidence, second_read, tenant_id)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
                %(cost_estimated)s, %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s,
-               %(second_read)s
+               %(second_read)s, (SELECT tenant_id FROM documents WHERE id = %(document_id)s)
         WHERE %(called)s
     ),
     counted AS (
@@ -199,12 +199,12 @@ class PgLedger(Connected):
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
                               completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
-                              confidence, second_read)
+                              confidence, second_read, tenant_id)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
                %(cost_estimated)s, %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s,
-               %(second_read)s
+               %(second_read)s, (SELECT tenant_id FROM documents WHERE id = %(document_id)s)
         WHERE %(called)s
     ),
     counted AS (
@@ -262,12 +262,12 @@ class PgLedger(Connected):
     recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
                               completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
-                              confidence, second_read)
+                              confidence, second_read, tenant_id)
         SELECT %(job_id)s, %(document_id)s, %(claim)s,
                CASE WHEN EXISTS (SELECT 1 FROM written) THEN %(outcome)s ELSE 'LEASE_LOST' END,
                %(model)s, %(provider)s, %(finish_reason)s, %(prompt_tokens)s, %(completion_tokens)s, %(cost)s,
                %(cost_estimated)s, %(latency_ms)s, %(provider_request_id)s, %(attempt_flags)s, %(confidence)s,
-               %(second_read)s
+               %(second_read)s, (SELECT tenant_id FROM documents WHERE id = %(document_id)s)
         WHERE %(called)s
     ),
     counted AS (
@@ -331,9 +331,11 @@ class PgLedger(Connected):
     # dashboard shows. A provider reports no usage for a failed call; when it does, the cost counts.
     RECORD_FAILED_CALL = """
     WITH recorded AS (
-        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, latency_ms, status_code, error)
-        VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(latency_ms)s,
-                %(status_code)s, %(error)s)
+        INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, latency_ms, status_code, error,
+                              tenant_id)
+        SELECT %(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(latency_ms)s,
+               %(status_code)s, %(error)s, tenant_id
+        FROM documents WHERE id = %(document_id)s
     )
     INSERT INTO tenant_days AS t (tenant_id, day, shard, calls)
     SELECT tenant_id, CAST(now() AT TIME ZONE 'UTC' AS date), %(shard)s, 1 FROM documents WHERE id = %(document_id)s
@@ -364,10 +366,11 @@ class PgLedger(Connected):
     WITH recorded AS (
         INSERT INTO attempts (job_id, document_id, claim, outcome, model, provider, finish_reason, prompt_tokens,
                               completion_tokens, cost, cost_estimated, latency_ms, provider_request_id, flags,
-                              confidence, tile)
-        VALUES (%(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(finish_reason)s,
-                %(prompt_tokens)s, %(completion_tokens)s, %(cost)s, %(cost_estimated)s, %(latency_ms)s,
-                %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(tile)s)
+                              confidence, tile, tenant_id)
+        SELECT %(job_id)s, %(document_id)s, %(claim)s, %(outcome)s, %(model)s, %(provider)s, %(finish_reason)s,
+               %(prompt_tokens)s, %(completion_tokens)s, %(cost)s, %(cost_estimated)s, %(latency_ms)s,
+               %(provider_request_id)s, %(attempt_flags)s, %(confidence)s, %(tile)s, tenant_id
+        FROM documents WHERE id = %(document_id)s
     ),
     tallied AS (
         INSERT INTO document_counts AS c (document_id, shard, spent_usd)

@@ -61,11 +61,10 @@ class PgSpend(Connected):
         WHERE d.id = %(document_id)s
     ),
     history AS (
-        SELECT a.cost, a.prompt_tokens, a.completion_tokens
-        FROM attempts a JOIN documents d ON d.id = a.document_id
-        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND NOT a.cost_estimated
-          AND d.tenant_id = (SELECT tenant_id FROM doc)
-        ORDER BY a.id DESC LIMIT 100
+        SELECT cost, prompt_tokens, completion_tokens FROM attempts
+        WHERE tenant_id = (SELECT tenant_id FROM doc) AND model = %(model)s AND cost IS NOT NULL
+          AND NOT cost_estimated
+        ORDER BY id DESC LIMIT 100
     ),
     price AS (
         SELECT avg(cost) AS usd,
@@ -147,9 +146,9 @@ class PgSpend(Connected):
     # A tenant's own price history only: an estimate must not tell one tenant how much, or how dearly, others call.
     MODEL_PRICE = """
     SELECT avg(cost) AS usd, count(*) AS calls FROM (
-        SELECT a.cost FROM attempts a JOIN documents d ON d.id = a.document_id
-        WHERE a.model = %(model)s AND a.cost IS NOT NULL AND NOT a.cost_estimated AND d.tenant_id = %(tenant_id)s
-        ORDER BY a.id DESC LIMIT 100
+        SELECT cost FROM attempts
+        WHERE tenant_id = %(tenant_id)s AND model = %(model)s AND cost IS NOT NULL AND NOT cost_estimated
+        ORDER BY id DESC LIMIT 100
     ) latest
     """
 
@@ -160,10 +159,10 @@ class PgSpend(Connected):
     # What a call's cost is estimated from when its provider reported none (a call cut at a loop): the tenant's own
     # latest calls of the model with the tokens and the cost their provider reported (never an estimate).
     PRICE_HISTORY = """
-    SELECT a.prompt_tokens, a.completion_tokens, a.cost FROM attempts a JOIN documents d ON d.id = a.document_id
-    WHERE a.model = %(model)s AND a.cost IS NOT NULL AND NOT a.cost_estimated AND a.prompt_tokens IS NOT NULL
-      AND a.completion_tokens IS NOT NULL AND d.tenant_id = %(tenant_id)s
-    ORDER BY a.id DESC LIMIT 100
+    SELECT prompt_tokens, completion_tokens, cost FROM attempts
+    WHERE tenant_id = %(tenant_id)s AND model = %(model)s AND cost IS NOT NULL AND NOT cost_estimated
+      AND prompt_tokens IS NOT NULL AND completion_tokens IS NOT NULL
+    ORDER BY id DESC LIMIT 100
     """
 
     def price_history(self, model: str, tenant_id: str) -> list[PricedCall]:
