@@ -6,9 +6,11 @@ No rendering, no model, no queue: worker threads in several OS processes run, pe
 the transcribe function makes, in its order, through ``pagescribe.store.postgres.Database``:
 
 - per SQS batch of ten ids: ``claim_jobs`` (one statement, which reads the jobs' documents too);
-- per page: ``admit_spend`` (the cost gate: LOCK_SPENDERS then ADMIT_SPEND in one transaction; every document has a
+- per batch, the cost gate ``admit_spends`` for its pages (one document's), as the pages of a batch reach it together
+  in the transcriber: LOCK_SPENDERS, then one ADMIT_SPEND per page, in one transaction; every document has a
   ``max_cost_usd`` and every tenant a daily budget, both far above what the run spends, and each tenant has a price
-  history, so the gate takes its normal path), the rate governor's ``take_rate_slot`` (through ``RateGovernor.admit``,
+  history, so the gate takes its normal path;
+- per page: the rate governor's ``take_rate_slot`` (through ``RateGovernor.admit``,
   with a bucket so large that no page waits), ``keep_page_image`` (KEEP_PAGE_IMAGES is on by default), then, after the
   model's time (the think time; none in a saturation run), ``complete_job`` with an outcome that carries a cost.
 
@@ -22,6 +24,7 @@ are in, and on which table's rows the lock waits are.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing
 import os
@@ -33,13 +36,14 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from pagescribe.domain import ClaimedJob, NewDocument, PageOutcome, PendingDocument, SpendGate
+from pagescribe.domain import ClaimedJob, DocumentRecord, NewDocument, PageOutcome, PendingDocument, SpendGate
 from pagescribe.governor import RateGovernor
 from pagescribe.settings import Settings
 from pagescribe.store.postgres import Database, create_database_engine
@@ -84,14 +88,14 @@ DAILY_BUDGET_USD = 100_000.0
 # The statements by the names of their constants on Database, to name what a sampled backend was running.
 STATEMENTS = {
     "CLAIM_JOBS_BY_ID": "claim_jobs",
-    "LOCK_SPENDERS": "admit_spend (LOCK_SPENDERS)",
-    "ADMIT_SPEND": "admit_spend (ADMIT_SPEND)",
+    "LOCK_SPENDERS": "admit_spends (LOCK_SPENDERS)",
+    "ADMIT_SPEND": "admit_spends (ADMIT_SPEND)",
     "TAKE_RATE_SLOT": "take_rate_slot",
     "CREATE_RATE_BUCKET": "take_rate_slot (CREATE_RATE_BUCKET)",
     "KEEP_PAGE_IMAGE": "keep_page_image",
     "COMPLETE_JOB": "complete_job",
 }
-ORDER = ("claim_jobs", "admit_spend", "take_rate_slot", "keep_page_image", "complete_job")
+ORDER = ("claim_jobs", "admit_spends", "take_rate_slot", "keep_page_image", "complete_job")
 
 
 class Layout:
@@ -127,8 +131,8 @@ SIZES: dict[Mode, Sizes] = {
 class ClientFigures:
     """What one client process saw: latencies (ms) per call, waits for a connection (ms), CPU, violations."""
 
-    latencies: dict[str, list[float]] = field(default_factory=dict)
-    connection_waits: list[float] = field(default_factory=list)
+    latencies: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (time.time() at its start, ms)
+    connection_waits: list[tuple[float, float]] = field(default_factory=list)
     completed_at: list[float] = field(default_factory=list)  # time.time() of each page's completion
     started: float = 0.0
     finished: float = 0.0
@@ -189,54 +193,61 @@ class Client:
             finally:
                 done = time.perf_counter()
                 with self._lock:
-                    self.figures.connection_waits.append((started - asked) * 1000)
-                    self.figures.latencies[name].append((done - started) * 1000)
+                    at = time.time()
+                    self.figures.connection_waits.append((at, (started - asked) * 1000))
+                    self.figures.latencies[name].append((at, (done - started) * 1000))
 
     def violation(self, text: str) -> None:
         with self._lock:
             self.figures.violations.append(text)
 
     def work(self, batches: deque[list[str]]) -> None:
+        """One execution environment: a batch at a time, its pages at once on BATCH threads of its own (the
+        transcriber's PAGE_CONCURRENCY), as many pages in flight as threads."""
         try:
-            while time.time() < self.stop_at:
-                try:
-                    batch = batches.popleft()
-                except IndexError:
-                    return
-                self._batch(batch)
+            with ThreadPoolExecutor(max_workers=BATCH) as pages:
+                while time.time() < self.stop_at:
+                    try:
+                        batch = batches.popleft()
+                    except IndexError:
+                        return
+                    self._batch(batch, pages)
         except Exception as exc:  # reported by the parent, which fails the run
             with self._lock:
                 self.figures.errors.append(repr(exc))
 
-    def _batch(self, batch: list[str]) -> None:
-        """One SQS batch, as TranscriptionBatch and Transcriber handle it: one claim (with the jobs' documents), then
-        each page's gates, image, call and completion."""
+    def _batch(self, batch: list[str], pages: ThreadPoolExecutor) -> None:
+        """One SQS batch, as TranscriptionBatch and Transcriber handle it: one claim (with the jobs' documents), the
+        cost gate for the pages together, then each page's slot, image, call and completion, the pages at once."""
         claims = self.timed(
             "claim_jobs", self.db.claim_jobs, batch, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS
         )
         if len(claims.claimed) != len(batch):
             self.violation(f"a claim of {len(batch)} fresh jobs got {len(claims.claimed)} (busy {len(claims.busy)})")
-        documents = claims.documents
-        for job in claims.claimed.values():
-            if time.time() >= self.stop_at:  # the window is over: the batch's other pages go back, as a page held
-                self._give_back(job)  # back by a gate does (its claim not counted), so that a run ends soon after it
+        jobs = list(claims.claimed.values())
+        if time.time() < self.stop_at:
+            self._pass_cost_gate(jobs, claims.documents)
+        for _ in pages.map(functools.partial(self._page, claims.documents), jobs):  # an error raised here
+            pass
+
+    def _pass_cost_gate(self, jobs: list[ClaimedJob], documents: dict[str, DocumentRecord]) -> None:
+        """The cost gate, as CallGates passes it: the pages of one document that reach it together (here a batch's,
+        all of one document) in one ``admit_spends``."""
+        for document_id in dict.fromkeys(job.document_id for job in jobs):
+            document = documents[document_id]
+            if document.max_cost_usd is None and document.tenant_daily_budget_usd is None:
                 continue
-            document = documents[job.document_id]
-            if document.max_cost_usd is not None or document.tenant_daily_budget_usd is not None:
-                verdict = self.timed(
-                    "admit_spend",
-                    self.db.admit_spend,
-                    job,
-                    document.model,
-                    daily_budget_usd=SETTINGS.daily_budget_usd,
-                    max_output_tokens=SETTINGS.max_output_tokens,
-                )
-                if verdict.verdict != SpendGate.GO:
-                    raise RuntimeError(f"the cost gate said {verdict}: the run's caps must never stop a page")
-            admission = self.timed("take_rate_slot", self.governor.admit, job, document.model)
-            if admission.wait > 0:
-                raise RuntimeError(f"the governor held a page back ({admission.why}): its bucket must never empty")
-            self._page(job)
+            verdicts = self.timed(
+                "admit_spends",
+                self.db.admit_spends,
+                [job for job in jobs if job.document_id == document_id],
+                document.model,
+                daily_budget_usd=SETTINGS.daily_budget_usd,
+                max_output_tokens=SETTINGS.max_output_tokens,
+            )
+            stopped = [verdict for verdict in verdicts if verdict.verdict != SpendGate.GO]
+            if stopped:
+                raise RuntimeError(f"the cost gate said {stopped[0]}: the run's caps must never stop a page")
 
     def _give_back(self, job: ClaimedJob) -> None:
         with self._slots:
@@ -244,7 +255,13 @@ class Client:
         if not deferred:
             self.violation(f"job {job.job_id}: giving it back found its lease gone")
 
-    def _page(self, job: ClaimedJob) -> None:
+    def _page(self, documents: dict[str, DocumentRecord], job: ClaimedJob) -> None:
+        if time.time() >= self.stop_at:  # the window is over: the page goes back, as a page held back by a gate
+            self._give_back(job)  # does (its claim not counted), so that a run ends soon after it
+            return
+        admission = self.timed("take_rate_slot", self.governor.admit, job, documents[job.document_id].model)
+        if admission.wait > 0:
+            raise RuntimeError(f"the governor held a page back ({admission.why}): its bucket must never empty")
         self.timed("keep_page_image", self.db.keep_page_image, job, f"transcripts/{job.document_id}/pages/x.webp")
         if self._think:
             time.sleep(self._think)  # the render and the model call
@@ -286,7 +303,8 @@ def _client(
 ) -> None:
     client = Client(url, connections, think)
     queue = deque(batches)
-    workers = [threading.Thread(target=client.work, args=(queue,), daemon=True) for _ in range(threads)]
+    environments = max(1, threads // BATCH)  # each with BATCH page threads
+    workers = [threading.Thread(target=client.work, args=(queue,), daemon=True) for _ in range(environments)]
     out.put("ready")
     go.wait()
     client.figures.started = time.time()
@@ -507,8 +525,9 @@ class Run:
     in_window: int  # completed within the window, after its warm-up
     window: float
     seconds: float  # from the start to the last completion
-    latencies: dict[str, list[float]]
-    connection_waits: list[float]
+    latencies: dict[str, list[float]]  # ms, every call of the run
+    steady: dict[str, list[float]]  # ms, the calls started within the window, after its warm-up: the percentiles'
+    connection_waits: list[float]  # ms, as steady
     client_cpu: float
     server_cpu: float  # this run's backends
     machine_busy: float  # share of the machine's CPU busy during the run
@@ -522,14 +541,14 @@ class Run:
         return self.in_window / (self.window * (1 - WARM_UP))
 
     def p(self, name: str, fraction: float) -> float:
-        return percentile(self.latencies[name], fraction)
+        return percentile(self.steady[name], fraction)
 
     @property
     def calls(self) -> int:
         return sum(len(values) for values in self.latencies.values())
 
     def worst_p99(self) -> tuple[str, float]:
-        return max(((name, self.p(name, 0.99)) for name in ORDER if self.latencies[name]), key=lambda item: item[1])
+        return max(((name, self.p(name, 0.99)) for name in ORDER if self.steady[name]), key=lambda item: item[1])
 
 
 def connection_budget(workers: int) -> int:
@@ -634,10 +653,15 @@ def measure(layout: str, workers: int, pages: int, window: float, *, think: floa
         _raise_failures(figures)
         done = sum(len(f.completed_at) for f in figures)
         _check(url, seeded.documents, done, pages)
+    # Latencies are read over the part of the window the pages/s are (past the warm-up: not the first batches, whose
+    # claims and gates all the workers start at once); the calls are counted over the whole run.
+    steady_from, steady_to = drive.started + WARM_UP * window, drive.started + window
     latencies: dict[str, list[float]] = {name: [] for name in ORDER}
+    steady: dict[str, list[float]] = {name: [] for name in ORDER}
     for f in figures:
         for name, values in f.latencies.items():
-            latencies[name] += values
+            latencies[name] += [ms for _, ms in values]
+            steady[name] += [ms for at, ms in values if steady_from <= at <= steady_to]
     return Run(
         layout=layout,
         workers=workers,
@@ -650,7 +674,8 @@ def measure(layout: str, workers: int, pages: int, window: float, *, think: floa
         window=window,
         seconds=max(f.finished for f in figures) - drive.started,
         latencies=latencies,
-        connection_waits=[w for f in figures for w in f.connection_waits],
+        steady=steady,
+        connection_waits=[ms for f in figures for at, ms in f.connection_waits if steady_from <= at <= steady_to],
         client_cpu=sum(f.cpu_seconds for f in figures),
         server_cpu=drive.server_cpu,
         machine_busy=drive.machine_busy,
@@ -718,12 +743,13 @@ def _ms(value: float) -> str:
 
 
 def _p50_p99(run: Run, name: str) -> str:
-    return f"{_ms(run.p(name, 0.5))} / {_ms(run.p(name, 0.99))}" if run.latencies[name] else "-"
+    return f"{_ms(run.p(name, 0.5))} / {_ms(run.p(name, 0.99))}" if run.steady[name] else "-"
 
 
 def _statement_rows(label: str, spread: Run, hot: Run) -> list[tuple[str, str]]:
     rows = [
-        (f"{label}: p50 / p99 ms of `{name}` ({len(spread.latencies[name]):,} / {len(hot.latencies[name]):,} calls)",
+        (f"{label}: p50 / p99 ms of `{name}` ({len(spread.steady[name]):,} / {len(hot.steady[name]):,} calls past the "
+         "warm-up)",
          f"spread {_p50_p99(spread, name)} · hot {_p50_p99(hot, name)}")
         for name in ORDER
     ]  # fmt: skip
@@ -810,7 +836,8 @@ def _notes(saturated: dict[tuple[str, int], Run], think: dict[str, Run], sizes: 
     calls = spread_best.calls / spread_best.pages
     sizing = Sizing(
         calls_per_page=calls,
-        statements_per_page=calls + len(spread_best.latencies["admit_spend"]) / spread_best.pages,
+        # a gate's call is LOCK_SPENDERS and one ADMIT_SPEND per page: a statement more per page past the gate
+        statements_per_page=calls + len(spread_best.latencies["take_rate_slot"]) / spread_best.pages,
         server_cpu_ms=1000 * spread_best.server_cpu / spread_best.pages,
         db_ms_per_page=sum(base.p(name, 0.5) * len(base.latencies[name]) for name in ORDER) / base.pages,
     )

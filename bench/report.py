@@ -239,10 +239,11 @@ The token column applies Anthropic's published estimate to the mean image size; 
     "dbload": """\
 No rendering, no model, no queue: worker threads in five OS processes (forked from one server process that imported
 pagescribe once) call `pagescribe.store.postgres.Database` exactly as the transcribe path does, in its order: per
-batch of ten ids `claim_jobs` (which reads the jobs' documents too); per page the cost gate `admit_spend`
-(LOCK_SPENDERS then ADMIT_SPEND in one transaction, sent as one round trip: every document has a `max_cost_usd`,
-every tenant a daily budget, both far above what the run spends, and each tenant a completed page before the run, so
-the gate prices calls from its history as in production), the rate governor's `take_rate_slot` through
+batch of ten ids `claim_jobs` (which reads the jobs' documents too), then the cost gate `admit_spends` for the
+batch's pages, as they reach it together in the transcriber (LOCK_SPENDERS, then one ADMIT_SPEND per page, in one
+transaction sent as one round trip: every document has a `max_cost_usd`, every tenant a daily budget, both far above
+what the run spends, and each tenant a completed page before the run, so the gate prices calls from its history as in
+production); per page the rate governor's `take_rate_slot` through
 `RateGovernor.admit` (a bucket no run can empty: the statement runs, no page waits), `keep_page_image`, then after
 the think time `complete_job` with a cost. SPREAD: documents of 50 pages, four per tenant, batches shuffled; HOT:
 one document of one tenant. Each run takes batches for a fixed window on a fresh database; then each worker ends the

@@ -32,7 +32,7 @@ STEPS: dict[str, tuple[str, ...]] = {
         "mark_enqueued",
     ),
     "claim": ("claim_jobs", "get_documents"),
-    "admission": ("admit_spend",),
+    "admission": ("admit_spends",),
     "slot": ("take_rate_slot", "settle_rate_tokens"),
     "page image": ("keep_page_image", "keep_figures"),
     "attempt, completion, counters": ("complete_job",),

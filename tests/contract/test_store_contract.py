@@ -312,7 +312,9 @@ def test_a_tenants_day_sums_the_calls_of_all_its_pages_and_the_cost_gate_reads_t
     # And the cost gate reads the same day against the tenant's budget
     _, [next_page] = _document(store, tenant_id="acme")
     store.set_daily_budget("acme", 100.0)
-    verdict = store.admit_spend(_claim(store, next_page), "test/model", daily_budget_usd=None, max_output_tokens=100)
+    verdict = store.admit_spends(
+        [_claim(store, next_page)], "test/model", daily_budget_usd=None, max_output_tokens=100
+    )[0]
     assert verdict.verdict == "GO" and verdict.spent_today == pytest.approx(5.0)
 
 
@@ -335,7 +337,7 @@ def test_a_large_documents_count_and_spend_are_the_sums_of_every_page_ended(stor
     # And the cost gate reads what the document spent
     store.set_daily_budget("acme", 1000.0)
     job = _claim(store, last)
-    verdict = store.admit_spend(job, "test/model", daily_budget_usd=None, max_output_tokens=100)
+    verdict = store.admit_spends([job], "test/model", daily_budget_usd=None, max_output_tokens=100)[0]
     assert verdict.spent == pytest.approx(149.5) and verdict.spent_today == pytest.approx(149.5)
     # When the last page ends, it sees the document done, and the document is finished once
     final = store.complete_job(job, _answer(cost=0.5))
@@ -449,13 +451,52 @@ def test_the_cost_gate_lets_uncapped_calls_go_and_stops_a_spent_budget(store: St
     store.ensure_tenant("acme")
     _, [paid, next_page] = _document(store, pages=2, tenant_id="acme")
     assert (
-        store.admit_spend(_claim(store, paid), "test/model", daily_budget_usd=None, max_output_tokens=100).verdict
+        store.admit_spends([_claim(store, paid)], "test/model", daily_budget_usd=None, max_output_tokens=100)[0].verdict
         == "GO"
     )
     store.complete_job(_claim(store, paid, max_attempts=9), _answer(cost=0.5)) if False else None
     store.set_daily_budget("acme", 0.0)
-    verdict = store.admit_spend(_claim(store, next_page), "test/model", daily_budget_usd=None, max_output_tokens=100)
+    verdict = store.admit_spends(
+        [_claim(store, next_page)], "test/model", daily_budget_usd=None, max_output_tokens=100
+    )[0]
     assert (verdict.verdict, verdict.daily_budget_usd) == ("DAILY_BUDGET", 0.0)
+
+
+def test_pages_of_one_document_pass_the_gate_together_each_behind_the_reserves_of_those_before_it(
+    store: Store,
+) -> None:
+    # Given a tenant whose one paid call makes a call's worst case $0.11 (output limit 1000), with $1 left today, and
+    # a new document of four pages of it, claimed together
+    store.ensure_tenant("acme")
+    _, [paid] = _document(store, tenant_id="acme")
+    store.complete_job(_claim(store, paid), _answer(cost=0.01))
+    store.set_daily_budget("acme", 1.01)
+    _, job_ids = _document(store, pages=4, tenant_id="acme")
+    claims = store.claim_jobs(job_ids, lease_seconds=LEASE, max_attempts=3).claimed
+    jobs = [claims[job_id] for job_id in job_ids]
+    # And the tenant's other pages already in flight, holding $0.77 of the day between them
+    _, others = _document(store, pages=7, tenant_id="acme")
+    for other in others:
+        assert store.admit_spends([_claim(store, other)], "test/model", daily_budget_usd=None, max_output_tokens=1000)[
+            0
+        ]
+    # When the four pages pass the gate at once
+    verdicts = store.admit_spends(jobs, "test/model", daily_budget_usd=None, max_output_tokens=1000)
+    # Then each page's verdict is the one a gate of its own would give it after the pages before it: two fit in what
+    # is left ($0.01 spent + $0.77 + $0.11 + $0.11 = $1.00), the next two wait for calls in flight to settle
+    assert [v.verdict for v in verdicts] == ["GO", "GO", "DEFER", "DEFER"]
+    assert all(v.reserve == pytest.approx(0.11) for v in verdicts)
+    # And a page that went holds its reserve: one more page of the tenant waits behind it
+    _, [late] = _document(store, tenant_id="acme")
+    late_verdict = store.admit_spends(
+        [_claim(store, late)], "test/model", daily_budget_usd=None, max_output_tokens=1000
+    )[0]
+    assert late_verdict.verdict == "DEFER"
+    # And pages of two documents are refused, naming both
+    _, [elsewhere] = _document(store, tenant_id="acme")
+    with pytest.raises(ValueError, match="one document, not of 2"):
+        store.admit_spends([jobs[0], _claim(store, elsewhere)], "test/model", daily_budget_usd=None,
+                           max_output_tokens=1000)  # fmt: skip
 
 
 def test_a_call_is_held_at_its_worst_case_on_the_tenants_own_prices(store: Store) -> None:
@@ -466,7 +507,9 @@ def test_a_call_is_held_at_its_worst_case_on_the_tenants_own_prices(store: Store
     # When a page of the tenant, with a daily budget of $1, asks to call, with an output limit of 1000 tokens
     _, [second] = _document(store, tenant_id="acme")
     store.set_daily_budget("acme", 1.0)
-    verdict = store.admit_spend(_claim(store, second), "test/model", daily_budget_usd=None, max_output_tokens=1000)
+    verdict = store.admit_spends([_claim(store, second)], "test/model", daily_budget_usd=None, max_output_tokens=1000)[
+        0
+    ]
     # Then it goes, held at 1000 prompt tokens at $0.00001 plus 1000 completion tokens at $0.0001: $0.11
     assert verdict.verdict == "GO" and verdict.price == pytest.approx(0.01)
     assert verdict.reserve == pytest.approx(0.11)

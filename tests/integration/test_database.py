@@ -269,7 +269,7 @@ def test_the_cost_gate_is_one_transaction_sent_in_one_round_trip(db: Database) -
     assert job is not None
     # When its call passes the cost gate
     with _on_the_wire(db) as (traced, wire):
-        verdict = traced.admit_spend(job, "test/model", daily_budget_usd=None, max_output_tokens=100)
+        verdict = traced.admit_spends([job], "test/model", daily_budget_usd=None, max_output_tokens=100)[0]
     # Then BEGIN, the lock, the verdict and COMMIT went as one query, answered in one round trip
     assert verdict.verdict == "GO" and verdict.daily_budget_usd == 5.0
     assert (len(wire.queries), wire.round_trips) == (1, 1), wire

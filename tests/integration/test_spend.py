@@ -324,7 +324,7 @@ def _capped_call(db: Database, *, max_cost_usd: float, prompt: str | None = None
         )
     job = claim_one(db, job_id, lease_seconds=300, max_attempts=3)
     assert job is not None
-    return db.admit_spend(job, "test/model", daily_budget_usd=None, max_output_tokens=100)
+    return db.admit_spends([job], "test/model", daily_budget_usd=None, max_output_tokens=100)[0]
 
 
 def test_a_call_is_held_at_its_worst_case_on_its_own_tenants_prices_only(db: Database) -> None:

@@ -208,11 +208,12 @@ class Ledger(Protocol):
 class SpendStore(Protocol):
     """The cost gate, the price estimate and the rate governor's shared buckets."""
 
-    def admit_spend(
-        self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None, max_output_tokens: int
-    ) -> SpendVerdict:
-        """The cost gate before a model call (see ADMIT_SPEND): GO, DEFER, CAP or DAILY_BUDGET, with the figures.
-        One short transaction of two statements; no lock outlives it."""
+    def admit_spends(
+        self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
+    ) -> list[SpendVerdict]:
+        """The cost gate before the model calls of pages of one document (see ADMIT_SPEND): for each, GO, DEFER, CAP
+        or DAILY_BUDGET, with the figures. One short transaction (the locks, then each page in turn: its verdict is
+        the one a gate of its own would give it just after the pages before it); no lock outlives it."""
 
     def model_price(self, model: str, tenant_id: str) -> tuple[float | None, int]:
         """The mean cost per call of the model's latest (up to 100) calls for the tenant's documents that reported

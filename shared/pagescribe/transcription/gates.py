@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pagescribe.domain import PageResult, SpendGate
+import asyncio
+
+from pagescribe.domain import ClaimedJob, PageResult, SpendGate, SpendVerdict
 from pagescribe.governor import Admission, RateGovernor
 from pagescribe.observability import gauge
 from pagescribe.settings import Settings
@@ -22,6 +24,7 @@ class CallGates:
         self._db = db
         self._governor = governor
         self._results = results
+        self._waiting: dict[tuple[str, str], list[tuple[ClaimedJob, asyncio.Future[SpendVerdict]]]] = {}
 
     async def admit(self, ctx: PageContext, model: str) -> Admission | PageResult:
         """The gates before a call: the cost caps (the page ends SKIPPED when its call would exceed one), then the rate
@@ -51,12 +54,7 @@ class CallGates:
 
     async def _spend_gate(self, ctx: PageContext, model: str) -> PageResult | None:
         """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""
-        verdict = self._db.admit_spend(
-            ctx.job,
-            model,
-            daily_budget_usd=self._settings.daily_budget_usd,
-            max_output_tokens=self._settings.max_output_tokens,
-        )
+        verdict = await self._spend_verdict(ctx.job, model)
         if verdict.daily_budget_usd:
             gauge("DailyBudgetUsedPercent", 100 * verdict.spent_today / verdict.daily_budget_usd)
         if verdict.verdict in (SpendGate.CAP, SpendGate.DAILY_BUDGET):
@@ -65,3 +63,34 @@ class CallGates:
             held = "the calls in flight may leave room under the document's cap or the tenant's daily budget"
             return await self._results.defer(ctx, Admission(SPEND_DEFER_SECONDS, why=held))
         return None
+
+    def _spend_verdict(self, job: ClaimedJob, model: str) -> asyncio.Future[SpendVerdict]:
+        """The page's verdict from the cost gate, passed together with the other pages of its document (and model)
+        that reach the gate in the same turn of the event loop: one transaction for them all (``admit_spends``),
+        the rows locked and the commit flushed once, in the order the pages came."""
+        loop = asyncio.get_running_loop()
+        verdict: asyncio.Future[SpendVerdict] = loop.create_future()
+        key = (job.document_id, model)
+        waiting = self._waiting.setdefault(key, [])
+        if not waiting:  # the first of the turn: the gate runs once the loop has run every page ready now
+            loop.call_soon(self._pass_gate, key)
+        waiting.append((job, verdict))
+        return verdict
+
+    def _pass_gate(self, key: tuple[str, str]) -> None:
+        waiting = self._waiting.pop(key)
+        try:
+            verdicts = self._db.admit_spends(
+                [job for job, _ in waiting],
+                key[1],
+                daily_budget_usd=self._settings.daily_budget_usd,
+                max_output_tokens=self._settings.max_output_tokens,
+            )
+        except Exception as exc:  # each page's own task raises it, as a gate of its own would have
+            for _, verdict in waiting:
+                if not verdict.done():
+                    verdict.set_exception(exc)
+            return
+        for (_, verdict), said in zip(waiting, verdicts, strict=True):
+            if not verdict.done():  # a page cancelled meanwhile has no one waiting
+                verdict.set_result(said)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from pagescribe.domain import ClaimedJob, JobStatus, PricedCall, RateBucket, RateGrant, SpendVerdict, TenantDay
@@ -26,7 +27,7 @@ class MemorySpend:
         ]
         return sorted(mine, key=lambda a: a.id, reverse=True)[:HISTORY]
 
-    def admit_spend(
+    def _admit_one(
         self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None, max_output_tokens: int
     ) -> SpendVerdict:
         with self.state.lock:
@@ -46,6 +47,18 @@ class MemorySpend:
             if verdict == "GO" and capped and row is not None and row.leased_to(job.lease_token):
                 row.reserved_usd = reserve or 0.0
             return SpendVerdict(verdict, price, reserve, spent, document.max_cost_usd, budget, today)
+
+    def admit_spends(
+        self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
+    ) -> list[SpendVerdict]:
+        documents = {job.document_id for job in jobs}
+        if len(documents) != 1:
+            raise ValueError(f"one gate passes pages of one document, not of {len(documents)}: {sorted(documents)}")
+        with self.state.lock:  # reentrant: the pages in turn, with no other gate between them
+            return [
+                self._admit_one(job, model, daily_budget_usd=daily_budget_usd, max_output_tokens=max_output_tokens)
+                for job in jobs
+            ]
 
     def _verdict(
         self,

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore
-from pagescribe.domain import LOOP_CUT, NewDocument, PageResult
+from pagescribe.domain import LOOP_CUT, ClaimedJob, NewDocument, PageResult, SpendVerdict
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.rendering import RenderPool
 from pagescribe.secondread import SecondReader
@@ -88,11 +88,11 @@ class Setup:
     renderer: RenderPool
     queue: QueueSpy = field(default_factory=QueueSpy)
 
-    def transcriber(self, model: ScriptedModel) -> Transcriber:
-        transcripts = TranscriptWriter(SETTINGS, self.store, self.objects)
+    def transcriber(self, model: ScriptedModel, settings: Settings = SETTINGS) -> Transcriber:
+        transcripts = TranscriptWriter(settings, self.store, self.objects)
         reader = SecondReader(lambda: self.renderer, language="en")
         parts = (self.queue, model, SourceCache(self.objects), self.renderer, transcripts, reader)
-        return Transcriber(SETTINGS, self.store, *parts)
+        return Transcriber(settings, self.store, *parts)
 
     def scanned_document(self, key: str = "uploads/scan.png") -> tuple[str, str]:
         """A one-page image (no text layer, so the model is asked): its document and job ids."""
@@ -108,6 +108,31 @@ def setup(store: MemoryStore, objects: ObjectStore, renderer: RenderPool) -> Set
     return Setup(store, objects, renderer)
 
 
+class GateSpy(MemoryStore):
+    """The in-memory store, noting how many pages each pass of the cost gate took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: list[int] = []
+
+    def admit_spends(
+        self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
+    ) -> list[SpendVerdict]:
+        self.gates.append(len(jobs))
+        return super().admit_spends(jobs, model, daily_budget_usd=daily_budget_usd, max_output_tokens=max_output_tokens)
+
+
+def _deliver_at_once(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
+    """One SQS batch naming these jobs, its messages transcribed at once, as the handler's batch processor does."""
+    bodies = [json.dumps({"job_id": job_id}) for job_id in job_ids]
+    batch = transcriber.batch(bodies, Deadline.after(600, TimePolicy.from_settings(SETTINGS)))
+
+    async def run() -> list[PageResult]:
+        return list(await asyncio.gather(*(batch.transcribe(body) for body in bodies)))
+
+    return asyncio.run(run())
+
+
 def _deliver(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
     """One SQS batch naming these jobs, each message transcribed in turn."""
     bodies = [json.dumps({"job_id": job_id}) for job_id in job_ids]
@@ -117,6 +142,37 @@ def _deliver(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
         return [await batch.transcribe(body) for body in bodies]
 
     return asyncio.run(run())
+
+
+def test_the_pages_of_a_document_that_reach_the_cost_gate_together_pass_it_at_once(
+    objects: ObjectStore, renderer: RenderPool
+) -> None:
+    # Given a tenant with a daily budget and a priced call of the model, and a four-page PDF of the tenant's
+    store = GateSpy()
+    setup = Setup(store, objects, renderer)
+    assert store.set_daily_budget("default", 10.0)
+    _, earlier = setup.scanned_document()
+    # ... answers the checks let through as they are (they are not the pages' own words)
+    relaxed = SETTINGS.model_copy(
+        update={"flag_ungrounded_threshold": 1, "flag_ungrounded_block_chars": 0, "flag_missed_text_threshold": 1}
+    )
+    model = ScriptedModel([GOOD] * 5)
+    transcriber = setup.transcriber(model, relaxed)
+    assert _deliver(transcriber, earlier) == [PageResult.COMPLETED]
+    body = (CORPUS / "pdflatex-4-pages.pdf").read_bytes()
+    objects.put_bytes(BUCKET, "uploads/four.pdf", body, content_type="application/pdf")
+    new = NewDocument(BUCKET, "uploads/four.pdf", "", "", len(body), "small/model")
+    created = store.create_document(new, kind="pdf", pages=[1, 2, 3, 4])
+
+    # When the four pages' messages come in one batch and are transcribed at once
+    results = _deliver_at_once(transcriber, *created.job_ids)
+
+    # Then the four pages passed the cost gate in one pass (the earlier page in one of its own), and each went on to
+    # its call and was completed
+    assert store.gates == [1, 4]
+    assert results == [PageResult.COMPLETED] * 4 and len(model.asked) == 5
+    day = store.tenant_day("default")
+    assert day is not None and day.calls == 5
 
 
 def test_a_page_answered_is_kept_with_its_call_and_its_document_written(setup: Setup) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pagescribe.domain import (
     ClaimedJob,
     PricedCall,
@@ -24,8 +26,15 @@ class PgSpend(Connected):
     # the tenant's rows are locked first, so calls of one tenant pass the gate one at a time, and ADMIT_SPEND, a
     # statement of its own, reads what the gates before it committed (in one statement, the reads of the other
     # tables would keep the snapshot taken before the lock was granted, and miss the price a concurrent gate had
-    # just held). The transaction is one round trip all the same (``_in_one_transaction``: BEGIN, the two statements
+    # just held). The transaction is one round trip all the same (``_in_one_transaction``: BEGIN, the statements
     # and COMMIT sent as one query string, each statement with its own snapshot), not four.
+    #
+    # Pages of one document that reach the gate together pass it at once (``admit_spends``; a page alone is a list of
+    # one): the rows are locked, the price read and the calls in flight summed once for them, and the n-th page is
+    # held behind the n - 1 pages before it, at the same reserve, as a gate of its own just after theirs would hold
+    # it (the pages' earlier reserves, from a claim before, count no more). Its CAP and DAILY_BUDGET do not depend on
+    # n; its DEFER grows with n, so the pages that go are the first ones. The locks are taken and the commit flushed
+    # once for the pages, not once a page.
     #
     # A call is held at its worst case (reserve), priced on the tenant's own latest calls of the model, never on
     # other tenants': each call's cost is at least its prompt tokens times the price of a prompt token, and at least
@@ -75,10 +84,15 @@ class PgSpend(Connected):
         FROM history
     ),
     spent AS (SELECT coalesce(sum(spent_usd), 0) AS usd FROM document_counts WHERE document_id = %(document_id)s),
+    asked AS (
+        SELECT job_id, lease_token, n
+        FROM unnest(CAST(%(job_ids)s AS uuid[]), CAST(%(lease_tokens)s AS uuid[]))
+             WITH ORDINALITY AS a (job_id, lease_token, n)
+    ),
     in_flight AS (
         SELECT j.document_id, j.reserved_usd FROM jobs j JOIN documents d ON d.id = j.document_id
         WHERE j.reserved_usd IS NOT NULL AND j.status = 'PROCESSING' AND j.lease_expires_at > now()
-          AND j.id <> %(job_id)s AND d.tenant_id = (SELECT tenant_id FROM doc)
+          AND j.id <> ALL(CAST(%(job_ids)s AS uuid[])) AND d.tenant_id = (SELECT tenant_id FROM doc)
     ),
     held AS (
         SELECT coalesce(sum(reserved_usd) FILTER (WHERE document_id = %(document_id)s), 0) AS doc_usd,
@@ -87,7 +101,7 @@ class PgSpend(Connected):
         FROM in_flight
     ),
     verdict AS (
-        SELECT CASE
+        SELECT asked.job_id, asked.lease_token, asked.n, CASE
                  WHEN doc.budget IS NOT NULL
                       AND (doc.today >= doc.budget OR doc.today + coalesce(price.reserve, 0) > doc.budget)
                    THEN 'DAILY_BUDGET'
@@ -96,51 +110,57 @@ class PgSpend(Connected):
                    THEN 'CAP'
                  WHEN doc.budget IS NULL AND doc.max_cost_usd IS NULL THEN 'GO'
                  WHEN price.reserve IS NULL
-                      AND ((doc.budget IS NOT NULL AND held.tenant_calls > 0)
-                           OR (doc.max_cost_usd IS NOT NULL AND held.doc_calls > 0))
+                      AND ((doc.budget IS NOT NULL AND held.tenant_calls + asked.n > 1)
+                           OR (doc.max_cost_usd IS NOT NULL AND held.doc_calls + asked.n > 1))
                    THEN 'DEFER'
-                 WHEN doc.today + held.tenant_usd + coalesce(price.reserve, 0) > doc.budget THEN 'DEFER'
-                 WHEN spent.usd + held.doc_usd + coalesce(price.reserve, 0) > doc.max_cost_usd THEN 'DEFER'
+                 WHEN doc.today + held.tenant_usd + asked.n * coalesce(price.reserve, 0) > doc.budget THEN 'DEFER'
+                 WHEN spent.usd + held.doc_usd + asked.n * coalesce(price.reserve, 0) > doc.max_cost_usd
+                   THEN 'DEFER'
                  ELSE 'GO'
                END AS verdict,
                doc.budget IS NOT NULL OR doc.max_cost_usd IS NOT NULL AS capped,
                price.usd AS price, price.reserve, spent.usd AS spent, doc.max_cost_usd, doc.budget, doc.today
-        FROM doc, price, spent, held
+        FROM asked, doc, price, spent, held
     ),
     held_now AS (
-        UPDATE jobs SET reserved_usd = coalesce((SELECT reserve FROM verdict), 0)
-        WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
-          AND (SELECT verdict = 'GO' AND capped FROM verdict)
-        RETURNING id
+        UPDATE jobs j SET reserved_usd = coalesce(v.reserve, 0)
+        FROM verdict v
+        WHERE j.id = v.job_id AND j.status = 'PROCESSING' AND j.lease_token = v.lease_token
+          AND v.verdict = 'GO' AND v.capped
+        RETURNING j.id
     )
-    SELECT verdict, price, reserve, spent, max_cost_usd, budget, today FROM verdict
+    SELECT job_id, verdict, price, reserve, spent, max_cost_usd, budget, today FROM verdict ORDER BY n
     """
 
-    def admit_spend(
-        self, job: ClaimedJob, model: str, *, daily_budget_usd: float | None, max_output_tokens: int
-    ) -> SpendVerdict:
+    def admit_spends(
+        self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
+    ) -> list[SpendVerdict]:
+        documents = {job.document_id for job in jobs}
+        if len(documents) != 1:
+            raise ValueError(f"one gate passes pages of one document, not of {len(documents)}: {sorted(documents)}")
         params = {
-            "document_id": job.document_id,
-            "job_id": job.job_id,
-            "lease_token": job.lease_token,
+            "document_id": jobs[0].document_id,
+            "job_ids": [job.job_id for job in jobs],
+            "lease_tokens": [job.lease_token for job in jobs],
             "model": model,
             "daily_budget": daily_budget_usd,
             "max_output_tokens": max_output_tokens,
         }
-
         rows = self._in_one_transaction((self.LOCK_SPENDERS, self.ADMIT_SPEND), params)
-        row = rows[0] if rows else None
-        if row is None:  # the document is gone (deleted by hand): nothing to hold the call against
-            return SpendVerdict("GO", None, None, 0.0, None, None, 0.0)
-        return SpendVerdict(
-            row.verdict,
-            float_or_none(row.price),
-            float_or_none(row.reserve),
-            float(row.spent),
-            float_or_none(row.max_cost_usd),
-            float_or_none(row.budget),
-            float(row.today),
-        )
+        if not rows:  # the document is gone (deleted by hand): nothing to hold the calls against
+            return [SpendVerdict("GO", None, None, 0.0, None, None, 0.0) for _ in jobs]
+        return [
+            SpendVerdict(
+                row.verdict,
+                float_or_none(row.price),
+                float_or_none(row.reserve),
+                float(row.spent),
+                float_or_none(row.max_cost_usd),
+                float_or_none(row.budget),
+                float(row.today),
+            )
+            for row in rows
+        ]
 
     # The estimate of a document before it starts: the mean cost per page of the model's latest calls.
     # A tenant's own price history only: an estimate must not tell one tenant how much, or how dearly, others call.
