@@ -2,8 +2,9 @@
 """Benchmark 14: the database alone under the transcribe path's real statements, spread over many documents and on
 one hot document (issue 32, part 3).
 
-No rendering, no model, no queue: worker threads in several OS processes run, per page, exactly the data-access calls
-the transcribe function makes, in its order, through ``pagescribe.store.postgres.Database``:
+No rendering, no model, no queue: a worker is a page in flight. Environments of ten page threads (BATCH) in several OS
+processes run, per batch and per page, exactly the data-access calls the transcribe function makes, in its order,
+through ``pagescribe.store.postgres.Database``:
 
 - per SQS batch of ten ids: ``claim_jobs`` (one statement, which reads the jobs' documents too);
 - per batch, the cost gate ``admit_spends`` for its pages (one document's), as the pages of a batch reach it together
@@ -201,9 +202,11 @@ class Client:
         with self._lock:
             self.figures.violations.append(text)
 
-    def work(self, batches: deque[list[str]]) -> None:
+    def work(self, batches: deque[list[str]], start_after: float = 0.0) -> None:
         """One execution environment: a batch at a time, its pages at once on BATCH threads of its own (the
-        transcriber's PAGE_CONCURRENCY), as many pages in flight as threads."""
+        transcriber's PAGE_CONCURRENCY), as many pages in flight as threads; its first batch ``start_after`` seconds
+        after the run's start."""
+        time.sleep(start_after)
         try:
             with ThreadPoolExecutor(max_workers=BATCH) as pages:
                 while time.time() < self.stop_at:
@@ -278,6 +281,7 @@ def client_process(
     connections: int,
     think: float,
     window: float,
+    phase: float,
     go: ProcessEvent,
     measured: ProcessEvent,
     out: Any,
@@ -285,7 +289,7 @@ def client_process(
     """A client process (forked from the forkserver): its threads run its batches once ``go`` is set, taking none
     after ``window`` seconds; its figures are put on ``out`` (or what failed)."""
     try:
-        _client(url, batches, threads, connections, think, window, go, measured, out)
+        _client(url, batches, threads, connections, think, window, phase, go, measured, out)
     except Exception as exc:  # the parent raises it
         out.put(f"client process failed: {exc!r}")
 
@@ -297,14 +301,21 @@ def _client(
     connections: int,
     think: float,
     window: float,
+    phase: float,
     go: ProcessEvent,
     measured: ProcessEvent,
     out: Any,
 ) -> None:
     client = Client(url, connections, think)
     queue = deque(batches)
-    environments = max(1, threads // BATCH)  # each with BATCH page threads
-    workers = [threading.Thread(target=client.work, args=(queue,), daemon=True) for _ in range(environments)]
+    # Environments, each with BATCH page threads. With a think time they start spread over one think time, each
+    # process's between the others', as environments that take batches from a queue do: started at one instant, their
+    # pages would all end together, a burst no deployment's calls make, and stay so from batch to batch.
+    environments = max(1, threads // BATCH)
+    workers = [
+        threading.Thread(target=client.work, args=(queue, think * (i + phase) / environments), daemon=True)
+        for i in range(environments)
+    ]
     out.put("ready")
     go.wait()
     client.figures.started = time.time()
@@ -601,9 +612,13 @@ def _drive(url: str, batches: list[list[str]], workers: int, connections: int, t
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["bench.dbload"])  # imported once, in the server the clients fork from
     go, measured, out = context.Event(), context.Event(), context.Queue()
-    share = (workers // PROCESSES, connections // PROCESSES, think, window, go, measured, out)
+    share = (workers // PROCESSES, connections // PROCESSES, think, window)
     processes = [
-        context.Process(target=client_process, args=(url, batches[n::PROCESSES], *share), daemon=True)
+        context.Process(
+            target=client_process,
+            args=(url, batches[n::PROCESSES], *share, n / PROCESSES, go, measured, out),
+            daemon=True,
+        )
         for n in range(PROCESSES)
     ]
     for process in processes:
@@ -862,10 +877,11 @@ def _notes(saturated: dict[tuple[str, int], Run], think: dict[str, Run], sizes: 
         f"{spread_best.server_cpu / spread_best.seconds:.2f} of a core at the spread ceiling and "
         f"{hot_best.server_cpu / hot_best.seconds:.2f} at the hot one. What the busy backends waited on, by kind: "
         f"spread {_kinds(spread_best)}; hot {_kinds(hot_best)}. CPU grows with the server's vCPUs and commit flushes "
-        "get cheaper with faster storage (and are shared: group commit); a row lock does not: every capped page of "
-        "one tenant takes its document's and its tenant's rows in the cost gate (LOCK_SPENDERS, FOR NO KEY UPDATE, "
-        "held to the gate's commit), one at a time by design so that no budget is overspent, so that lock's "
-        "throughput is the ceiling of one tenant whatever the server's size (the page ends' counters are sharded "
+        "get cheaper with faster storage (and are shared: group commit); a row lock does not: the cost gate of "
+        "every batch of a capped tenant takes its document's and its tenant's rows (LOCK_SPENDERS, FOR NO KEY "
+        "UPDATE, held to the gate's commit), one gate at a time by design so that no budget is overspent, so that "
+        "lock's throughput (in batches: the pages of a document that reach it together pass it in one "
+        "transaction) is the ceiling of one tenant whatever the server's size (the page ends' counters are sharded "
         "and the rate bucket's commits are not flushed: neither is a hot row now). "
         "On this machine a hold also lasts while the client thread that holds it waits for a core (the clients "
         "run on the same two cores): behind RDS Proxy the gap is a network round trip. "

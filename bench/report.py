@@ -237,18 +237,22 @@ pipeline refuses it), one thread, each setting over the whole corpus in turn wit
 warm-up pass. Bytes per page are the encoded image sent to the provider (before base64, which adds a third).
 The token column applies Anthropic's published estimate to the mean image size; see *Choice of image size*.""",
     "dbload": """\
-No rendering, no model, no queue: worker threads in five OS processes (forked from one server process that imported
-pagescribe once) call `pagescribe.store.postgres.Database` exactly as the transcribe path does, in its order: per
-batch of ten ids `claim_jobs` (which reads the jobs' documents too), then the cost gate `admit_spends` for the
-batch's pages, as they reach it together in the transcriber (LOCK_SPENDERS, then one ADMIT_SPEND per page, in one
-transaction sent as one round trip: every document has a `max_cost_usd`, every tenant a daily budget, both far above
-what the run spends, and each tenant a completed page before the run, so the gate prices calls from its history as in
-production); per page the rate governor's `take_rate_slot` through
+No rendering, no model, no queue: a worker is a page in flight. Five OS processes (forked from one server process
+that imported pagescribe once) run environments of ten page threads each, as the transcriber runs a batch, and call
+`pagescribe.store.postgres.Database` exactly as the transcribe path does, in its order: per batch of ten ids
+`claim_jobs` (which reads the jobs' documents too), then the cost gate `admit_spends` for the batch's pages, as they
+reach it together in the transcriber (LOCK_SPENDERS, then ADMIT_SPEND for the pages, in one transaction sent as one
+round trip: every document has a `max_cost_usd`, every tenant a daily budget, both far above what the run spends, and
+each tenant a completed page before the run, so the gate prices calls from its history as in production); then the
+batch's ten pages at once, each: the rate governor's `take_rate_slot` through
 `RateGovernor.admit` (a bucket no run can empty: the statement runs, no page waits), `keep_page_image`, then after
 the think time `complete_job` with a cost. SPREAD: documents of 50 pages, four per tenant, batches shuffled; HOT:
 one document of one tenant. Each run takes batches for a fixed window on a fresh database; then each worker ends the
 page it is on and gives its batch's other pages back (`defer_job`, as a page held back by a gate); pages/s counts
-the pages completed within the window. Workers share at most 40 connections (fewer when the server has fewer free),
+the pages completed within the window past its first quarter (the warm-up), and the latency percentiles are of the
+calls started there too. With a think time the environments start spread over one think time (as environments
+taking batches from a queue do; started at one instant, every page would end with all the others, batch after
+batch); saturated, they start together. Workers share at most 40 connections (fewer when the server has fewer free),
 handed out first come first served as RDS Proxy queues its clients; the wait for one is timed apart from the call. A
 separate connection samples `pg_stat_activity` and `pg_locks` every 50 ms: the busy backends' wait events, and for
 lock waits the table whose row is waited on (the waiter's tuple lock). Every run checks that each page done is
