@@ -154,6 +154,21 @@ def test_request_has_the_chat_completions_shape(fake: FakeChatServer) -> None:
     assert base64.b64decode(data) == IMAGE.data
 
 
+def test_a_prompt_that_holds_what_marks_the_images_place_is_sent_as_written_beside_the_image(
+    fake: FakeChatServer,
+) -> None:
+    # Given a document's prompt that contains the very string the body's image is put in place of
+    prompt = 'Transcribe this page. \x00image\x00 "quoted" \\ and more'
+    # When the page is sent
+    transcribe(fake.base_url, request=dataclasses.replace(page_request(), prompt=prompt))
+    # Then the prompt arrives as written and the image whole, in its own part
+    [received] = fake.received
+    assert received.body is not None
+    text_part, image_part = received.body["messages"][0]["content"]
+    assert text_part == {"type": "text", "text": prompt}
+    assert base64.b64decode(image_part["image_url"]["url"].split(",", 1)[1]) == IMAGE.data
+
+
 def test_without_key_or_accounting_no_authorization_or_usage_is_sent(fake: FakeChatServer) -> None:
     transcribe(fake.base_url, api_key=None, usage_accounting=False, app_url="https://example.org/app")
 

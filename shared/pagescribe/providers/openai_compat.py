@@ -69,6 +69,11 @@ _NAMES_STREAM = re.compile(r"\bstream(?:_options|ing)?\b", re.IGNORECASE)
 StreamMode = Literal["auto", "on", "off"]
 
 
+# Where the image's data URL goes in a request's JSON body (see ``_body``): a string no encoder leaves as it is.
+_IMAGE_MARKER = "\x00image\x00"
+_IMAGE_MARKER_JSON = json.dumps(_IMAGE_MARKER)[1:-1].encode()  # as it stands in the body, between its quotes
+
+
 class _StreamRefusedError(Exception):
     """The endpoint rejected the stream parameter: call it unstreamed."""
 
@@ -154,7 +159,7 @@ class OpenAICompatibleProvider:
                 except _StreamRefusedError:
                     self._streams = False
                     logger.warning("%s rejects streamed calls; its calls are made unstreamed from now on", self._name)
-            body = json.dumps(self._payload(request, stream=False), separators=(",", ":")).encode()
+            body = self._body(request, stream=False)
             _sent(request)  # an unstreamed answer's headers come with its end: sent is as late as can be told
             response = await self._client.post("chat/completions", content=body, headers=_JSON_HEADERS, timeout=timeout)
         except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
@@ -166,7 +171,7 @@ class OpenAICompatibleProvider:
     async def _streamed(self, request: TranscriptionRequest, started: float, limits: httpx.Timeout) -> Transcription:
         """A streamed request: its events read as they come, the answer checked for a loop on the way and the response
         closed at the first one; a plain JSON answer (an endpoint that does not stream) read as today."""
-        body = json.dumps(self._payload(request, stream=True), separators=(",", ":")).encode()
+        body = self._body(request, stream=True)
         stream = self._client.stream("POST", "chat/completions", content=body, headers=_JSON_HEADERS, timeout=limits)
         async with stream as response:
             _sent(request)
@@ -179,6 +184,17 @@ class OpenAICompatibleProvider:
                 raise _StreamRefusedError
         return _transcription(response, request, asyncio.get_running_loop().time() - started)
 
+    def _body(self, request: TranscriptionRequest, *, stream: bool) -> bytes:
+        """The request's JSON body. The image's data URL, most of it, goes in as bytes where the payload holds its
+        place: base64 needs no escaping, and the JSON encoder would scan and copy it twice more (2 ms a page of the
+        event loop's time for a 300 KB image, against 0.5). Nothing after the image in the payload is the user's
+        text, so its place is the marker's last occurrence."""
+        encoded = json.dumps(self._payload(request, stream=stream), separators=(",", ":")).encode()
+        head, marker, tail = encoded.rpartition(_IMAGE_MARKER_JSON)
+        if not marker:
+            raise AssertionError("the payload lost the image's place")
+        return b"".join((head, _data_url(request.image), tail))
+
     def _payload(self, request: TranscriptionRequest, *, stream: bool) -> dict[str, object]:
         payload: dict[str, object] = {
             "model": request.model,
@@ -187,7 +203,7 @@ class OpenAICompatibleProvider:
                     "role": "user",
                     "content": [
                         {"type": "text", "text": request.prompt},
-                        {"type": "image_url", "image_url": {"url": _data_url(request.image)}},
+                        {"type": "image_url", "image_url": {"url": _IMAGE_MARKER}},
                     ],
                 }
             ],
@@ -305,8 +321,8 @@ def _sent(request: TranscriptionRequest) -> None:
         request.on_sent()
 
 
-def _data_url(image: PageImage) -> str:
-    return f"data:{image.media_type};base64,{base64.b64encode(image.data).decode('ascii')}"
+def _data_url(image: PageImage) -> bytes:
+    return b"data:" + image.media_type.encode("ascii") + b";base64," + base64.b64encode(image.data)
 
 
 def _describe(exc: Exception) -> str:
