@@ -12,7 +12,6 @@ import json
 import logging
 import shutil
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,6 @@ log = logging.getLogger(__name__)
 
 SQS_BATCH_LIMIT = 10
 SQS_MAX_DELAY_SECONDS = 900
-SQS_SEND_THREADS = 8  # SendMessageBatch calls under way at once (boto3's clients are thread-safe)
 
 _CLIENT_CONFIG = Config(
     retries={"max_attempts": 4, "mode": "standard"},
@@ -155,33 +153,29 @@ class JobQueue:
         self._queue_url = queue_url
 
     def send(self, messages: Sequence[JobMessage], *, delay_seconds: int = 0) -> list[str]:
-        """Send in batches of ten, up to SQS_SEND_THREADS batches at once (a document's thousand pages are a hundred
-        calls: one after another they would take the upload seconds); return the job ids SQS accepted. A failed
-        batch or entry is logged and left out: its job stays QUEUED with no ``enqueued_at`` and the sweeper sends it
-        again."""
+        """Send in batches of ten; return the job ids SQS accepted. A failed batch or entry is logged and
+        left out: its job stays QUEUED with no ``enqueued_at`` and the sweeper sends it again."""
         delay = max(0, min(SQS_MAX_DELAY_SECONDS, delay_seconds))
-        chunks = [messages[start : start + SQS_BATCH_LIMIT] for start in range(0, len(messages), SQS_BATCH_LIMIT)]
-        if len(chunks) <= 1:
-            return [job_id for chunk in chunks for job_id in self._send_batch(chunk, delay)]
-        with ThreadPoolExecutor(max_workers=min(SQS_SEND_THREADS, len(chunks))) as senders:
-            return [job_id for sent in senders.map(self._send_batch, chunks, [delay] * len(chunks)) for job_id in sent]
-
-    def _send_batch(self, chunk: Sequence[JobMessage], delay: int) -> list[str]:
-        entries = [{"Id": str(i), "MessageBody": m.to_json(), "DelaySeconds": delay} for i, m in enumerate(chunk)]
-        try:
-            response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)  # type: ignore[arg-type]
-        except (ClientError, BotoCoreError) as exc:
-            log.warning(
-                "SendMessageBatch failed; the sweeper will send these jobs",
-                extra={"job_ids": [m.job_id for m in chunk], "error": str(exc)},
-            )
-            return []
-        for failed in response.get("Failed", []):
-            log.warning(
-                "SQS refused a job message; the sweeper will send it",
-                extra={"job_id": chunk[int(failed["Id"])].job_id, "error": failed.get("Message", "")},
-            )
-        return [chunk[int(ok["Id"])].job_id for ok in response.get("Successful", [])]
+        sent: list[str] = []
+        for start in range(0, len(messages), SQS_BATCH_LIMIT):
+            chunk = messages[start : start + SQS_BATCH_LIMIT]
+            entries = [{"Id": str(i), "MessageBody": m.to_json(), "DelaySeconds": delay} for i, m in enumerate(chunk)]
+            try:
+                response = self._client.send_message_batch(QueueUrl=self._queue_url, Entries=entries)  # type: ignore[arg-type]
+            except (ClientError, BotoCoreError) as exc:
+                log.warning(
+                    "SendMessageBatch failed; the sweeper will send these jobs",
+                    extra={"job_ids": [m.job_id for m in chunk], "error": str(exc)},
+                )
+                continue
+            for ok in response.get("Successful", []):
+                sent.append(chunk[int(ok["Id"])].job_id)
+            for failed in response.get("Failed", []):
+                log.warning(
+                    "SQS refused a job message; the sweeper will send it",
+                    extra={"job_id": chunk[int(failed["Id"])].job_id, "error": failed.get("Message", "")},
+                )
+        return sent
 
 
 @dataclass(frozen=True)
