@@ -73,6 +73,9 @@ def test_following_pages_are_the_next_pages_asked_for() -> None:
     assert following_pages(_document(10), [8], 4) == [9, 10]
     assert following_pages(_document(4, requested=(1, 2, 5, 9)), [2], 4) == [5, 9]
     assert following_pages(_document(10), [10], 4) == []
+    # And pages a batch skipped within its range come first: the queue holds them still, the next batch likely too
+    assert following_pages(_document(50), [21, *range(31, 40)], 10) == [*range(22, 31), 40]
+    assert following_pages(_document(10, requested=(1, 3, 5, 7, 9)), [1, 5], 2) == [3, 7]
 
 
 def test_the_pages_after_a_batch_are_rendered_ahead_and_served_to_their_claims(pool: CountingPool) -> None:
@@ -174,7 +177,7 @@ def test_with_other_environments_at_work_the_pages_ahead_skip_what_they_will_tak
     # Then first the next ten pages are wanted (as if it were alone), then the ten its next batch will likely hold
     assert first == list(range(11, 21))
     assert sorted(key[3] for key in images._entries)[-10:] == list(range(81, 91))
-    assert following_pages(_document(100), [41, 50], 10, skip=30) == list(range(81, 91))
+    assert following_pages(_document(100), range(41, 51), 10, skip=30) == list(range(81, 91))
 
 
 def test_the_pages_of_a_batch_rendered_ahead_are_kept_for_its_claims_while_newer_pages_are_wanted(

@@ -15,6 +15,7 @@ A page claimed by another environment is never claimed here: its image is droppe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections import OrderedDict, deque
@@ -62,12 +63,13 @@ def page_key(document: DocumentRecord, page_number: int) -> PageKey:
 
 
 def following_pages(document: DocumentRecord, claimed: Collection[int], count: int, *, skip: int = 0) -> list[int]:
-    """The ``count`` pages of the document asked for after the last of ``claimed``, less the first ``skip`` of them,
-    in order."""
-    last = max(claimed)
-    if document.requested_pages is not None:
-        return [page for page in sorted(document.requested_pages) if page > last][skip : skip + count]
-    return list(range(last + 1 + skip, min(document.page_count, last + skip + count) + 1))
+    """The ``count`` pages of the document asked for after the first of ``claimed`` and not among them, less the
+    first ``skip`` of them, in order. A standard queue keeps page order only roughly: a batch of pages 21 and 31-39
+    leaves 22-30 in the queue, and the next batch likely holds them, not 40-49."""
+    first, taken = min(claimed), set(claimed)
+    asked = sorted(document.requested_pages) if document.requested_pages is not None else None
+    following = (page for page in (asked or range(first + 1, document.page_count + 1)) if page > first)
+    return list(itertools.islice((page for page in following if page not in taken), skip, skip + count))
 
 
 class PageImages:
