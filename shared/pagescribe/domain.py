@@ -159,6 +159,14 @@ class ClaimedJob(NamedTuple):
         return self.escalation == EscalationState.PENDING
 
 
+def document_of(jobs: Sequence[ClaimedJob]) -> str:
+    """The one document whose pages ``jobs`` are (the cost gate passes the pages of one document at once)."""
+    documents = {job.document_id for job in jobs}
+    if len(documents) != 1:
+        raise ValueError(f"one gate passes pages of one document, not of {len(documents)}: {sorted(documents)}")
+    return documents.pop()
+
+
 class DocumentRecord(NamedTuple):
     document_id: str
     bucket: str

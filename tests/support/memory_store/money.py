@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from pagescribe.domain import ClaimedJob, JobStatus, PricedCall, RateBucket, RateGrant, SpendVerdict, TenantDay
+from pagescribe.domain import (
+    ClaimedJob,
+    JobStatus,
+    PricedCall,
+    RateBucket,
+    RateGrant,
+    SpendVerdict,
+    TenantDay,
+    document_of,
+)
 
 from tests.support.memory_store.state import AttemptRow, BucketRow, DocumentRow, MemoryState
 
@@ -51,9 +60,7 @@ class MemorySpend:
     def admit_spends(
         self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
     ) -> list[SpendVerdict]:
-        documents = {job.document_id for job in jobs}
-        if len(documents) != 1:
-            raise ValueError(f"one gate passes pages of one document, not of {len(documents)}: {sorted(documents)}")
+        document_of(jobs)
         with self.state.lock:  # reentrant: the pages in turn, with no other gate between them
             return [
                 self._admit_one(job, model, daily_budget_usd=daily_budget_usd, max_output_tokens=max_output_tokens)

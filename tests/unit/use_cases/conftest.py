@@ -21,8 +21,8 @@ def store() -> MemoryStore:
 
 
 @pytest.fixture
-def objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
-    """S3 through moto in this process, with the stack's bucket made, whatever the environment points boto3 at."""
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """AWS through moto in this process, whatever the environment points boto3 at."""
     for name, value in {
         "AWS_ACCESS_KEY_ID": "k",
         "AWS_SECRET_ACCESS_KEY": "s",
@@ -31,9 +31,15 @@ def objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     with mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket=BUCKET)
-        yield ObjectStore(client)
+        yield
+
+
+@pytest.fixture
+def objects(aws: None) -> ObjectStore:
+    """S3 through moto in this process, with the stack's bucket made."""
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=BUCKET)
+    return ObjectStore(client)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pagescribe.domain import (
     RateGrant,
     SpendVerdict,
     TenantDay,
+    document_of,
 )
 from pagescribe.store.postgres.connection import Connected
 from pagescribe.store.postgres.rows import (
@@ -135,11 +136,8 @@ class PgSpend(Connected):
     def admit_spends(
         self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
     ) -> list[SpendVerdict]:
-        documents = {job.document_id for job in jobs}
-        if len(documents) != 1:
-            raise ValueError(f"one gate passes pages of one document, not of {len(documents)}: {sorted(documents)}")
         params = {
-            "document_id": jobs[0].document_id,
+            "document_id": document_of(jobs),
             "job_ids": [job.job_id for job in jobs],
             "lease_tokens": [job.lease_token for job in jobs],
             "model": model,

@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import boto3
 import pytest
-from moto import mock_aws
 from pagescribe.aws import JobMessage, JobQueue
 
 
 @pytest.fixture
-def sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "k",
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        yield boto3.client("sqs")
+def sqs(aws: None) -> object:
+    """SQS through moto in this process."""
+    return boto3.client("sqs")
 
 
 def _received(sqs: object, queue_url: str) -> list[str]:
