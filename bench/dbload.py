@@ -11,9 +11,10 @@ through ``pagescribe.store.postgres.Database``:
   in the transcriber: LOCK_SPENDERS, then one ADMIT_SPEND per page, in one transaction; every document has a
   ``max_cost_usd`` and every tenant a daily budget, both far above what the run spends, and each tenant has a price
   history, so the gate takes its normal path;
-- per page: the rate governor's ``take_rate_slot`` (through ``RateGovernor.admit``,
-  with a bucket so large that no page waits), ``keep_page_image`` (KEEP_PAGE_IMAGES is on by default), then, after the
-  model's time (the think time; none in a saturation run), ``complete_job`` with an outcome that carries a cost.
+- per batch, the rate governor's ``take_rate_slots`` for its pages (through ``RateGovernor.admit``, with a bucket so
+  large that no page waits), as the pages of a batch reach it together;
+- per page: ``keep_page_image`` (KEEP_PAGE_IMAGES is on by default), then, after the model's time (the think time;
+  none in a saturation run), ``complete_job`` with an outcome that carries a cost.
 
 Two layouts of the same pages: SPREAD (documents of 50 pages over tenants of four documents each) and HOT (one
 document of one tenant). Workers beyond the connections the server can spare share a bounded number of connections,
@@ -25,7 +26,6 @@ are in, and on which table's rows the lock waits are.
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import multiprocessing
 import os
@@ -91,12 +91,12 @@ STATEMENTS = {
     "CLAIM_JOBS_BY_ID": "claim_jobs",
     "LOCK_SPENDERS": "admit_spends (LOCK_SPENDERS)",
     "ADMIT_SPEND": "admit_spends (ADMIT_SPEND)",
-    "TAKE_RATE_SLOT": "take_rate_slot",
-    "CREATE_RATE_BUCKET": "take_rate_slot (CREATE_RATE_BUCKET)",
+    "TAKE_RATE_SLOTS": "take_rate_slots",
+    "CREATE_RATE_BUCKET": "take_rate_slots (CREATE_RATE_BUCKET)",
     "KEEP_PAGE_IMAGE": "keep_page_image",
     "COMPLETE_JOB": "complete_job",
 }
-ORDER = ("claim_jobs", "admit_spends", "take_rate_slot", "keep_page_image", "complete_job")
+ORDER = ("claim_jobs", "admit_spends", "take_rate_slots", "keep_page_image", "complete_job")
 
 
 class Layout:
@@ -221,7 +221,8 @@ class Client:
 
     def _batch(self, batch: list[str], pages: ThreadPoolExecutor) -> None:
         """One SQS batch, as TranscriptionBatch and Transcriber handle it: one claim (with the jobs' documents), the
-        cost gate for the pages together, then each page's slot, image, call and completion, the pages at once."""
+        cost gate and the rate governor for the pages together, then each page's image, call and completion, the
+        pages at once."""
         claims = self.timed(
             "claim_jobs", self.db.claim_jobs, batch, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS
         )
@@ -229,28 +230,35 @@ class Client:
             self.violation(f"a claim of {len(batch)} fresh jobs got {len(claims.claimed)} (busy {len(claims.busy)})")
         jobs = list(claims.claimed.values())
         if time.time() < self.stop_at:
-            self._pass_cost_gate(jobs, claims.documents)
-        for _ in pages.map(functools.partial(self._page, claims.documents), jobs):  # an error raised here
+            self._pass_gates(jobs, claims.documents)
+        for _ in pages.map(self._page, jobs):  # an error raised here
             pass
 
-    def _pass_cost_gate(self, jobs: list[ClaimedJob], documents: dict[str, DocumentRecord]) -> None:
-        """The cost gate, as CallGates passes it: the pages of one document that reach it together (here a batch's,
-        all of one document) in one ``admit_spends``."""
+    def _pass_gates(self, jobs: list[ClaimedJob], documents: dict[str, DocumentRecord]) -> None:
+        """The cost gate and the rate governor, as CallGates passes them: the pages of one document that reach them
+        together (here a batch's, all of one document) in one ``admit_spends``, then one ``take_rate_slots``."""
         for document_id in dict.fromkeys(job.document_id for job in jobs):
             document = documents[document_id]
-            if document.max_cost_usd is None and document.tenant_daily_budget_usd is None:
-                continue
-            verdicts = self.timed(
-                "admit_spends",
-                self.db.admit_spends,
-                [job for job in jobs if job.document_id == document_id],
-                document.model,
-                daily_budget_usd=SETTINGS.daily_budget_usd,
-                max_output_tokens=SETTINGS.max_output_tokens,
-            )
-            stopped = [verdict for verdict in verdicts if verdict.verdict != SpendGate.GO]
-            if stopped:
-                raise RuntimeError(f"the cost gate said {stopped[0]}: the run's caps must never stop a page")
+            pages = [job for job in jobs if job.document_id == document_id]
+            if document.max_cost_usd is not None or document.tenant_daily_budget_usd is not None:
+                self._pass_cost_gate(pages, document.model)
+            admissions = self.timed("take_rate_slots", self.governor.admit, pages, document.model)
+            held = [admission for admission in admissions if admission.wait > 0]
+            if held:
+                raise RuntimeError(f"the governor held a page back ({held[0].why}): its bucket must never empty")
+
+    def _pass_cost_gate(self, pages: list[ClaimedJob], model: str) -> None:
+        verdicts = self.timed(
+            "admit_spends",
+            self.db.admit_spends,
+            pages,
+            model,
+            daily_budget_usd=SETTINGS.daily_budget_usd,
+            max_output_tokens=SETTINGS.max_output_tokens,
+        )
+        stopped = [verdict for verdict in verdicts if verdict.verdict != SpendGate.GO]
+        if stopped:
+            raise RuntimeError(f"the cost gate said {stopped[0]}: the run's caps must never stop a page")
 
     def _give_back(self, job: ClaimedJob) -> None:
         with self._slots:
@@ -258,13 +266,10 @@ class Client:
         if not deferred:
             self.violation(f"job {job.job_id}: giving it back found its lease gone")
 
-    def _page(self, documents: dict[str, DocumentRecord], job: ClaimedJob) -> None:
+    def _page(self, job: ClaimedJob) -> None:
         if time.time() >= self.stop_at:  # the window is over: the page goes back, as a page held back by a gate
             self._give_back(job)  # does (its claim not counted), so that a run ends soon after it
             return
-        admission = self.timed("take_rate_slot", self.governor.admit, job, documents[job.document_id].model)
-        if admission.wait > 0:
-            raise RuntimeError(f"the governor held a page back ({admission.why}): its bucket must never empty")
         self.timed("keep_page_image", self.db.keep_page_image, job, f"transcripts/{job.document_id}/pages/x.webp")
         if self._think:
             time.sleep(self._think)  # the render and the model call
@@ -851,8 +856,8 @@ def _notes(saturated: dict[tuple[str, int], Run], think: dict[str, Run], sizes: 
     calls = spread_best.calls / spread_best.pages
     sizing = Sizing(
         calls_per_page=calls,
-        # a gate's call is LOCK_SPENDERS and one ADMIT_SPEND per page: a statement more per page past the gate
-        statements_per_page=calls + len(spread_best.latencies["take_rate_slot"]) / spread_best.pages,
+        # a gate's call is two statements (LOCK_SPENDERS, then ADMIT_SPEND for its pages): one more a gate
+        statements_per_page=calls + len(spread_best.latencies["admit_spends"]) / spread_best.pages,
         server_cpu_ms=1000 * spread_best.server_cpu / spread_best.pages,
         db_ms_per_page=sum(base.p(name, 0.5) * len(base.latencies[name]) for name in ORDER) / base.pages,
     )

@@ -33,7 +33,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     ),
     "claim": ("claim_jobs", "get_documents"),
     "admission": ("admit_spends",),
-    "slot": ("take_rate_slot", "settle_rate_tokens"),
+    "slot": ("take_rate_slots", "settle_rate_tokens"),
     "page image": ("keep_page_image", "keep_figures"),
     "attempt, completion, counters": ("complete_job",),
     "finish": ("get_document", "load_pages", "load_attempts", "finish_document"),

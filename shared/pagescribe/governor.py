@@ -10,11 +10,11 @@ environment reads in the same statement, so processes that never saw the 429 hol
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from pagescribe.domain import ClaimedJob, RateBucket
+from pagescribe.domain import ClaimedJob, RateBucket, RateGrant
 from pagescribe.settings import Settings
 from pagescribe.store.ports import SpendStore
 
@@ -64,26 +64,18 @@ class RateGovernor:
     def enabled(self) -> bool:
         return self._bucket is not None
 
-    def admit(self, job: ClaimedJob, model: str) -> Admission:
-        """May the page's call to ``model`` start now? One round trip, none when the governor is off or the page
-        came back before the slot it holds."""
+    def admit(self, jobs: Sequence[ClaimedJob], model: str) -> list[Admission]:
+        """May each page's call to ``model`` start now? The pages in order, each behind those before it; one round
+        trip for them all, none when the governor is off or every page came back before the slot it holds."""
         if self._bucket is None:
-            return GO
-        slot = job.slot_in_seconds
-        if slot is not None and slot > EARLY_SECONDS:  # back early (a resent message): the slot still holds
-            return Admission(slot, keep_slot=True, why=f"its reserved slot for {model} is {slot:.1f} s away")
-        prepaid = slot is not None and slot > -STALE_SLOT_SECONDS
-        grant = self._db.take_rate_slot(
-            self._bucket_of(self._bucket, model), model, prepaid=prepaid, max_wait=MAX_DELAY_SECONDS - EARLY_SECONDS
-        )
-        if grant.wait <= 0:
-            return Admission(0.0, tokens=0.0 if prepaid else grant.mean_tokens)
-        if grant.paused:
-            return Admission(grant.wait, why=f"{model} is paused for {grant.wait:.1f} s after a 429")
-        if grant.reserved:
-            why = f"the next free slot for {model} is {grant.wait:.1f} s away"
-            return Admission(grant.wait, grant.slot_at, why=why)
-        return Admission(grant.wait, why=f"no slot for {model} within {MAX_DELAY_SECONDS} s")
+            return [GO for _ in jobs]
+        slots = [job.slot_in_seconds for job in jobs]
+        taking = [slot for slot in slots if not _holds(slot)]
+        bucket = self._bucket_of(self._bucket, model)
+        max_wait = MAX_DELAY_SECONDS - EARLY_SECONDS
+        prepaid = [_prepaid(slot) for slot in taking]
+        grants = iter(self._db.take_rate_slots(bucket, model, prepaid=prepaid, max_wait=max_wait) if taking else [])
+        return [_kept_slot(slot, model) if _holds(slot) else _admission(next(grants), model, slot) for slot in slots]
 
     def rate_limited(self, model: str, retry_after: float | None) -> float | None:
         """A 429 from the provider: pause every environment's calls to ``model``; the pause in seconds (None when
@@ -103,3 +95,30 @@ class RateGovernor:
             self._db.settle_rate_tokens(
                 self._bucket_of(self._bucket, model), model, estimate=admission.tokens, actual=actual_tokens
             )
+
+
+def _holds(slot: float | None) -> bool:
+    """The page came back early for the slot it reserved (a resent message): the slot still holds."""
+    return slot is not None and slot > EARLY_SECONDS
+
+
+def _prepaid(slot: float | None) -> bool:
+    """The page comes for the slot it reserved (not long ago): it calls without taking another."""
+    return slot is not None and slot > -STALE_SLOT_SECONDS
+
+
+def _kept_slot(slot: float | None, model: str) -> Admission:
+    """A page back before the slot it reserved: it waits for that slot, taking nothing."""
+    assert slot is not None, "only a page that holds a slot keeps it"
+    return Admission(slot, keep_slot=True, why=f"its reserved slot for {model} is {slot:.1f} s away")
+
+
+def _admission(grant: RateGrant, model: str, slot: float | None) -> Admission:
+    """The governor's grant for a page as the page's admission (``slot``: the slot it held, if it came for it)."""
+    if grant.wait <= 0:
+        return Admission(0.0, tokens=0.0 if _prepaid(slot) else grant.mean_tokens)
+    if grant.paused:
+        return Admission(grant.wait, why=f"{model} is paused for {grant.wait:.1f} s after a 429")
+    if grant.reserved:
+        return Admission(grant.wait, grant.slot_at, why=f"the next free slot for {model} is {grant.wait:.1f} s away")
+    return Admission(grant.wait, why=f"no slot for {model} within {MAX_DELAY_SECONDS} s")

@@ -24,6 +24,7 @@ from pagescribe.domain import (
     PendingDocument,
     PricedCall,
     RateBucket,
+    RateGrant,
 )
 from pagescribe.store.ports import Store
 
@@ -539,14 +540,34 @@ def test_a_call_cut_at_a_loop_is_recorded_as_cut_and_its_estimated_cost_is_no_pr
 
 def test_the_rate_bucket_grants_its_burst_then_reserves_slots_ahead(store: Store) -> None:
     bucket = RateBucket("fake", requests_per_minute=60, tokens_per_minute=0, burst=2)
-    grants = [store.take_rate_slot(bucket, "m", prepaid=False, max_wait=10) for _ in range(3)]
+    grants = [_take(store, bucket, "m", prepaid=False, max_wait=10) for _ in range(3)]
     assert [g.wait == 0 for g in grants] == [True, True, False]
     assert grants[2].reserved and 0.5 < grants[2].wait <= 1.0
     store.pause_rate_bucket(bucket, "m", 30)
-    paused = store.take_rate_slot(bucket, "m", prepaid=True, max_wait=10)
+    paused = _take(store, bucket, "m", prepaid=True, max_wait=10)
     assert paused.paused and not paused.reserved and paused.wait > 29
     store.settle_rate_tokens(bucket, "m", estimate=0, actual=500)
-    assert store.take_rate_slot(bucket, "m", prepaid=True, max_wait=10).mean_tokens == 500
+    assert _take(store, bucket, "m", prepaid=True, max_wait=10).mean_tokens == 500
+
+
+def _take(store: Store, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
+    [grant] = store.take_rate_slots(bucket, model, prepaid=[prepaid], max_wait=max_wait)
+    return grant
+
+
+def test_pages_that_take_slots_together_get_what_they_would_one_after_another(store: Store) -> None:
+    # Given a slot a second, a burst of two, and a slot reserved no further than 1.5 s ahead
+    bucket = RateBucket("fake", requests_per_minute=60, tokens_per_minute=0, burst=2)
+    # When five pages take together, the second back for the slot it holds
+    grants = store.take_rate_slots(bucket, "m", prepaid=[False, True, False, False, False], max_wait=1.5)
+    # Then the burst goes, the prepaid page takes nothing, the next reserves the slot a second away, and the last finds
+    # none within 1.5 s (the next free one is two seconds away)
+    assert [(g.wait == 0, g.reserved) for g in grants[:3]] == [(True, True), (True, False), (True, True)]
+    assert grants[3].reserved and 0.9 < grants[3].wait <= 1.0
+    assert [(g.reserved, round(g.wait)) for g in grants[4:]] == [(False, 2)]
+    # And a page asking after them sees the bucket as they left it: three slots taken of the two a burst holds
+    later = _take(store, bucket, "m", prepaid=False, max_wait=1.5)
+    assert not later.reserved and 1.9 < later.wait <= 2.0
 
 
 # --- tenants, keys, callbacks ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from alembic import command
-from pagescribe.domain import NewDocument, PageOutcome, RateBucket
+from pagescribe.domain import NewDocument, PageOutcome, RateBucket, RateGrant
 from pagescribe.handlers import api as api_app
 from pagescribe.migrate import alembic_config
 from pagescribe.runtime import shutdown_runtime
@@ -170,13 +170,18 @@ def test_pages_beyond_the_rate_wait_for_their_reserved_slot_in_the_queue_then_ca
     assert rows(db, "SELECT count(*) AS n FROM attempts")[0]["n"] == 4
 
 
+def _take(db: Database, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
+    [grant] = db.take_rate_slots(bucket, model, prepaid=[prepaid], max_wait=max_wait)
+    return grant
+
+
 def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(db: Database) -> None:
     # Given a bucket of 0.6 calls a minute (a slot every 100 s), burst 1
     bucket = RateBucket("fake", requests_per_minute=0.6, tokens_per_minute=0, burst=1)
 
     # When four calls ask in a row
-    grants = [db.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(3)]
-    prepaid = db.take_rate_slot(bucket, "m", prepaid=True, max_wait=899)
+    grants = [_take(db, bucket, "m", prepaid=False, max_wait=899) for _ in range(3)]
+    prepaid = _take(db, bucket, "m", prepaid=True, max_wait=899)
 
     # Then the first starts now, the next two reserve slots 100 s and 200 s ahead, and a page back for its slot
     # takes nothing
@@ -185,13 +190,13 @@ def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(
     assert 190 < grants[2].wait <= 200 and grants[2].reserved
     assert prepaid.wait == 0 and not prepaid.reserved
     # And a slot further away than SQS can delay is not reserved
-    far = [db.take_rate_slot(bucket, "m", prepaid=False, max_wait=899) for _ in range(8)]
+    far = [_take(db, bucket, "m", prepaid=False, max_wait=899) for _ in range(8)]
     assert not far[-1].reserved and far[-1].wait > 899
 
     # When a 429 opens a 30 s pause on another model's bucket
-    db.take_rate_slot(bucket, "other", prepaid=False, max_wait=899)
+    _take(db, bucket, "other", prepaid=False, max_wait=899)
     db.pause_rate_bucket(bucket, "other", 30)
-    paused = db.take_rate_slot(bucket, "other", prepaid=True, max_wait=899)
+    paused = _take(db, bucket, "other", prepaid=True, max_wait=899)
 
     # Then even a page holding a slot waits for the pause, and nothing is reserved meanwhile
     assert paused.paused and not paused.reserved and 20 < paused.wait <= 30
@@ -200,13 +205,13 @@ def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(
 def test_the_buckets_commits_do_not_wait_for_the_wal_flush_and_nothing_else_does_so(db: Database) -> None:
     # Given a bucket
     bucket = RateBucket("fake", requests_per_minute=60, tokens_per_minute=6000, burst=2)
-    params = {**bucket.params("m"), "prepaid": False, "max_wait": 899.0, "estimate": 0.0, "actual": 10}
-    db.take_rate_slot(bucket, "m", prepaid=False, max_wait=899)
+    params = {**bucket.params("m"), "prepaid": [False], "max_wait": 899.0, "estimate": 0.0, "actual": 10}
+    _take(db, bucket, "m", prepaid=False, max_wait=899)
     pooled = db.engine.raw_connection()
     try:
         connection = pooled.driver_connection
         assert connection is not None
-        for statement in (db.TAKE_RATE_SLOT, db.SETTLE_RATE_USAGE):
+        for statement in (db.TAKE_RATE_SLOTS, db.SETTLE_RATE_USAGE):
             # When its statement runs in a transaction, the transaction commits without waiting for the flush
             with connection.transaction():
                 connection.execute(statement, params)

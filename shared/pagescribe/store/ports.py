@@ -228,8 +228,11 @@ class SpendStore(Protocol):
     def tenant_day(self, tenant_id: str) -> TenantDay | None:
         """A tenant's daily budget and what it spent today (UTC); None for an unknown tenant."""
 
-    def take_rate_slot(self, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
-        """The governor's take for one call of ``model`` (see TAKE_RATE_SLOT); the bucket is made on first use."""
+    def take_rate_slots(
+        self, bucket: RateBucket, model: str, *, prepaid: Sequence[bool], max_wait: float
+    ) -> list[RateGrant]:
+        """The governor's takes for calls of ``model``, one a page in order (``prepaid``: the page holds its slot
+        already), each behind those before it (see TAKE_RATE_SLOTS); the bucket is made on first use."""
 
     def pause_rate_bucket(self, bucket: RateBucket, model: str, seconds: float) -> None:
         """Hold every environment's calls to ``model`` for ``seconds`` (a 429's Retry-After)."""

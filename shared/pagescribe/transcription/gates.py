@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
 
 from pagescribe.domain import ClaimedJob, PageResult, SpendGate, SpendVerdict
 from pagescribe.governor import Admission, RateGovernor
@@ -15,6 +17,42 @@ from pagescribe.transcription.results import PageContext, PageResults
 BATCH_ADMISSION = Admission(0.0)  # a batch-lane page's call is its batch's: it takes no slot of the rate governor
 SPEND_DEFER_SECONDS = 2  # a capped document's page waits this long for the calls in flight to settle
 
+Key = TypeVar("Key", bound=Hashable)
+Said = TypeVar("Said")
+
+
+class Together(Generic[Key, Said]):
+    """A gate that the pages reaching it in the same turn of the event loop pass together, one pass for each key:
+    ``passing(key, jobs)`` answers for the pages in the order they came (one transaction, the rows locked and the commit
+    flushed once). Each page awaits its own answer; a failure of the pass is each page's, as a pass of its own would
+    have raised it."""
+
+    def __init__(self, passing: Callable[[Key, Sequence[ClaimedJob]], list[Said]]) -> None:
+        self._passing = passing
+        self._waiting: dict[Key, list[tuple[ClaimedJob, asyncio.Future[Said]]]] = {}
+
+    def __call__(self, key: Key, job: ClaimedJob) -> asyncio.Future[Said]:
+        loop = asyncio.get_running_loop()
+        said: asyncio.Future[Said] = loop.create_future()
+        waiting = self._waiting.setdefault(key, [])
+        if not waiting:  # the first of the turn: the gate is passed once the loop has run every page ready now
+            loop.call_soon(self._pass, key)
+        waiting.append((job, said))
+        return said
+
+    def _pass(self, key: Key) -> None:
+        waiting = self._waiting.pop(key)
+        try:
+            answers = self._passing(key, [job for job, _ in waiting])
+        except Exception as exc:
+            for _, said in waiting:
+                if not said.done():
+                    said.set_exception(exc)
+            return
+        for (_, said), answer in zip(waiting, answers, strict=True):
+            if not said.done():  # a page cancelled meanwhile has no one waiting
+                said.set_result(answer)
+
 
 class CallGates:
     """Whether a page's call may start now, or the page ends SKIPPED or waits DEFERRED in the queue."""
@@ -22,9 +60,10 @@ class CallGates:
     def __init__(self, settings: Settings, db: Store, governor: RateGovernor, results: PageResults) -> None:
         self._settings = settings
         self._db = db
-        self._governor = governor
         self._results = results
-        self._waiting: dict[tuple[str, str], list[tuple[ClaimedJob, asyncio.Future[SpendVerdict]]]] = {}
+        # the cost gate, for the pages of a document (and model); the rate governor, for the pages of a model
+        self._spend: Together[tuple[str, str], SpendVerdict] = Together(self._admit_spends)
+        self._rate: Together[str, Admission] = Together(lambda model, jobs: governor.admit(jobs, model))
 
     async def admit(self, ctx: PageContext, model: str) -> Admission | PageResult:
         """The gates before a call: the cost caps (the page ends SKIPPED when its call would exceed one), then the rate
@@ -36,7 +75,7 @@ class CallGates:
             skipped = await self._spend_gate(ctx, model)
             if skipped is not None:
                 return skipped
-        admission = self._governor.admit(ctx.job, model)
+        admission = await self._rate(model, ctx.job)
         if admission.wait > 0:
             return await self._results.defer(ctx, admission)
         return admission
@@ -54,7 +93,7 @@ class CallGates:
 
     async def _spend_gate(self, ctx: PageContext, model: str) -> PageResult | None:
         """The cost caps: the page's result when it may not start (SKIPPED, or DEFERRED behind calls in flight)."""
-        verdict = await self._spend_verdict(ctx.job, model)
+        verdict = await self._spend((ctx.job.document_id, model), ctx.job)
         if verdict.daily_budget_usd:
             gauge("DailyBudgetUsedPercent", 100 * verdict.spent_today / verdict.daily_budget_usd)
         if verdict.verdict in (SpendGate.CAP, SpendGate.DAILY_BUDGET):
@@ -64,33 +103,10 @@ class CallGates:
             return await self._results.defer(ctx, Admission(SPEND_DEFER_SECONDS, why=held))
         return None
 
-    def _spend_verdict(self, job: ClaimedJob, model: str) -> asyncio.Future[SpendVerdict]:
-        """The page's verdict from the cost gate, passed together with the other pages of its document (and model)
-        that reach the gate in the same turn of the event loop: one transaction for them all (``admit_spends``),
-        the rows locked and the commit flushed once, in the order the pages came."""
-        loop = asyncio.get_running_loop()
-        verdict: asyncio.Future[SpendVerdict] = loop.create_future()
-        key = (job.document_id, model)
-        waiting = self._waiting.setdefault(key, [])
-        if not waiting:  # the first of the turn: the gate runs once the loop has run every page ready now
-            loop.call_soon(self._pass_gate, key)
-        waiting.append((job, verdict))
-        return verdict
-
-    def _pass_gate(self, key: tuple[str, str]) -> None:
-        waiting = self._waiting.pop(key)
-        try:
-            verdicts = self._db.admit_spends(
-                [job for job, _ in waiting],
-                key[1],
-                daily_budget_usd=self._settings.daily_budget_usd,
-                max_output_tokens=self._settings.max_output_tokens,
-            )
-        except Exception as exc:  # each page's own task raises it, as a gate of its own would have
-            for _, verdict in waiting:
-                if not verdict.done():
-                    verdict.set_exception(exc)
-            return
-        for (_, verdict), said in zip(waiting, verdicts, strict=True):
-            if not verdict.done():  # a page cancelled meanwhile has no one waiting
-                verdict.set_result(said)
+    def _admit_spends(self, key: tuple[str, str], jobs: Sequence[ClaimedJob]) -> list[SpendVerdict]:
+        return self._db.admit_spends(
+            jobs,
+            key[1],
+            daily_budget_usd=self._settings.daily_budget_usd,
+            max_output_tokens=self._settings.max_output_tokens,
+        )

@@ -1,9 +1,10 @@
-"""The cost gate and the rate governor's buckets, in memory (SpendStore): ADMIT_SPEND and TAKE_RATE_SLOT's rules."""
+"""The cost gate and the rate governor's buckets, in memory (SpendStore): ADMIT_SPEND and TAKE_RATE_SLOTS' rules."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from pagescribe.domain import (
     ClaimedJob,
@@ -132,24 +133,13 @@ class MemorySpend:
             day = self.state.days.get((tenant_id, self.state.clock.today()))
             return TenantDay(tenant.daily_budget_usd, day.spent_usd if day else 0.0, day.calls if day else 0)
 
-    def take_rate_slot(self, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
+    def take_rate_slots(
+        self, bucket: RateBucket, model: str, *, prepaid: Sequence[bool], max_wait: float
+    ) -> list[RateGrant]:
         with self.state.lock:
             p, now = bucket.params(model), self.state.now()
             row = self.state.buckets.setdefault((bucket.provider, model), BucketRow(p["burst"], p["token_burst"], now))
-            elapsed = (now - row.refilled_at).total_seconds()
-            requests = min(p["burst"], row.requests + elapsed * p["requests_per_second"])
-            tokens = min(p["token_burst"], row.tokens + elapsed * p["tokens_per_second"])
-            mean = row.mean_tokens or 0.0
-            paused = max(0.0, (row.paused_until - now).total_seconds()) if row.paused_until else 0.0
-            waits = [0.0, (1 - requests) / p["requests_per_second"]]
-            if p["tokens_per_second"]:
-                waits.append((min(mean, p["token_burst"]) - tokens) / p["tokens_per_second"])
-            wait = paused if paused > 0 else 0.0 if prepaid else max(waits)
-            takes = paused == 0 and not prepaid and wait <= max_wait
-            row.requests = requests - (1 if takes else 0)
-            row.tokens = tokens - (mean if takes and p["tokens_per_second"] > 0 else 0)
-            row.refilled_at = now
-            return RateGrant(wait, takes, paused > 0, mean, now + timedelta(seconds=wait))
+            return [_take(row, p, now, held, max_wait) for held in prepaid]
 
     def pause_rate_bucket(self, bucket: RateBucket, model: str, seconds: float) -> None:
         with self.state.lock:
@@ -177,3 +167,21 @@ def _worst_case(history: list[AttemptRow], prompt_bytes: int, max_output_tokens:
     if per_prompt and per_completion and prompts:
         return min(per_prompt) * (max(prompts) + prompt_bytes) + min(per_completion) * max_output_tokens
     return max(a.cost or 0 for a in history)
+
+
+def _take(row: BucketRow, p: dict[str, Any], now: datetime, prepaid: bool, max_wait: float) -> RateGrant:
+    """One page's take (TAKE_RATE_SLOTS' rule for a page): the pages before it in the list took theirs just before."""
+    elapsed = (now - row.refilled_at).total_seconds()
+    requests = min(p["burst"], row.requests + elapsed * p["requests_per_second"])
+    tokens = min(p["token_burst"], row.tokens + elapsed * p["tokens_per_second"])
+    mean = row.mean_tokens or 0.0
+    paused = max(0.0, (row.paused_until - now).total_seconds()) if row.paused_until else 0.0
+    waits = [0.0, (1 - requests) / p["requests_per_second"]]
+    if p["tokens_per_second"]:
+        waits.append((min(mean, p["token_burst"]) - tokens) / p["tokens_per_second"])
+    wait = paused if paused > 0 else 0.0 if prepaid else max(waits)
+    takes = paused == 0 and not prepaid and wait <= max_wait
+    row.requests = requests - (1 if takes else 0)
+    row.tokens = tokens - (mean if takes and p["tokens_per_second"] > 0 else 0)
+    row.refilled_at = now
+    return RateGrant(wait, takes, paused > 0, mean, now + timedelta(seconds=wait))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pagescribe.domain import ClaimedJob
-from pagescribe.governor import EARLY_SECONDS, RateGovernor
+from pagescribe.governor import EARLY_SECONDS, Admission, RateGovernor
 from pagescribe.settings import Settings
 
 from tests.support.memory_store import MemoryStore
@@ -15,10 +15,15 @@ def _page(slot_in_seconds: float | None = None) -> ClaimedJob:
     return ClaimedJob("job", "document", 1, 1, "token", slot_in_seconds=slot_in_seconds)
 
 
+def _one(governor: RateGovernor, page: ClaimedJob, model: str) -> Admission:
+    [admission] = governor.admit([page], model)
+    return admission
+
+
 def test_with_no_limit_every_call_goes_and_no_bucket_is_kept(store: MemoryStore) -> None:
     governor = RateGovernor(Settings(rate_limit_rpm=0), store, "fake")
     assert not governor.enabled
-    assert [governor.admit(_page(), "m").wait for _ in range(100)] == [0.0] * 100
+    assert [_one(governor, _page(), "m").wait for _ in range(100)] == [0.0] * 100
     assert governor.rate_limited("m", 30) is None
     assert store.state.buckets == {}
 
@@ -27,7 +32,7 @@ def test_a_burst_goes_at_once_then_each_call_reserves_the_next_free_slot(store: 
     # Given 60 calls a minute with a burst of two
     governor = RateGovernor(LIMITED, store, "fake")
     # When three calls ask at once
-    first, second, third = (governor.admit(_page(), "m") for _ in range(3))
+    first, second, third = (_one(governor, _page(), "m") for _ in range(3))
     # Then two go and the third waits in the queue for the slot it reserved, a second away
     assert (first.wait, second.wait) == (0.0, 0.0)
     assert third.slot_at is not None and 0.9 < third.wait <= 1.0 and third.delay_seconds == 1
@@ -36,11 +41,11 @@ def test_a_burst_goes_at_once_then_each_call_reserves_the_next_free_slot(store: 
 
 def test_a_page_back_before_its_slot_waits_again_without_taking_another(store: MemoryStore) -> None:
     governor = RateGovernor(LIMITED, store, "fake")
-    early = governor.admit(_page(slot_in_seconds=EARLY_SECONDS + 5), "m")
+    early = _one(governor, _page(slot_in_seconds=EARLY_SECONDS + 5), "m")
     assert early.keep_slot and early.wait == EARLY_SECONDS + 5
     assert store.state.buckets == {}  # not a statement was run
     # And a page back on time calls on the slot it holds, taking nothing more
-    on_time = governor.admit(_page(slot_in_seconds=0.2), "m")
+    on_time = _one(governor, _page(slot_in_seconds=0.2), "m")
     assert on_time.wait == 0 and on_time.tokens == 0
     assert store.state.buckets[("fake", "m")].requests == 2  # the burst is whole
 
@@ -49,29 +54,29 @@ def test_a_429_in_one_environment_pauses_the_others(store: MemoryStore) -> None:
     # Given two environments sharing the store
     seen, other = RateGovernor(LIMITED, store, "fake"), RateGovernor(LIMITED, store, "fake")
     # When the provider answers a call of one with a 429 and a Retry-After of 30 s
-    assert seen.admit(_page(), "m").wait == 0
+    assert _one(seen, _page(), "m").wait == 0
     assert seen.rate_limited("m", 30) == 30
     # Then the other, which never saw it, waits out the pause without reserving a slot
-    held = other.admit(_page(), "m")
+    held = _one(other, _page(), "m")
     assert 29 < held.wait <= 30 and held.slot_at is None and "paused" in held.why
     # And another model is not held
-    assert other.admit(_page(), "another").wait == 0
+    assert _one(other, _page(), "another").wait == 0
 
 
 def test_a_429_without_retry_after_pauses_for_the_default(store: MemoryStore) -> None:
     governor = RateGovernor(LIMITED, store, "fake")
-    governor.admit(_page(), "m")
+    _one(governor, _page(), "m")
     assert governor.rate_limited("m", None) == 5.0
 
 
 def test_token_limits_learn_what_a_call_takes(store: MemoryStore) -> None:
     # Given a limit of 1,000 tokens a second, and a first call that took none (no call seen yet) but used 1,200
     governor = RateGovernor(Settings(rate_limit_rpm=600, rate_limit_tpm=60_000, rate_limit_burst=5), store, "fake")
-    first = governor.admit(_page(), "m")
+    first = _one(governor, _page(), "m")
     governor.settle("m", first, 1200)
     # Then the bucket owes those tokens: the next call waits until they are back and its own mean has come in
     assert first.tokens == 0 and store.state.buckets[("fake", "m")].mean_tokens == 1200
-    owed = governor.admit(_page(), "m")
+    owed = _one(governor, _page(), "m")
     assert 1.1 < owed.wait <= 1.2 and owed.slot_at is not None
 
 
@@ -80,10 +85,24 @@ def test_models_asked_on_different_providers_have_each_their_providers_bucket(st
     serving = {"amazon.nova-lite-v1:0": "bedrock:us-east-1", "vendor/strong": "openai-compatible:example.com"}
     governor = RateGovernor(LIMITED, store, "bedrock:us-east-1+openai-compatible:example.com", serving.__getitem__)
     # When each model is called and Bedrock throttles its own
-    governor.admit(_page(), "amazon.nova-lite-v1:0")
-    governor.admit(_page(), "vendor/strong")
+    _one(governor, _page(), "amazon.nova-lite-v1:0")
+    _one(governor, _page(), "vendor/strong")
     governor.rate_limited("amazon.nova-lite-v1:0", 30)
     # Then each bucket is its provider's and model's, and only Bedrock's model is paused
     assert set(store.state.buckets) == {(provider, model) for model, provider in serving.items()}
-    assert governor.admit(_page(), "vendor/strong").wait == 0
-    assert governor.admit(_page(), "amazon.nova-lite-v1:0").wait > 29
+    assert _one(governor, _page(), "vendor/strong").wait == 0
+    assert _one(governor, _page(), "amazon.nova-lite-v1:0").wait > 29
+
+
+def test_pages_that_ask_together_take_their_slots_as_if_one_after_another(store: MemoryStore) -> None:
+    # Given 60 calls a minute with a burst of two
+    governor = RateGovernor(LIMITED, store, "fake")
+    # When a batch asks at once: two pages, one back early for its slot, one back on time for it, and two more
+    batch = [_page(), _page(), _page(slot_in_seconds=EARLY_SECONDS + 5), _page(slot_in_seconds=0.2), _page(), _page()]
+    admissions = governor.admit(batch, "m")
+    # Then the burst goes, the early page waits for its own slot, the page on time calls on it, and the last two
+    # reserve the next free slots, one and two seconds away: what the pages asking one after another get
+    assert [a.wait for a in admissions[:4]] == [0.0, 0.0, EARLY_SECONDS + 5, 0.0]
+    assert admissions[2].keep_slot and admissions[3].tokens == 0
+    assert 0.9 < admissions[4].wait <= 1.0 and 1.9 < admissions[5].wait <= 2.0
+    assert store.state.buckets[("fake", "m")].requests == -2  # four taken, none for the two holding theirs

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore
-from pagescribe.domain import LOOP_CUT, ClaimedJob, NewDocument, PageResult, SpendVerdict
+from pagescribe.domain import LOOP_CUT, ClaimedJob, NewDocument, PageResult, RateBucket, RateGrant, SpendVerdict
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.rendering import RenderPool
 from pagescribe.secondread import SecondReader
@@ -109,17 +109,24 @@ def setup(store: MemoryStore, objects: ObjectStore, renderer: RenderPool) -> Set
 
 
 class GateSpy(MemoryStore):
-    """The in-memory store, noting how many pages each pass of the cost gate took."""
+    """The in-memory store, noting how many pages each pass of the cost gate and of the rate governor took."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gates: list[int] = []
+        self.takes: list[int] = []
 
     def admit_spends(
         self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
     ) -> list[SpendVerdict]:
         self.gates.append(len(jobs))
         return super().admit_spends(jobs, model, daily_budget_usd=daily_budget_usd, max_output_tokens=max_output_tokens)
+
+    def take_rate_slots(
+        self, bucket: RateBucket, model: str, *, prepaid: Sequence[bool], max_wait: float
+    ) -> list[RateGrant]:
+        self.takes.append(len(prepaid))
+        return super().take_rate_slots(bucket, model, prepaid=prepaid, max_wait=max_wait)
 
 
 def _deliver_at_once(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
@@ -144,17 +151,23 @@ def _deliver(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
     return asyncio.run(run())
 
 
-def test_the_pages_of_a_document_that_reach_the_cost_gate_together_pass_it_at_once(
+def test_the_pages_of_a_document_that_reach_the_gates_together_pass_each_at_once(
     objects: ObjectStore, renderer: RenderPool
 ) -> None:
-    # Given a tenant with a daily budget and a priced call of the model, and a four-page PDF of the tenant's
+    # Given a tenant with a daily budget, a rate limit, a priced call of the model and a four-page PDF of the tenant's
     store = GateSpy()
     setup = Setup(store, objects, renderer)
     assert store.set_daily_budget("default", 10.0)
     _, earlier = setup.scanned_document()
     # ... answers the checks let through as they are (they are not the pages' own words)
     relaxed = SETTINGS.model_copy(
-        update={"flag_ungrounded_threshold": 1, "flag_ungrounded_block_chars": 0, "flag_missed_text_threshold": 1}
+        update={
+            "flag_ungrounded_threshold": 1,
+            "flag_ungrounded_block_chars": 0,
+            "flag_missed_text_threshold": 1,
+            "rate_limit_rpm": 600,
+            "rate_limit_burst": 10,
+        }
     )
     model = ScriptedModel([GOOD] * 5)
     transcriber = setup.transcriber(model, relaxed)
@@ -167,9 +180,9 @@ def test_the_pages_of_a_document_that_reach_the_cost_gate_together_pass_it_at_on
     # When the four pages' messages come in one batch and are transcribed at once
     results = _deliver_at_once(transcriber, *created.job_ids)
 
-    # Then the four pages passed the cost gate in one pass (the earlier page in one of its own), and each went on to
-    # its call and was completed
-    assert store.gates == [1, 4]
+    # Then the four pages passed the cost gate in one pass and took their slots of the rate governor in one (the earlier
+    # page each in one of its own), and each went on to its call and was completed
+    assert store.gates == [1, 4] and store.takes == [1, 4]
     assert results == [PageResult.COMPLETED] * 4 and len(model.asked) == 5
     day = store.tenant_day("default")
     assert day is not None and day.calls == 5

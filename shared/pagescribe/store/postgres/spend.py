@@ -213,11 +213,17 @@ class PgSpend(Connected):
     # and waits for it off the Lambda clock, in the queue. During a 429's pause nothing is reserved: the wait is the
     # pause. A page back for the slot it reserved (prepaid) takes nothing more; only a pause holds it back.
     #
-    # The bucket is one row for every call of every tenant to the model, held from its update to its commit. Its state
-    # is approximate by nature (a refill estimate), so its commit does not wait for the WAL flush (synchronous_commit
-    # off for this statement's transaction, set in the statement itself: no round trip more): the row is free again
-    # as soon as the commit is written, not flushed. A crash may forget the last fraction of a second of takes.
-    TAKE_RATE_SLOT = """
+    # The pages of a batch that reach the governor together take their slots at once (a page alone is a list of one),
+    # each as a take of its own just after those before it would: the n-th page sees the bucket less the slots the
+    # pages before it took (``ahead``: the pages before it that are not prepaid; its wait only grows with them, so
+    # those that take are the first, and a page that takes none sees the bucket less those that did, ``taken``).
+    #
+    # The bucket is one row for every call of every tenant to the model, held from its update to its commit: once for
+    # the batch, not once a page. Its state is approximate by nature (a refill estimate), so its commit does not wait
+    # for the WAL flush (synchronous_commit off for this statement's transaction, set in the statement itself: no round
+    # trip more): the row is free again as soon as the commit is written, not flushed. A crash may forget the last
+    # fraction of a second of takes.
+    TAKE_RATE_SLOTS = """
     WITH bucket AS (
         SELECT provider, model,
                least(%(burst)s, requests + extract(epoch FROM now() - refilled_at) * %(requests_per_second)s)
@@ -229,27 +235,49 @@ class PgSpend(Connected):
         FROM rate_buckets WHERE provider = %(provider)s AND model = %(model)s
         FOR UPDATE
     ),
+    pages AS (
+        SELECT n, prepaid,
+               count(*) FILTER (WHERE NOT prepaid) OVER (ORDER BY n ROWS UNBOUNDED PRECEDING EXCLUDE CURRENT ROW)
+                   AS ahead
+        FROM unnest(CAST(%(prepaid)s AS boolean[])) WITH ORDINALITY AS p (prepaid, n)
+    ),
+    candidates AS (
+        SELECT p.n, p.prepaid, b.requests, b.tokens, b.mean_tokens, b.paused,
+               b.paused = 0 AND NOT p.prepaid
+               AND greatest(0, (1 - (b.requests - p.ahead)) / %(requests_per_second)s,
+                            (least(b.mean_tokens, %(token_burst)s) - (b.tokens - p.ahead * b.mean_tokens))
+                                / nullif(%(tokens_per_second)s, 0)) <= %(max_wait)s AS takes
+        FROM pages p, bucket b
+    ),
     decision AS (
-        SELECT provider, model, requests, tokens, paused, mean_tokens,
+        SELECT n, takes, mean_tokens, paused,
                CASE
                  WHEN paused > 0 THEN paused
-                 WHEN %(prepaid)s THEN 0
-                 ELSE greatest(0, (1 - requests) / %(requests_per_second)s,
-                               (least(mean_tokens, %(token_burst)s) - tokens) / nullif(%(tokens_per_second)s, 0))
+                 WHEN prepaid THEN 0
+                 ELSE greatest(0, (1 - (requests - taken)) / %(requests_per_second)s,
+                               (least(mean_tokens, %(token_burst)s) - (tokens - taken * mean_tokens))
+                                   / nullif(%(tokens_per_second)s, 0))
                END AS wait
-        FROM bucket
+        FROM (
+            SELECT *, count(*) FILTER (WHERE takes) OVER (ORDER BY n ROWS UNBOUNDED PRECEDING EXCLUDE CURRENT ROW)
+                          AS taken
+            FROM candidates
+        ) c
     ),
-    reserve AS (
-        SELECT *, paused = 0 AND NOT %(prepaid)s AND wait <= %(max_wait)s AS takes FROM decision
+    taking AS (
+        UPDATE rate_buckets r
+        SET requests = b.requests - t.slots,
+            tokens = b.tokens - CASE WHEN %(tokens_per_second)s > 0 THEN t.slots * b.mean_tokens ELSE 0 END,
+            refilled_at = now()
+        FROM bucket b, (SELECT count(*) FILTER (WHERE takes) AS slots FROM candidates) t,
+             (SELECT set_config('synchronous_commit', 'off', true) AS relaxed) commit_unflushed
+        WHERE r.provider = b.provider AND r.model = b.model AND commit_unflushed.relaxed = 'off'
+        RETURNING r.provider
     )
-    UPDATE rate_buckets b
-    SET requests = r.requests - CASE WHEN r.takes THEN 1 ELSE 0 END,
-        tokens = r.tokens - CASE WHEN r.takes AND %(tokens_per_second)s > 0 THEN r.mean_tokens ELSE 0 END,
-        refilled_at = now()
-    FROM reserve r, (SELECT set_config('synchronous_commit', 'off', true) AS relaxed) commit_unflushed
-    WHERE b.provider = r.provider AND b.model = r.model AND commit_unflushed.relaxed = 'off'
-    RETURNING r.wait, r.takes AS reserved, r.paused > 0 AS paused, r.mean_tokens,
-              now() + make_interval(secs => r.wait) AS slot_at
+    SELECT d.wait, d.takes AS reserved, d.paused > 0 AS paused, d.mean_tokens,
+           now() + make_interval(secs => d.wait) AS slot_at
+    FROM decision d, taking
+    ORDER BY d.n
     """
 
     CREATE_RATE_BUCKET = """
@@ -258,14 +286,18 @@ class PgSpend(Connected):
     ON CONFLICT (provider, model) DO NOTHING
     """
 
-    def take_rate_slot(self, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
-        params = {**bucket.params(model), "prepaid": prepaid, "max_wait": max_wait}
-        row = self._row(self.TAKE_RATE_SLOT, params)
-        if row is None:
+    def take_rate_slots(
+        self, bucket: RateBucket, model: str, *, prepaid: Sequence[bool], max_wait: float
+    ) -> list[RateGrant]:
+        params = {**bucket.params(model), "prepaid": list(prepaid), "max_wait": max_wait}
+        rows = self._rows(self.TAKE_RATE_SLOTS, params)
+        if not rows:
             self._rows(self.CREATE_RATE_BUCKET, params)
-            row = self._row(self.TAKE_RATE_SLOT, params)
-            assert row is not None, "the bucket was just made"
-        return RateGrant(float(row.wait), row.reserved, row.paused, float(row.mean_tokens), row.slot_at)
+            rows = self._rows(self.TAKE_RATE_SLOTS, params)
+            assert rows, "the bucket was just made"
+        return [
+            RateGrant(float(row.wait), row.reserved, row.paused, float(row.mean_tokens), row.slot_at) for row in rows
+        ]
 
     # A 429: every environment holds its calls to this model until the provider's Retry-After has passed.
     PAUSE_RATE_BUCKET = """
@@ -278,7 +310,7 @@ class PgSpend(Connected):
         self._rows(self.PAUSE_RATE_BUCKET, {**bucket.params(model), "seconds": seconds})
 
     # A call's real tokens against the estimate it took: the bucket owes or is owed the difference, and learns the mean.
-    # Its commit, as TAKE_RATE_SLOT's, does not wait for the WAL flush.
+    # Its commit, as TAKE_RATE_SLOTS', does not wait for the WAL flush.
     SETTLE_RATE_USAGE = """
     UPDATE rate_buckets
     SET tokens = tokens - (%(actual)s - %(estimate)s),
