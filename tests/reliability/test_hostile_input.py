@@ -7,10 +7,12 @@ from __future__ import annotations
 import base64
 import io
 import json
-import resource
+import os
 import struct
+import threading
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -153,17 +155,29 @@ def drain(pipeline: Pipeline) -> None:
     assert_queue_drained(pipeline)
 
 
-def peak_rss_of_children_kb() -> int:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+@dataclass(frozen=True)
+class Invoked:
+    """An invocation in a process of its own: the handler's response, and the peak RSS (KiB) of that process and of
+    the render processes it ended (its own, not any other test's: ``wait4`` reports the one process tree)."""
+
+    response: dict[str, Any]
+    peak_rss_kb: int
 
 
-def invoke_in_own_process(pipeline: Pipeline, function: str, event: dict[str, Any]) -> dict[str, Any]:
+def invoke_in_own_process(pipeline: Pipeline, function: str, event: dict[str, Any]) -> Invoked:
     """Run one invocation in a fresh process (a new execution environment), so that its memory can be measured."""
     process = pipeline.start_in_new_environment(function, event, timeout=60)
-    output, _ = process.communicate(timeout=120)
+    assert process.stdout is not None
+    guard = threading.Timer(120, process.kill)  # a hung process fails the test, it does not hang it
+    guard.start()
+    try:
+        output = process.stdout.read()
+        _, status, usage = os.wait4(process.pid, 0)
+    finally:
+        guard.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)
     assert process.returncode == 0, output[-2000:]
-    response: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
-    return response
+    return Invoked(json.loads(output.strip().splitlines()[-1]), usage.ru_maxrss)  # ru_maxrss: KiB on Linux
 
 
 # Upload: hopeless documents fail at once, with the reason
@@ -337,10 +351,11 @@ def test_an_upload_bomb_is_refused_within_bounded_memory(
     # a cross-reference stream, inflating to 1.5 GiB from 1.5 MB; 100,000 TIFF frames in 10 MB)
     event = pipeline.put(f"uploads/{name}", build())
     # When the upload function handles it in its own execution environment
-    [doc] = invoke_in_own_process(pipeline, "upload", event)["documents"]
+    invoked = invoke_in_own_process(pipeline, "upload", event)
+    [doc] = invoked.response["documents"]
     # Then the document is refused with the limit named, and the process never came near the bomb's size
     assert doc["status"] == "FAILED" and reason in doc["error"]
-    assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
+    assert invoked.peak_rss_kb < MEMORY_BOUND_KB
     assert pipeline.receive_all() == []
 
 
@@ -373,7 +388,8 @@ def test_a_huge_page_renders_bounded_to_the_long_edge_cap(
     assert doc["status"] == "PROCESSING" and doc["pages"] == 1
     [message] = pipeline.receive_all()
     # When the transcribe function handles the page in its own execution environment
-    response = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
+    invoked = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
+    response = invoked.response
     # Then the page is COMPLETED from an image no larger than the long-edge cap, in bounded memory
     assert response["batchItemFailures"] == []
     [page] = page_rows(db, doc["document_id"])
@@ -382,7 +398,7 @@ def test_a_huge_page_renders_bounded_to_the_long_edge_cap(
     url = request["messages"][0]["content"][1]["image_url"]["url"]
     with Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2]))) as image:
         assert 0 < max(image.size) <= LONG_EDGE
-    assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
+    assert invoked.peak_rss_kb < MEMORY_BOUND_KB
 
 
 def test_the_transcribe_function_checks_the_pixel_limit_again_before_decoding(
@@ -399,14 +415,15 @@ def test_the_transcribe_function_checks_the_pixel_limit_again_before_decoding(
     get_settings.cache_clear()
     shutdown_runtime()
     # When the transcribe function handles the page in its own execution environment
-    response = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
+    invoked = invoke_in_own_process(pipeline, "transcribe", sqs_event([message], pipeline.queue_arn))
+    response = invoked.response
     # Then the page FAILED from the image's header, naming the limit, without decoding it or calling the model
     assert response["batchItemFailures"] == []
     [page] = page_rows(db, doc["document_id"])
     assert (page["status"], page["attempts"]) == ("FAILED", 1)
     assert "20000 x 20000 pixels" in page["error"] and "MAX_IMAGE_PIXELS=60000000" in page["error"]
     assert fake_provider.calls == 0
-    assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
+    assert invoked.peak_rss_kb < MEMORY_BOUND_KB
 
 
 def test_a_decompression_bomb_page_fails_with_the_memory_limit_named_and_the_batch_goes_on(
@@ -423,7 +440,8 @@ def test_a_decompression_bomb_page_fails_with_the_memory_limit_named_and_the_bat
     messages = pipeline.receive_all()
     assert len(messages) == 5
     # When the transcribe function handles the batch in its own execution environment
-    response = invoke_in_own_process(pipeline, "transcribe", sqs_event(messages, pipeline.queue_arn))
+    invoked = invoke_in_own_process(pipeline, "transcribe", sqs_event(messages, pipeline.queue_arn))
+    response = invoked.response
     # Then the function lived and reported nothing for redelivery: the bomb's page FAILED once, naming the limit
     assert response["batchItemFailures"] == []
     [page] = page_rows(db, bomb["document_id"])
@@ -434,7 +452,7 @@ def test_a_decompression_bomb_page_fails_with_the_memory_limit_named_and_the_bat
     assert [p["status"] for p in page_rows(db, fine["document_id"])] == ["COMPLETED"] * 4
     assert fake_provider.calls == 4
     # And no process of the environment came near the bomb's size (the render process stopped at its limit)
-    assert peak_rss_of_children_kb() < MEMORY_BOUND_KB
+    assert invoked.peak_rss_kb < MEMORY_BOUND_KB
 
 
 # Accepted at upload (the headers are fine), hopeless at transcription: the page fails, once, with the reason
