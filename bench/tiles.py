@@ -31,9 +31,9 @@ from pathlib import Path
 from pagescribe.settings import Settings
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import render_band, render_page
-from pagescribe.sources.textlayer import text_layer_words
+from pagescribe.sources.textlayer import text_layer_print
 from pagescribe.transcription.stitching import stitch
-from pagescribe.transcription.tileplan import TileLimits, plan_tiles, text_height
+from pagescribe.transcription.tileplan import TileLimits, plan_tiles, print_height
 from pagescribe_local.scoring import cer
 
 from bench.common import Mode, Result
@@ -73,7 +73,8 @@ def _read_page(reader: Reader, page: FormPage, long_edge: int) -> Read:
     truth = leaders_as_one(reading_truth(page.path, page.page, page.columns))
     whole = render_page(page.path, DocumentKind.PDF, page.page, **options)
     answer = reader.read(whole, page.path.name, page.page, seconds=READ_SECONDS)
-    text_px = text_height(text_layer_words(page.path, page.page, dpi=options["dpi"], max_long_edge=long_edge))
+    # the print as the transcriber measures it with the page's render, before any call
+    text_px = print_height(text_layer_print(page.path, page.page, dpi=options["dpi"], max_long_edge=long_edge))
     plan = plan_tiles(whole.width, whole.height, text_px=text_px, truncated=False, limits=TileLimits.of(Settings()))
     scored = cer(truth, leaders_as_one(answer.text))
     if plan is None:

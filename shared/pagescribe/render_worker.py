@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
 from pagescribe.sources.pages import Band, render_band, render_page
-from pagescribe.sources.textlayer import read_text_layer, text_layer_words
+from pagescribe.sources.textlayer import read_text_layer, text_layer_print, text_layer_words
 
 FRAME_HEADER = struct.Struct(">II")  # JSON length, then blob length
 # what RenderedPage says of the page besides its pixels
@@ -70,9 +70,13 @@ def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes
             blank_below=request["blank_below"],
         )
         seen = {field: getattr(page, field) for field in SEEN_FIELDS}
-        words = _words(path, request) if request.get("words") and _usable(page.text_layer) else None
+        usable = _usable(page.text_layer)
+        printed = text_layer_print(path, page_number=request["page_number"], **_scale(request)) if usable else None
+        words = _words(path, request) if request.get("words") and usable else None
         size = {"media_type": page.media_type, "width": page.width, "height": page.height}
-        return {"ok": {**size, **seen, "words": words}}, page.data
+        return {"ok": {**size, **seen, "print": printed, "words": words}}, page.data
+    if request["op"] == "words":
+        return {"ok": {"words": _words(path, request)}}, b""
     if request["op"] == "band":
         tile = render_band(
             path,
@@ -107,8 +111,13 @@ def _words(path: Path, request: dict[str, Any]) -> dict[str, Any]:
     """A born-digital page's words placed on its render: the evidence its answer is grounded to."""
     from pagescribe.grounding import evidence_as_json
 
-    words = text_layer_words(path, request["page_number"], dpi=request["dpi"], max_long_edge=request["max_long_edge"])
+    words = text_layer_words(path, request["page_number"], **_scale(request))
     return evidence_as_json(words)
+
+
+def _scale(request: dict[str, Any]) -> dict[str, int]:
+    """The render's scale, which places the text layer on the image."""
+    return {"dpi": request["dpi"], "max_long_edge": request["max_long_edge"]}
 
 
 def _read(image: bytes, language: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pagescribe.render_worker import FRAME_HEADER, SEEN_FIELDS, encode_frame
 from pagescribe.sources.documents import DocumentInfo, DocumentKind, InvalidDocumentError
 from pagescribe.sources.pages import Band, RenderedPage
-from pagescribe.sources.textlayer import TextLayer
+from pagescribe.sources.textlayer import PrintSize, TextLayer
 
 if TYPE_CHECKING:  # layout (and the checks it uses) loads with the first second read, not with the upload function
     from pagescribe.grounding import PageText
@@ -229,6 +229,7 @@ def _rendered(result: dict[str, Any], data: bytes) -> RenderedPage:
         **{field: result[field] for field in SEEN_FIELDS if field != "figures"},
         figures=tuple((box[0], box[1], box[2], box[3]) for box in result["figures"]),
         words=_evidence(result.get("words")),
+        print_size=PrintSize(*result["print"]) if result.get("print") else None,
     )
 
 
@@ -305,8 +306,9 @@ class RenderPool:
         blank_below: float = 0.0,
         words: bool = False,
     ) -> RenderedPage:
-        """sources.render_page in a worker; InvalidDocumentError for a page that can never render. With ``words``, a
-        page with a usable text layer comes with its words placed on the image (the evidence to ground to)."""
+        """sources.render_page in a worker; InvalidDocumentError for a page that can never render. A page with a usable
+        text layer comes with the size of its print (``print_size``) and, with ``words``, its words placed on the
+        image (the evidence to ground to; see ``words``)."""
         request = _render_request(
             path,
             kind,
@@ -321,6 +323,21 @@ class RenderPool:
             words=words,
         )
         return _rendered(*await self._request(request, f"page {page_number} could not be rendered"))
+
+    async def words(self, path: Path, page_number: int, *, dpi: int, max_long_edge: int) -> PageText:
+        """sources.text_layer_words in a worker: a PDF page's words placed on its render at ``dpi`` and
+        ``max_long_edge``, for a page rendered without them."""
+        request = {
+            "op": "words",
+            "path": os.fspath(path),
+            "page_number": page_number,
+            "dpi": dpi,
+            "max_long_edge": max_long_edge,
+        }
+        result, _ = await self._request(request, f"the words of page {page_number} could not be placed")
+        from pagescribe.grounding import evidence_from_json
+
+        return evidence_from_json(result["words"])
 
     async def render_band(
         self,

@@ -11,14 +11,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pagescribe.checks import usable_text_layer
 from pagescribe.rendering import RenderPool, RenderWorkerError
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
 from pagescribe.sources.pages import RenderedPage, render_page
-from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_print
 
 from tests.support import CORPUS, CORPUS_NOTES
 from tests.support.hostile import bilevel_png, decompression_bomb, page_with_contents
@@ -93,7 +95,13 @@ def render(pool: RenderPool, path: Path, kind: DocumentKind, page: int) -> Rende
 
 
 def local(path: Path, kind: DocumentKind, page: int) -> RenderedPage:
-    return render_page(path, kind, page, dpi=150, max_long_edge=1568, image_format="jpeg", max_image_pixels=60_000_000)
+    """The page as the pool renders it, made in this process: its render, and the size of its print where it has a
+    usable text layer."""
+    rendered = render_page(
+        path, kind, page, dpi=150, max_long_edge=1568, image_format="jpeg", max_image_pixels=60_000_000
+    )
+    printed = text_layer_print(path, page) if usable_text_layer(rendered.text_layer) else None
+    return replace(rendered, print_size=printed)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +157,8 @@ def test_a_blank_render_comes_from_the_pool_with_its_text_layer_laid_out(pool: R
     in_worker = asyncio.run(pool.render(jo, DocumentKind.PDF, 1, max_image_pixels=60_000_000, **options))
     # Then it says what it says in this process, its laid-out text layer too
     assert in_worker.draws and "みんなのおのおの" in in_worker.laid_out_text
-    assert in_worker == render_page(jo, DocumentKind.PDF, 1, **options)
+    rendered = render_page(jo, DocumentKind.PDF, 1, **options)
+    assert in_worker == replace(rendered, print_size=text_layer_print(jo, 1))
 
 
 def test_many_tasks_share_the_workers_concurrently(pool: RenderPool) -> None:

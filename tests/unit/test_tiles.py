@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pypdfium2 as pdfium
 import pytest
 from pagescribe.grounding import Box, EvidenceWord, GroundingSource, PageText
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import Band, render_band, render_page
-from pagescribe.sources.textlayer import text_layer_words
+from pagescribe.sources.textlayer import text_layer_print, text_layer_words
 from pagescribe.transcription.stitching import stitch
-from pagescribe.transcription.tileplan import TileLimits, plan_tiles, text_height
+from pagescribe.transcription.tileplan import MIN_WORDS, TileLimits, plan_tiles, print_height, text_height
 from PIL import Image
 
 LIMITS = TileLimits(min_text_px=11.0, max_tiles=6, max_pixels=1_600_000, max_long_edge=2048, overlap=0.15)
@@ -87,6 +88,34 @@ def test_the_nics_table_in_6_pt_is_dense_at_a_model_sized_input() -> None:
     height = text_height(text_layer_words(NICS, 1, dpi=150, max_long_edge=1024))
     assert height is not None and height < LIMITS.min_text_px
     assert plan_tiles(whole.width, whole.height, text_px=height, truncated=False, limits=LIMITS) is not None
+
+
+REAL_PDFS = sorted([*DOCUMENTS.glob("*.pdf"), *(DOCUMENTS.parent / "olmocr-bench" / "pdfs").rglob("*.pdf")])
+
+
+def _pages(path: Path) -> range:
+    with pdfium.PdfDocument(path) as pdf:
+        return range(1, min(len(pdf), 12) + 1)
+
+
+@pytest.mark.parametrize("path", REAL_PDFS, ids=[path.name for path in REAL_PDFS])
+def test_the_print_measured_before_a_call_is_the_words_median_on_real_pages(path: Path) -> None:
+    # Given real PDF pages (dense tables, papers, forms, slides, CJK)
+    for page in _pages(path):
+        # When a page's print is measured as its render comes back (each word by its first letter or digit)
+        measured = print_height(text_layer_print(path, page, dpi=150, max_long_edge=1024))
+        words = text_height(text_layer_words(path, page, dpi=150, max_long_edge=1024))
+        # Then it is the median height of the words placed on the page, within a tenth (a word pdfium runs over a
+        # line's end is one word there, two here), and the same pages are unmeasured (too few words) and dense
+        assert (measured is None) == (words is None), f"{path.name} page {page}: {measured} vs {words}"
+        if measured is not None and words is not None:
+            assert measured == pytest.approx(words, rel=0.1), f"{path.name} page {page}"
+            assert (measured < LIMITS.min_text_px) == (words < LIMITS.min_text_px), f"{path.name} page {page}"
+
+
+def test_the_print_of_the_nics_table_is_measured_dense() -> None:
+    printed = text_layer_print(NICS, 1, dpi=150, max_long_edge=1024)
+    assert printed is not None and printed.words >= MIN_WORDS and printed.px < LIMITS.min_text_px
 
 
 PARAGRAPH = [

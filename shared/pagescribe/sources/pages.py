@@ -27,7 +27,7 @@ from pagescribe.sources.documents import (
     open_pdf,
     pdf_scale,
 )
-from pagescribe.sources.textlayer import laid_out_text, visible_text
+from pagescribe.sources.textlayer import PrintSize, laid_out_text, visible_text
 
 if TYPE_CHECKING:
     from pagescribe.grounding import PageText
@@ -51,6 +51,7 @@ class RenderedPage:
     rotation: int = 0  # degrees the image was turned clockwise to read upright
     laid_out_text: str = ""  # PDF, when it draws but renders blank: its text layer in reading order, to stand in for it
     words: PageText | None = None  # PDF, when asked for and usable: its text layer's words placed on the image
+    print_size: PrintSize | None = None  # PDF, when its text layer is usable: how large its print is on the image
     points_per_pixel: float | None = None  # PDF, not turned: the page's points per pixel of the image (for boxes)
     figures: tuple[tuple[int, int, int, int], ...] = ()  # PDF, not turned: its pictures' boxes (pixels), see below
 

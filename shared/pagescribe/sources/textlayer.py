@@ -7,10 +7,11 @@ import ctypes
 import functools
 import math
 import re
+import statistics
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
@@ -227,6 +228,42 @@ def _page_words(page: pdfium.PdfPage, dpi: int, max_long_edge: int) -> PageText:
         for text, rect, line in _words(_characters(page.get_textpage(), page.get_bbox()))
     )
     return PageText(GroundingSource.TEXT_LAYER, words, place.width, place.height, 1 / scale)
+
+
+class PrintSize(NamedTuple):
+    """How large a PDF page's print is on its render: the median height in pixels of its words that have a letter or a
+    digit, and how many there are (few words are no measure of a page's print)."""
+
+    px: float
+    words: int
+
+
+def text_layer_print(path: Path, page_number: int, *, dpi: int = 150, max_long_edge: int = 1568) -> PrintSize | None:
+    """The size of a PDF page's print on the image :func:`render_page` makes of it at the same ``dpi`` and
+    ``max_long_edge`` (None: no such word on the visible page): what decides, before any call, whether the page is
+    read in tiles. A word is a run of characters between spaces (a CJK character one of its own), measured by its
+    first letter or digit at the font's full height, as :func:`text_layer_words` boxes a word: a fraction of the cost
+    of placing the words, which reads every character's box, baseline and text object and joins them."""
+    return _read_text(path, page_number, lambda page: _page_print(page, dpi, max_long_edge))
+
+
+def _page_print(page: pdfium.PdfPage, dpi: int, max_long_edge: int) -> PrintSize | None:
+    textpage = page.get_textpage()
+    handle, box, bbox = textpage.raw, pdfium_c.FS_RECTF(), page.get_bbox()
+    place = _Placement.of(page, pdf_scale(page.get_size(), dpi, max_long_edge))
+    heights: list[float] = []
+    in_word = False  # a letter or a digit of the word was measured
+    for index in range(textpage.count_chars()):
+        char = chr(pdfium_c.FPDFText_GetUnicode(handle, index))
+        if char.isspace():
+            in_word = False
+        elif char.isalnum() and (not in_word or _cjk(char)):
+            in_word = not _cjk(char)
+            rect = _loose_box(handle, index, box)
+            _, top, _, bottom = place.pixels(rect)
+            if _overlaps(rect, bbox) and bottom > top:
+                heights.append(bottom - top)
+    return PrintSize(statistics.median(heights), len(heights)) if heights else None
 
 
 @dataclass(frozen=True)

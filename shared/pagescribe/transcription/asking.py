@@ -47,14 +47,24 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SeenPage:
-    """A rendered page as its answers are checked: what the renderer saw, and its second read, on its way (None when
-    the page has its own words, or the offline engine reads it, or reads are off)."""
+    """A rendered page as its answers are checked: what the renderer saw, its own words being placed on its image
+    (``placing``: a page with a text layer rendered without them), and its second read, on its way (None when the page
+    has its own words, or the offline engine reads it, or reads are off)."""
 
     rendered: RenderedPage
     evidence: PageEvidence
+    placing: asyncio.Task[PageText] | None
     reading: PendingRead | None
     mode: str  # the page's SECOND_READ
     deadline: Deadline
+
+    async def close(self) -> None:
+        """The page is done with its evidence: words still being placed and a second read still running are let go."""
+        if self.placing is not None and not self.placing.done():
+            self.placing.cancel()
+            await asyncio.gather(self.placing, return_exceptions=True)
+        if self.reading is not None:
+            await self.reading.close()
 
 
 @dataclass(frozen=True)
@@ -200,6 +210,8 @@ class ModelCaller:
         rendered = seen.rendered
         if seen.evidence.words is not None:
             return seen.evidence, {}
+        if seen.placing is not None:  # its own words, placed while the call ran
+            return replace(seen.evidence, words=await seen.placing), {}
         if result.lines:  # the offline engine's own answer, with its own boxes
             from pagescribe.grounding import GroundingSource, PageText, words_from_boxes
 

@@ -23,7 +23,7 @@ from collections.abc import Collection, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagescribe.checks import usable_text_layer
 from pagescribe.domain import DocumentRecord
@@ -32,6 +32,9 @@ from pagescribe.settings import Settings
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import RenderedPage
 from pagescribe.sources.textlayer import TextLayer
+
+if TYPE_CHECKING:
+    from pagescribe.grounding import PageText
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,6 @@ class PageImages:
             "max_image_pixels": settings.max_image_pixels,
             "orient": settings.detect_orientation,
             "blank_below": settings.flag_blank_render_threshold,
-            "words": True,
         }
         self._lock = threading.Lock()
         self._held: set[PageKey] = set()  # the batch's pages that have not sent their call yet
@@ -108,11 +110,17 @@ class PageImages:
     async def render(
         self, document: DocumentRecord, source: Path, kind: DocumentKind, page_number: int
     ) -> RenderedPage:
-        """The page's image: rendered ahead, or rendered now."""
+        """The page's image: rendered ahead (with its words, where it has a text layer), or rendered now, without them:
+        placing them is most of a render's time, and the page's call need not wait for it (``words``)."""
         prepared = await self._ready(page_key(document, page_number), keep=False)
         if prepared is not None and prepared.rendered is not None:
             return prepared.rendered
         return await self._renderer.render(source, kind, page_number, **self._params)
+
+    async def words(self, source: Path, page_number: int) -> PageText:
+        """The words of a page rendered now (``render``) placed on its image: the evidence its answer is grounded to."""
+        scale = {"dpi": self._params["dpi"], "max_long_edge": self._params["max_long_edge"]}
+        return await self._renderer.words(source, page_number, **scale)
 
     def hold(self, pages: Iterable[PageKey]) -> None:
         """A new batch's pages: nothing is rendered ahead until each has sent its call or ended (``sent``)."""
@@ -234,5 +242,5 @@ class PageImages:
             text = self._renderer.spare_text_layer(wanted.path, wanted.page_number)
             if usable_text_layer(text.text):
                 return Prepared(text, None)
-        rendered = self._renderer.spare_render(wanted.path, wanted.kind, wanted.page_number, **self._params)
+        rendered = self._renderer.spare_render(wanted.path, wanted.kind, wanted.page_number, words=True, **self._params)
         return Prepared(text, rendered)

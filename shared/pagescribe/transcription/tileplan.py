@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from pagescribe.settings import Settings
 from pagescribe.sources.pages import Band
+from pagescribe.sources.textlayer import PrintSize
 
 if TYPE_CHECKING:
     from pagescribe.grounding import PageText
@@ -77,6 +78,12 @@ def text_height(words: PageText | None) -> float | None:
         if word.box.y1 > word.box.y0 and any(char.isalnum() for char in word.text)  # a dot leader is no print size
     ]
     return statistics.median(heights) if len(heights) >= MIN_WORDS else None
+
+
+def print_height(size: PrintSize | None) -> float | None:
+    """The height in pixels of a page's print, measured on its text layer as it renders (None with fewer than
+    MIN_WORDS words): what decides, before any call, whether a page with a text layer is dense."""
+    return size.px if size is not None and size.words >= MIN_WORDS else None
 
 
 def _bands(count: int, share: float) -> tuple[Band, ...]:

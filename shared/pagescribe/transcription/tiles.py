@@ -3,7 +3,7 @@ or its answer was truncated, from overlapping bands of it rendered larger, one m
 (which pages, and how they are cut: :mod:`pagescribe.transcription.tileplan`; the stitching:
 :mod:`pagescribe.transcription.stitching`).
 
-When: a page with a text layer is known to be dense before any call (its words' heights), and goes straight to tiles;
+When: a page with a text layer is known to be dense before any call (its print's height), and goes straight to tiles;
 a scan is known dense only from the offline engine's lines (its second read, or its own answer when the offline
 engine is the model), so after the whole page's answer; a truncated answer, after it too. That whole-page answer is
 recorded as a call (TILED) and paid for; the tiles are read once, never tiles of tiles: a truncated tile leaves the
@@ -47,7 +47,7 @@ from pagescribe.transcription.outcomes import answer_outcome
 from pagescribe.transcription.results import PageContext, PageResults
 from pagescribe.transcription.sourcecache import SourceCache
 from pagescribe.transcription.stitching import stitch
-from pagescribe.transcription.tileplan import TileLimits, TilePlan, plan_tiles, text_height
+from pagescribe.transcription.tileplan import TileLimits, TilePlan, plan_tiles, print_height, text_height
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class TiledReader:
     async def ask(self, ctx: PageContext, seen: SeenPage, asked: TileAsk, seconds: float) -> CheckedAnswer | PageResult:
         """The page's checked answer: from the whole page (a call within ``seconds``), or from its tiles; or the page's
         result when a tile could not be called (held back by a gate, or too little time left)."""
-        plan = self._plan(seen, text_height(seen.evidence.words), truncated=False)
+        plan = self._plan(seen, print_height(seen.rendered.print_size), truncated=False)
         if plan is not None:  # dense by its own text layer: no whole-page call
             return await self._read(ctx, seen, asked, plan, paid=[], first=asked.admitted)
         checked = await self._caller.ask(ctx, seen, asked.model, seconds, asked.earlier, asked.admitted)

@@ -8,6 +8,7 @@ import functools
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import JobQueue, ObjectMissingError
@@ -32,6 +33,9 @@ from pagescribe.transcription.prerender import PageImages, page_key
 from pagescribe.transcription.results import PageContext, PageResults
 from pagescribe.transcription.sourcecache import SourceCache
 from pagescribe.transcription.tiles import TileAsk, TiledReader
+
+if TYPE_CHECKING:
+    from pagescribe.grounding import PageText
 
 log = logging.getLogger(__name__)
 
@@ -195,20 +199,29 @@ class Transcriber:
                 return await self._results.fail(ctx, rejection(flags, escalated_to=to), checked.outcome)
             return await self._escalate(ctx, seen, checked, escalation_model)
         finally:
-            if seen.reading is not None:
-                await seen.reading.close()
+            await seen.close()
 
     def _seen(self, ctx: PageContext, rendered: RenderedPage, deadline: Deadline) -> SeenPage:
-        """The page as its answers are checked: its own words where it has a usable text layer; otherwise its second
-        read, started now, as its call starts (none when the offline engine itself reads the page)."""
+        """The page as its answers are checked: its own words where it has a usable text layer (rendered ahead with
+        its image, or placed now, as its call starts); otherwise its second read, started now too (none when the
+        offline engine itself reads the page)."""
         evidence = PageEvidence(
             ink=rendered.ink, text_layer=rendered.text_layer, rotation=rendered.rotation, words=rendered.words
         )
         mode = ctx.document.second_read or self._settings.second_read
+        own_words = usable_text_layer(rendered.text_layer)
+        placing = None
+        if own_words and rendered.words is None:
+            placing = asyncio.create_task(self._place_words(ctx.document, ctx.job.page_number))
+            placing.add_done_callback(_retrieved)
         reading = None
-        if rendered.words is None and not self._settings.uses_offline_provider:
+        if not own_words and not self._settings.uses_offline_provider:
             reading = self._reader.start(rendered, mode=mode, seconds_left=deadline.until_result())
-        return SeenPage(rendered, evidence, reading, mode, deadline)
+        return SeenPage(rendered, evidence, placing, reading, mode, deadline)
+
+    async def _place_words(self, document: DocumentRecord, page_number: int) -> PageText:
+        async with self._sources.use(document) as source:  # the file stays on disk while they are placed
+            return await self._images.words(source, page_number)
 
     async def _park(self, ctx: PageContext, rendered: RenderedPage, model: str) -> PageResult:
         """A page of the batch lane: its image kept (the provider reads it from a presigned URL) and the page parked
@@ -295,3 +308,10 @@ class Transcriber:
         instead = "with TEXT_LAYER=off its text layer may not stand in" if usable else "it has no usable text layer"
         reason = rejection(flags, then=f"{instead}, and no model was asked to read a blank image")
         return await self._results.fail(ctx, reason, NO_OUTCOME._replace(flags=tuple(flag.as_dict() for flag in flags)))
+
+
+def _retrieved(task: asyncio.Task[PageText]) -> None:
+    """Words a page stopped waiting for (it ended before its answer was checked) may still have failed: the page that
+    awaits them meets the error; one that does not, has no use for it."""
+    if not task.cancelled():
+        task.exception()

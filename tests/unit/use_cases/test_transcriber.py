@@ -7,11 +7,13 @@ import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import ObjectStore
 from pagescribe.domain import LOOP_CUT, ClaimedJob, NewDocument, PageResult, RateBucket, RateGrant, SpendVerdict
+from pagescribe.grounding import PageText
 from pagescribe.providers.base import ProviderError, Transcription, TranscriptionRequest
 from pagescribe.rendering import RenderPool
 from pagescribe.secondread import SecondReader
@@ -186,6 +188,60 @@ def test_the_pages_of_a_document_that_reach_the_gates_together_pass_each_at_once
     assert results == [PageResult.COMPLETED] * 4 and len(model.asked) == 5
     day = store.tenant_day("default")
     assert day is not None and day.calls == 5
+
+
+@dataclass
+class SignallingModel(ScriptedModel):
+    """A scripted model that says when it was first asked."""
+
+    was_asked: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
+        self.was_asked.set()
+        return await super().transcribe(request, call_seconds=call_seconds)
+
+
+class WordsOnceAsked(RenderPool):
+    """A render pool that places a page's words only once the model was asked for the page (a transcriber that waited
+    for the words before its call would wait for ever: the wait gives up after a minute, failing the page)."""
+
+    def __init__(self, asked: asyncio.Event) -> None:
+        super().__init__(workers=1, memory_limit_mb=1024, timeout_seconds=60)
+        self._asked = asked
+        self.placed: list[int] = []
+
+    async def words(self, path: Path, page_number: int, *, dpi: int, max_long_edge: int) -> PageText:
+        await asyncio.wait_for(self._asked.wait(), timeout=60)
+        self.placed.append(page_number)
+        return await super().words(path, page_number, dpi=dpi, max_long_edge=max_long_edge)
+
+
+def test_a_page_with_a_text_layer_rendered_at_its_claim_is_asked_before_its_words_are_placed_and_grounded_to_them(
+    store: MemoryStore, objects: ObjectStore
+) -> None:
+    # Given a PDF page with a text layer, a model, and a render pool that places the page's words only once the model
+    # was asked (the answer is not the page's text: the checks let it through as it is)
+    model = SignallingModel([GOOD])
+    pool = WordsOnceAsked(model.was_asked)
+    relaxed = SETTINGS.model_copy(
+        update={"flag_ungrounded_threshold": 1, "flag_ungrounded_block_chars": 0, "flag_missed_text_threshold": 1}
+    )
+    try:
+        transcriber = Setup(store, objects, pool).transcriber(model, relaxed)
+        body = (CORPUS / "pdflatex-4-pages.pdf").read_bytes()
+        objects.put_bytes(BUCKET, "uploads/four.pdf", body, content_type="application/pdf")
+        new = NewDocument(BUCKET, "uploads/four.pdf", "", "", len(body), "small/model")
+        created = store.create_document(new, kind="pdf", pages=[2])
+
+        # When its message is delivered
+        results = _deliver(transcriber, *created.job_ids)
+    finally:
+        pool.close()
+
+    # Then the page was asked, its words were placed meanwhile, and its answer was grounded to them
+    assert results == [PageResult.COMPLETED] and model.asked == ["small/model"] and pool.placed == [2]
+    [page] = store.load_pages(created.document_id)
+    assert page.grounding is not None and page.grounding["source"] == "text_layer"
 
 
 def test_a_page_answered_is_kept_with_its_call_and_its_document_written(setup: Setup) -> None:
