@@ -13,8 +13,8 @@ through ``pagescribe.store.postgres.Database``:
   history, so the gate takes its normal path;
 - per batch, the rate governor's ``take_rate_slots`` for its pages (through ``RateGovernor.admit``, with a bucket so
   large that no page waits), as the pages of a batch reach it together;
-- per page: ``keep_page_image`` (KEEP_PAGE_IMAGES is on by default), then, after the model's time (the think time;
-  none in a saturation run), ``complete_job`` with an outcome that carries a cost.
+- per page, after the model's time (the think time; none in a saturation run): ``complete_job`` with an outcome that
+  carries a cost, noting the page's image (KEEP_PAGE_IMAGES is on by default) in the same write.
 
 Two layouts of the same pages: SPREAD (documents of 50 pages over tenants of four documents each) and HOT (one
 document of one tenant). Workers beyond the connections the server can spare share a bounded number of connections,
@@ -93,10 +93,9 @@ STATEMENTS = {
     "ADMIT_SPEND": "admit_spends (ADMIT_SPEND)",
     "TAKE_RATE_SLOTS": "take_rate_slots",
     "CREATE_RATE_BUCKET": "take_rate_slots (CREATE_RATE_BUCKET)",
-    "KEEP_PAGE_IMAGE": "keep_page_image",
     "COMPLETE_JOB": "complete_job",
 }
-ORDER = ("claim_jobs", "admit_spends", "take_rate_slots", "keep_page_image", "complete_job")
+ORDER = ("claim_jobs", "admit_spends", "take_rate_slots", "complete_job")
 
 
 class Layout:
@@ -270,10 +269,10 @@ class Client:
         if time.time() >= self.stop_at:  # the window is over: the page goes back, as a page held back by a gate
             self._give_back(job)  # does (its claim not counted), so that a run ends soon after it
             return
-        self.timed("keep_page_image", self.db.keep_page_image, job, f"transcripts/{job.document_id}/pages/x.webp")
         if self._think:
             time.sleep(self._think)  # the render and the model call
-        if self.timed("complete_job", self.db.complete_job, job, OUTCOME) is None:
+        image = f"transcripts/{job.document_id}/pages/{job.page_number}.webp"
+        if self.timed("complete_job", self.db.complete_job, job, OUTCOME, image_key=image) is None:
             self.violation(f"job {job.job_id}: the fenced completion found its lease gone")
         with self._lock:
             self.figures.completed_at.append(time.time())

@@ -245,8 +245,8 @@ reach it together in the transcriber (LOCK_SPENDERS, then ADMIT_SPEND for the pa
 round trip: every document has a `max_cost_usd`, every tenant a daily budget, both far above what the run spends, and
 each tenant a completed page before the run, so the gate prices calls from its history as in production), and the
 rate governor's `take_rate_slots` for them through `RateGovernor.admit` (a bucket no run can empty: the statement
-runs, no page waits); then the batch's ten pages at once, each: `keep_page_image`, then after the think time
-`complete_job` with a cost. SPREAD: documents of 50 pages, four per tenant, batches shuffled; HOT:
+runs, no page waits); then the batch's ten pages at once, each after the think time: `complete_job` with a cost,
+noting the page's image in the same write. SPREAD: documents of 50 pages, four per tenant, batches shuffled; HOT:
 one document of one tenant. Each run takes batches for a fixed window on a fresh database; then each worker ends the
 page it is on and gives its batch's other pages back (`defer_job`, as a page held back by a gate); pages/s counts
 the pages completed within the window past its first quarter (the warm-up), and the latency percentiles are of the

@@ -34,8 +34,8 @@ STEPS: dict[str, tuple[str, ...]] = {
     "claim": ("claim_jobs", "get_documents"),
     "admission": ("admit_spends",),
     "slot": ("take_rate_slots", "settle_rate_tokens"),
-    "page image": ("keep_page_image", "keep_figures"),
-    "attempt, completion, counters": ("complete_job",),
+    "page image, figures (a page whose attempt did not end it)": ("keep_page_image", "keep_figures"),
+    "attempt, completion, counters, image key": ("complete_job",),
     "finish": ("get_document", "load_pages", "load_attempts", "finish_document"),
 }
 STEP_OF = {method: step for step, methods in STEPS.items() for method in methods}

@@ -409,6 +409,24 @@ def test_a_finished_page_is_rerun_on_another_model_within_its_limits(store: Stor
     assert store.page_rerun_state(document_id, 2) is None
 
 
+def test_the_write_that_ends_a_page_notes_its_image_and_one_without_keeps_the_image_noted(store: Store) -> None:
+    # Given three pages: one whose image was noted on its own (an attempt that did not end it), two whose were not
+    document_id, [one, two, three] = _document(store, pages=3)
+    first = _claim(store, one)
+    store.keep_page_image(first, "images/1.png")
+    # When each page ends, the last two noting their image in the write that ends them
+    store.complete_job(first, _answer())
+    store.complete_job(_claim(store, two), _answer(), image_key="images/2.png")
+    store.fail_job(_claim(store, three), "rejected", image_key="images/3.png")
+    # Then every page has its image
+    images = [store.page_image(document_id, page) for page in (1, 2, 3)]
+    assert [(i.image_key, i.status) if i else None for i in images] == [
+        ("images/1.png", JobStatus.COMPLETED),
+        ("images/2.png", JobStatus.COMPLETED),
+        ("images/3.png", JobStatus.FAILED),
+    ]
+
+
 def test_a_pages_image_figures_summary_and_issues(store: Store) -> None:
     document_id, [one, _] = _document(store, pages=2)
     job = _claim(store, one)

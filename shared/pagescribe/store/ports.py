@@ -178,13 +178,17 @@ class ClaimStore(Protocol):
 class Ledger(Protocol):
     """The fenced writes that end a page, and every model call recorded with its cost."""
 
-    def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
-        """Store a page's transcription if this worker still holds the lease; None when the lease was lost. The call
-        that produced it is recorded either way."""
+    def complete_job(
+        self, job: ClaimedJob, outcome: PageOutcome, *, image_key: str | None = None
+    ) -> DocumentProgress | None:
+        """Store a page's transcription (and the key of the image it was sent as, once stored) if this worker still
+        holds the lease; None when the lease was lost. The call that produced it is recorded either way."""
 
-    def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
-        """Mark a page FAILED with its reason (keeping any text) if this worker holds the lease; the call that
-        produced ``outcome`` is recorded either way."""
+    def fail_job(
+        self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME, *, image_key: str | None = None
+    ) -> DocumentProgress | None:
+        """Mark a page FAILED with its reason (keeping any text, noting the image it was sent as) if this worker holds
+        the lease; the call that produced ``outcome`` is recorded either way."""
 
     def escalate_job(self, job: ClaimedJob, outcome: PageOutcome) -> bool:
         """Record a page's one escalation, keeping the hard-flagged answer it escalates from; False when the lease was

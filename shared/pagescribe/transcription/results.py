@@ -30,6 +30,15 @@ def retry_delay_seconds(settings: Settings, attempts: int, retry_after: float | 
     return min(MAX_RETRY_DELAY_SECONDS, math.ceil(max(backoff, retry_after or 0.0)))
 
 
+@dataclass
+class KeptImage:
+    """The image a page was sent to the model as, once stored in the bucket (``key``), and whether a write noted it
+    on the page."""
+
+    key: str | None = None
+    noted: bool = False
+
+
 @dataclass(frozen=True)
 class PageContext:
     """A claimed page at work: its job, its document, and its figures (and image) being stored."""
@@ -38,6 +47,7 @@ class PageContext:
     document: DocumentRecord
     storing: list[asyncio.Task[None]] = field(default_factory=list)  # the page's figures (and image) being stored
     on_sent: Callable[[], None] | None = None  # the page's first call is on its way (see PageImages.sent)
+    image: KeptImage = field(default_factory=KeptImage)  # noted by the write that ends the page (see note_image)
 
     @property
     def log_extra(self) -> dict[str, Any]:
@@ -60,14 +70,27 @@ class PageResults:
         self._transcripts = transcripts
 
     async def stored(self, ctx: PageContext) -> None:
-        """The page's figures and image stored and noted on it, so that the finish that its end may set off finds
-        them."""
+        """The page's figures and image stored (the figures noted on it), so that the write that ends the page notes
+        its image and the finish that its end may set off finds them."""
         while ctx.storing:
             await ctx.storing.pop()
 
+    def note_image(self, ctx: PageContext) -> None:
+        """The page's image noted on it by a statement of its own: for a page whose attempt did not end it (requeued,
+        deferred); a page's end notes it in the same write. A failure is logged and counted, not the page's."""
+        if ctx.image.key is None or ctx.image.noted:
+            return
+        try:
+            self._db.keep_page_image(ctx.job, ctx.image.key)
+        except Exception:
+            log.exception("the page's image could not be noted", extra=ctx.log_extra)
+            count("PageImagesNotKept")
+        ctx.image.noted = True
+
     async def complete(self, ctx: PageContext, outcome: PageOutcome) -> PageResult:
         await self.stored(ctx)
-        progress = self._db.complete_job(ctx.job, outcome)
+        progress = self._db.complete_job(ctx.job, outcome, image_key=ctx.image.key)
+        ctx.image.noted = True
         if progress is None:
             return self.lease_lost(ctx)
         log.info(
@@ -87,7 +110,8 @@ class PageResults:
 
     async def fail(self, ctx: PageContext, reason: str, outcome: PageOutcome = NO_OUTCOME) -> PageResult:
         await self.stored(ctx)
-        progress = self._db.fail_job(ctx.job, reason, outcome)
+        progress = self._db.fail_job(ctx.job, reason, outcome, image_key=ctx.image.key)
+        ctx.image.noted = True
         if progress is None:
             return self.lease_lost(ctx)
         log.warning("page failed: %s", reason, extra={**ctx.log_extra, "flags": [f["flag"] for f in outcome.flags]})

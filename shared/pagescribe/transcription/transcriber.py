@@ -173,6 +173,7 @@ class Transcriber:
             return await self._answer(ctx, rendered, AskedFor(model, earlier, escalated_to, admitted), deadline)
         finally:  # stored while the model answered; the invocation does not end before they are
             await self._results.stored(ctx)
+            self._results.note_image(ctx)
 
     async def _answer(
         self, ctx: PageContext, rendered: RenderedPage, asked: AskedFor, deadline: Deadline
@@ -254,13 +255,13 @@ class Transcriber:
             count("FiguresNotKept")
 
     async def _keep_image(self, ctx: PageContext, rendered: RenderedPage) -> None:
-        """Store the image the page is sent to the model as, and note its key on the page. A page whose image could
-        not be kept is transcribed all the same: the failure is logged and counted, not the page's."""
+        """Store the image the page is sent to the model as; its key is noted on the page by the write that ends it
+        (PageResults.note_image). A page whose image could not be kept is transcribed all the same: the failure is
+        logged and counted, not the page's."""
         try:
-            key = await asyncio.to_thread(
+            ctx.image.key = await asyncio.to_thread(
                 self._transcripts.keep_page_image, ctx.document, ctx.job.page_number, rendered.data, rendered.media_type
             )
-            self._db.keep_page_image(ctx.job, key)  # one short statement, on the loop's thread like the others
         except Exception:
             log.exception("the page's image could not be kept", extra=ctx.log_extra)
             count("PageImagesNotKept")

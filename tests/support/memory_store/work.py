@@ -153,15 +153,25 @@ def _back_to_queue(job: JobRow, error: str, available_at: datetime) -> None:
 class MemoryLedger:
     state: MemoryState
 
-    def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
-        return self._end(job, outcome, JobStatus.COMPLETED, None, AttemptOutcome.KEPT)
+    def complete_job(
+        self, job: ClaimedJob, outcome: PageOutcome, *, image_key: str | None = None
+    ) -> DocumentProgress | None:
+        return self._end(job, outcome, (JobStatus.COMPLETED, None, image_key), AttemptOutcome.KEPT)
 
-    def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
-        return self._end(job, outcome, JobStatus.FAILED, error, AttemptOutcome.REJECTED)
+    def fail_job(
+        self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME, *, image_key: str | None = None
+    ) -> DocumentProgress | None:
+        return self._end(job, outcome, (JobStatus.FAILED, error, image_key), AttemptOutcome.REJECTED)
 
     def _end(
-        self, job: ClaimedJob, outcome: PageOutcome, status: JobStatus, error: str | None, recorded_as: AttemptOutcome
+        self,
+        job: ClaimedJob,
+        outcome: PageOutcome,
+        end: tuple[JobStatus, str | None, str | None],
+        recorded_as: AttemptOutcome,
     ) -> DocumentProgress | None:
+        """The page's end (its status, error and image) written under its lease, as COMPLETE_JOB and FAIL_JOB."""
+        status, error, image_key = end
         with self.state.lock:
             row = self.state.jobs.get(job.job_id)
             written = row is not None and row.leased_to(job.lease_token)
@@ -174,6 +184,7 @@ class MemoryLedger:
                 _write_answer(row, outcome)
             row.flags = flags if answered else row.flags + flags
             row.status, row.error = status, error
+            row.image_key = image_key or row.image_key
             row.escalation = EscalationState.DONE if row.escalation is not None else None
             row.rate_slot_at = row.reserved_usd = row.lease_expires_at = None
             row.completed_at = self.state.now()

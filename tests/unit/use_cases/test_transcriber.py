@@ -244,6 +244,37 @@ def test_a_page_with_a_text_layer_rendered_at_its_claim_is_asked_before_its_word
     assert page.grounding is not None and page.grounding["source"] == "text_layer"
 
 
+class NotedImages(MemoryStore):
+    """The in-memory store, noting the statements that note a page's image on their own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noted_alone: list[str] = []
+
+    def keep_page_image(self, job: ClaimedJob, image_key: str) -> None:
+        self.noted_alone.append(image_key)
+        super().keep_page_image(job, image_key)
+
+
+def test_a_pages_image_is_noted_by_the_write_that_ends_it_or_alone_when_it_goes_back_to_the_queue(
+    objects: ObjectStore, renderer: RenderPool
+) -> None:
+    # Given two one-page images, and a model that answers the first and fails the second with a retryable error
+    store = NotedImages()
+    setup = Setup(store, objects, renderer)
+    answered, first = setup.scanned_document("uploads/first.png")
+    requeued, second = setup.scanned_document("uploads/second.png")
+    transcriber = setup.transcriber(ScriptedModel([GOOD, ProviderError("the provider is down", retryable=True)]))
+    # When each page's message is delivered
+    results = _deliver(transcriber, first) + _deliver(transcriber, second)
+    # Then the answered page's image was noted by its completion, and the requeued page's by a statement of its own
+    assert results == [PageResult.COMPLETED, PageResult.REQUEUED]
+    images = [store.page_image(document_id, 1) for document_id in (answered, requeued)]
+    keys = [image.image_key if image else None for image in images]
+    assert keys == [f"transcripts/{answered}/pages/0001.jpg", f"transcripts/{requeued}/pages/0001.jpg"]
+    assert store.noted_alone == [keys[1]]
+
+
 def test_a_page_answered_is_kept_with_its_call_and_its_document_written(setup: Setup) -> None:
     # Given a one-page document whose page the model answers well
     document_id, job_id = setup.scanned_document()

@@ -84,6 +84,9 @@ class PgLedger(Connected):
     # answered without a call (its own text layer) records nothing. The call's cost counts in its tenant's day at once
     # (counted AS).
     #
+    # The image the page was sent to the model as (``image_key``, stored in the bucket while the model answered) is
+    # noted by the write that ends the page, not by a statement of its own (KEEP_PAGE_IMAGE: a page that does not end).
+    #
     # Fenced completion: only the holder of the current lease may write; the document's count (its shard of
     # document_counts, with the call's cost) moves in the same statement, and the count is returned: the completion
     # that sees the last page land finishes the document (FINISH_DOCUMENT lets one finish only). On a sharded document
@@ -105,6 +108,7 @@ class PgLedger(Connected):
             grounding = CASE WHEN %(answered)s THEN %(grounding)s ELSE grounding END,
             flags = CASE WHEN %(answered)s THEN %(flags)s ELSE flags || %(flags)s END,
             escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END, rate_slot_at = NULL, reserved_usd = NULL,
+            image_key = coalesce(%(image_key)s, image_key),
             lease_expires_at = NULL, completed_at = now(), updated_at = now()
         WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
         RETURNING document_id
@@ -147,8 +151,11 @@ class PgLedger(Connected):
     ) o
     """
 
-    def complete_job(self, job: ClaimedJob, outcome: PageOutcome) -> DocumentProgress | None:
-        return self._progress(self._row(self.COMPLETE_JOB, fenced_write(job, outcome, AttemptOutcome.KEPT)))
+    def complete_job(
+        self, job: ClaimedJob, outcome: PageOutcome, *, image_key: str | None = None
+    ) -> DocumentProgress | None:
+        params = {**fenced_write(job, outcome, AttemptOutcome.KEPT), "image_key": image_key}
+        return self._progress(self._row(self.COMPLETE_JOB, params))
 
     # A document's count, summed over its shards (every write that moved it committed).
     DOCUMENT_PROGRESS = """
@@ -192,6 +199,7 @@ class PgLedger(Connected):
             grounding = CASE WHEN %(answered)s THEN %(grounding)s ELSE grounding END,
             flags = CASE WHEN %(answered)s THEN %(flags)s ELSE flags || %(flags)s END,
             escalation = CASE WHEN escalation IS NOT NULL THEN 'DONE' END, rate_slot_at = NULL, reserved_usd = NULL,
+            image_key = coalesce(%(image_key)s, image_key),
             lease_expires_at = NULL, completed_at = now(), updated_at = now()
         WHERE id = %(job_id)s AND status = 'PROCESSING' AND lease_token = %(lease_token)s
         RETURNING document_id
@@ -234,8 +242,10 @@ class PgLedger(Connected):
     ) o
     """
 
-    def fail_job(self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME) -> DocumentProgress | None:
-        params = {**fenced_write(job, outcome, AttemptOutcome.REJECTED), "error": error}
+    def fail_job(
+        self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME, *, image_key: str | None = None
+    ) -> DocumentProgress | None:
+        params = {**fenced_write(job, outcome, AttemptOutcome.REJECTED), "error": error, "image_key": image_key}
         return self._progress(self._row(self.FAIL_JOB, params))
 
     # The one escalation of a page: its hard-flagged answer is kept on the page (the text to fail with if the escalation
