@@ -59,6 +59,7 @@ class RateGovernor:
             else None
         )
         self._counts_tokens = settings.rate_limit_tpm > 0
+        self._unsettled: dict[str, list[tuple[float, int]]] = {}  # by model: each call's tokens taken and used
 
     @property
     def enabled(self) -> bool:
@@ -90,11 +91,20 @@ class RateGovernor:
         return bucket if self._serving is None else bucket._replace(provider=self._serving(model))
 
     def settle(self, model: str, admission: Admission, actual_tokens: int) -> None:
-        """The call's real tokens against those it took (token limits only)."""
+        """The call's real tokens against those it took (token limits only), settled with the batch's other calls
+        (``flush``)."""
         if self._bucket is not None and self._counts_tokens:
-            self._db.settle_rate_tokens(
-                self._bucket_of(self._bucket, model), model, estimate=admission.tokens, actual=actual_tokens
-            )
+            self._unsettled.setdefault(model, []).append((admission.tokens, actual_tokens))
+
+    def flush(self) -> None:
+        """Settle the calls made since the last flush, one statement a model: a batch's calls end within moments of
+        each other, and the bucket's row (every environment's, for the model) is written once for them, not once a
+        call. Calls not yet flushed when an environment dies go unsettled, as a bucket's last takes may be lost."""
+        unsettled, self._unsettled = self._unsettled, {}
+        if self._bucket is None:
+            return
+        for model, calls in unsettled.items():
+            self._db.settle_rate_tokens(self._bucket_of(self._bucket, model), model, calls=calls)
 
 
 def _holds(slot: float | None) -> bool:

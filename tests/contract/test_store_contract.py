@@ -564,13 +564,26 @@ def test_the_rate_bucket_grants_its_burst_then_reserves_slots_ahead(store: Store
     store.pause_rate_bucket(bucket, "m", 30)
     paused = _take(store, bucket, "m", prepaid=True, max_wait=10)
     assert paused.paused and not paused.reserved and paused.wait > 29
-    store.settle_rate_tokens(bucket, "m", estimate=0, actual=500)
+    store.settle_rate_tokens(bucket, "m", calls=[(0, 500)])
     assert _take(store, bucket, "m", prepaid=True, max_wait=10).mean_tokens == 500
 
 
 def _take(store: Store, bucket: RateBucket, model: str, *, prepaid: bool, max_wait: float) -> RateGrant:
     [grant] = store.take_rate_slots(bucket, model, prepaid=[prepaid], max_wait=max_wait)
     return grant
+
+
+def test_calls_settled_together_leave_the_bucket_as_settled_one_after_another(store: Store) -> None:
+    # Given a bucket of 10 tokens a second (a burst of 10), which has seen no call yet
+    bucket = RateBucket("fake", requests_per_minute=600, tokens_per_minute=600, burst=10)
+    _take(store, bucket, "m", prepaid=True, max_wait=899)
+    # When three calls are settled together (each took its estimate, then used its tokens), then one more
+    store.settle_rate_tokens(bucket, "m", calls=[(0, 1000), (1000, 2000), (1000, 500)])
+    store.settle_rate_tokens(bucket, "m", calls=[(1040, 1040)])
+    # Then the bucket learned their mean in order (1000, then 1100, 1040, 1040) and owes the 1,500 tokens they used
+    # beyond their estimates: the next call waits for them to come back, about 150 s
+    after = _take(store, bucket, "m", prepaid=False, max_wait=899)
+    assert after.mean_tokens == pytest.approx(1040) and after.reserved and 140 < after.wait <= 150
 
 
 def test_pages_that_take_slots_together_get_what_they_would_one_after_another(store: Store) -> None:

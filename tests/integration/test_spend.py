@@ -205,7 +205,8 @@ def test_the_bucket_reserves_slots_one_interval_apart_and_a_pause_reserves_none(
 def test_the_buckets_commits_do_not_wait_for_the_wal_flush_and_nothing_else_does_so(db: Database) -> None:
     # Given a bucket
     bucket = RateBucket("fake", requests_per_minute=60, tokens_per_minute=6000, burst=2)
-    params = {**bucket.params("m"), "prepaid": [False], "max_wait": 899.0, "estimate": 0.0, "actual": 10}
+    params = {**bucket.params("m"), "prepaid": [False], "max_wait": 899.0}
+    params |= {"owed": 10, "kept": 0.9, "learned": 1.0, "first_mean": 10}  # SETTLE_RATE_USAGE: one call of 10 tokens
     _take(db, bucket, "m", prepaid=False, max_wait=899)
     pooled = db.engine.raw_connection()
     try:

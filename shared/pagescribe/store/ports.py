@@ -241,7 +241,9 @@ class SpendStore(Protocol):
     def pause_rate_bucket(self, bucket: RateBucket, model: str, seconds: float) -> None:
         """Hold every environment's calls to ``model`` for ``seconds`` (a 429's Retry-After)."""
 
-    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None: ...
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, calls: Sequence[tuple[float, int]]) -> None:
+        """Calls' real tokens against the estimates they took (``calls``: each call's estimate and actual tokens, in
+        the order they ended): the bucket owes or is owed the difference, and learns their mean."""
 
 
 class TenantStore(Protocol):

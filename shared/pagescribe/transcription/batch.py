@@ -56,6 +56,7 @@ class TranscriptionBatch:
                 self._job_ids.append(parse_job_id(body))
         self._claims: Claims | None = None
         self._pages: dict[str, list[int]] = {}  # the pages claimed in this batch, by document
+        self._open = len(bodies)  # messages not yet transcribed: the last one settles the batch's calls
 
     def _claim(self, job_id: str) -> tuple[ClaimedJob, DocumentRecord] | None:
         if self._claims is None:
@@ -77,7 +78,16 @@ class TranscriptionBatch:
         return job, document
 
     async def transcribe(self, body: str) -> PageResult:
-        """Transcribe the page one message names (see ``Transcriber.transcribe_claimed``)."""
+        """Transcribe the page one message names (see ``Transcriber.transcribe_claimed``); the last message of the
+        batch settles the batch's calls with the rate governor."""
+        try:
+            return await self._transcribe(body)
+        finally:
+            self._open -= 1
+            if self._open == 0:
+                self._transcriber.settle_calls()
+
+    async def _transcribe(self, body: str) -> PageResult:
         try:
             job_id = parse_job_id(body)
         except MalformedMessageError as exc:

@@ -94,6 +94,10 @@ class Transcriber:
         ``TranscriptionBatch.transcribe`` per message."""
         return TranscriptionBatch(self, bodies, deadline)
 
+    def settle_calls(self) -> None:
+        """The calls' real tokens settled with the rate governor, for the calls made since the last time."""
+        self._governor.flush()
+
     def claim_batch(self, job_ids: Sequence[str], deadline: Deadline) -> Claims:
         """Claim a batch's jobs, and read their documents, in one statement.
 

@@ -148,12 +148,13 @@ class MemorySpend:
                 now = self.state.now()
                 row.paused_until = max(row.paused_until or now, now + timedelta(seconds=seconds))
 
-    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None:
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, calls: Sequence[tuple[float, int]]) -> None:
         with self.state.lock:
             row = self.state.buckets.get((bucket.provider, model))
             if row is not None:
-                row.tokens -= actual - estimate
-                row.mean_tokens = actual if row.mean_tokens is None else 0.9 * row.mean_tokens + 0.1 * actual
+                for estimate, actual in calls:
+                    row.tokens -= actual - estimate
+                    row.mean_tokens = actual if row.mean_tokens is None else 0.9 * row.mean_tokens + 0.1 * actual
 
 
 def _worst_case(history: list[AttemptRow], prompt_bytes: int, max_output_tokens: int) -> float | None:

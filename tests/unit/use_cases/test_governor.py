@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pagescribe.domain import ClaimedJob
+from collections.abc import Sequence
+
+from pagescribe.domain import ClaimedJob, RateBucket
 from pagescribe.governor import EARLY_SECONDS, Admission, RateGovernor
 from pagescribe.settings import Settings
 
@@ -74,6 +76,7 @@ def test_token_limits_learn_what_a_call_takes(store: MemoryStore) -> None:
     governor = RateGovernor(Settings(rate_limit_rpm=600, rate_limit_tpm=60_000, rate_limit_burst=5), store, "fake")
     first = _one(governor, _page(), "m")
     governor.settle("m", first, 1200)
+    governor.flush()
     # Then the bucket owes those tokens: the next call waits until they are back and its own mean has come in
     assert first.tokens == 0 and store.state.buckets[("fake", "m")].mean_tokens == 1200
     owed = _one(governor, _page(), "m")
@@ -106,3 +109,30 @@ def test_pages_that_ask_together_take_their_slots_as_if_one_after_another(store:
     assert admissions[2].keep_slot and admissions[3].tokens == 0
     assert 0.9 < admissions[4].wait <= 1.0 and 1.9 < admissions[5].wait <= 2.0
     assert store.state.buckets[("fake", "m")].requests == -2  # four taken, none for the two holding theirs
+
+
+class SettleSpy(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled: list[tuple[str, int]] = []
+
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, calls: Sequence[tuple[float, int]]) -> None:
+        self.settled.append((model, len(calls)))
+        super().settle_rate_tokens(bucket, model, calls=calls)
+
+
+def test_calls_are_settled_together_one_statement_a_model_when_flushed() -> None:
+    # Given token limits, and five calls of two models that took their tokens
+    store = SettleSpy()
+    governor = RateGovernor(Settings(rate_limit_rpm=600, rate_limit_tpm=60_000, rate_limit_burst=5), store, "fake")
+    calls = [(model, _one(governor, _page(), model)) for model in ("m", "m", "other", "other", "other")]
+    # When each ends and is settled, nothing is written until the flush, which writes once a model
+    for model, admission in calls:
+        governor.settle(model, admission, 700)
+    assert store.settled == []
+    governor.flush()
+    assert store.settled == [("m", 2), ("other", 3)]
+    # And the bucket learned the calls' tokens; a second flush has nothing to settle
+    assert store.state.buckets[("fake", "m")].mean_tokens == 700
+    governor.flush()
+    assert store.settled == [("m", 2), ("other", 3)]

@@ -117,6 +117,7 @@ class GateSpy(MemoryStore):
         super().__init__()
         self.gates: list[int] = []
         self.takes: list[int] = []
+        self.settles: list[int] = []
 
     def admit_spends(
         self, jobs: Sequence[ClaimedJob], model: str, *, daily_budget_usd: float | None, max_output_tokens: int
@@ -129,6 +130,10 @@ class GateSpy(MemoryStore):
     ) -> list[RateGrant]:
         self.takes.append(len(prepaid))
         return super().take_rate_slots(bucket, model, prepaid=prepaid, max_wait=max_wait)
+
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, calls: Sequence[tuple[float, int]]) -> None:
+        self.settles.append(len(calls))
+        super().settle_rate_tokens(bucket, model, calls=calls)
 
 
 def _deliver_at_once(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
@@ -168,6 +173,7 @@ def test_the_pages_of_a_document_that_reach_the_gates_together_pass_each_at_once
             "flag_ungrounded_block_chars": 0,
             "flag_missed_text_threshold": 1,
             "rate_limit_rpm": 600,
+            "rate_limit_tpm": 6_000_000,
             "rate_limit_burst": 10,
         }
     )
@@ -182,9 +188,10 @@ def test_the_pages_of_a_document_that_reach_the_gates_together_pass_each_at_once
     # When the four pages' messages come in one batch and are transcribed at once
     results = _deliver_at_once(transcriber, *created.job_ids)
 
-    # Then the four pages passed the cost gate in one pass and took their slots of the rate governor in one (the earlier
-    # page each in one of its own), and each went on to its call and was completed
-    assert store.gates == [1, 4] and store.takes == [1, 4]
+    # Then the four pages passed the cost gate in one pass, took their slots of the rate governor in one and had their
+    # calls' tokens settled in one once the batch was done (the earlier page each in one of its own), and each went
+    # on to its call and was completed
+    assert store.gates == [1, 4] and store.takes == [1, 4] and store.settles == [1, 4]
     assert results == [PageResult.COMPLETED] * 4 and len(model.asked) == 5
     day = store.tenant_day("default")
     assert day is not None and day.calls == 5

@@ -309,15 +309,36 @@ class PgSpend(Connected):
     def pause_rate_bucket(self, bucket: RateBucket, model: str, seconds: float) -> None:
         self._rows(self.PAUSE_RATE_BUCKET, {**bucket.params(model), "seconds": seconds})
 
-    # A call's real tokens against the estimate it took: the bucket owes or is owed the difference, and learns the mean.
+    # Calls' real tokens against the estimates they took: the bucket owes or is owed the difference, and learns the
+    # mean, each call moving it a tenth of the way to its own tokens (in the order the calls ended: ``_mean_after``).
     # Its commit, as TAKE_RATE_SLOTS', does not wait for the WAL flush.
     SETTLE_RATE_USAGE = """
     UPDATE rate_buckets
-    SET tokens = tokens - (%(actual)s - %(estimate)s),
-        mean_tokens = CASE WHEN mean_tokens IS NULL THEN %(actual)s ELSE 0.9 * mean_tokens + 0.1 * %(actual)s END
+    SET tokens = tokens - %(owed)s,
+        mean_tokens = CASE WHEN mean_tokens IS NULL THEN %(first_mean)s ELSE %(kept)s * mean_tokens + %(learned)s END
     FROM (SELECT set_config('synchronous_commit', 'off', true) AS relaxed) commit_unflushed
     WHERE provider = %(provider)s AND model = %(model)s AND commit_unflushed.relaxed = 'off'
     """
 
-    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, estimate: float, actual: int) -> None:
-        self._rows(self.SETTLE_RATE_USAGE, {**bucket.params(model), "estimate": estimate, "actual": actual})
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, calls: Sequence[tuple[float, int]]) -> None:
+        if not calls:
+            return
+        actuals = [actual for _, actual in calls]
+        kept, learned = _mean_after(actuals)
+        _, first_learned = _mean_after(actuals[1:])
+        params = {
+            "owed": sum(actual - estimate for estimate, actual in calls),
+            "kept": kept,
+            "learned": learned,
+            "first_mean": 0.9 ** (len(actuals) - 1) * actuals[0] + first_learned,
+        }
+        self._rows(self.SETTLE_RATE_USAGE, {**bucket.params(model), **params})
+
+
+def _mean_after(tokens: Sequence[int]) -> tuple[float, float]:
+    """What a mean becomes after these calls, each moving it a tenth of the way to its own tokens: the share of the
+    mean kept, and what the calls add (``kept * mean + learned``)."""
+    kept, learned = 1.0, 0.0
+    for used in tokens:
+        kept, learned = 0.9 * kept, 0.9 * learned + 0.1 * used
+    return kept, learned
