@@ -51,7 +51,7 @@ def complete_params(claimed: tuple[Any, ...]) -> dict[str, Any]:
     """The parameters Database.complete_job sends for a job claimed by RAW_CLAIM (a row of its RETURNING)."""
     job_id, document_id, page_number, attempts, lease_token, *_ = claimed
     job = ClaimedJob(str(job_id), str(document_id), page_number, attempts, str(lease_token))
-    return fenced_write(job, OUTCOME, AttemptOutcome.KEPT)
+    return {**fenced_write(job, OUTCOME, AttemptOutcome.KEPT), "image_key": None}  # no image kept, as Database's
 
 
 @dataclass

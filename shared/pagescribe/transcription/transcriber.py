@@ -95,8 +95,12 @@ class Transcriber:
         return TranscriptionBatch(self, bodies, deadline)
 
     def settle_calls(self) -> None:
-        """The calls' real tokens settled with the rate governor, for the calls made since the last time."""
-        self._governor.flush()
+        """The calls' real tokens settled with the rate governor, for the calls made since the last time. A failure
+        is logged, not the batch's: its pages are written, and the bucket is an estimate (the next calls' settle)."""
+        try:
+            self._governor.flush()
+        except Exception:
+            log.exception("the batch's calls could not be settled with the rate governor")
 
     def claim_batch(self, job_ids: Sequence[str], deadline: Deadline) -> Claims:
         """Claim a batch's jobs, and read their documents, in one statement.

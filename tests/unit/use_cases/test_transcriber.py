@@ -251,6 +251,27 @@ def test_a_page_with_a_text_layer_rendered_at_its_claim_is_asked_before_its_word
     assert page.grounding is not None and page.grounding["source"] == "text_layer"
 
 
+class SettleFails(MemoryStore):
+    """The in-memory store, its rate bucket unwritable when calls are settled (the database went away meanwhile)."""
+
+    def settle_rate_tokens(self, bucket: RateBucket, model: str, *, calls: Sequence[tuple[float, int]]) -> None:
+        raise ConnectionError("the database went away")
+
+
+def test_a_batch_whose_calls_cannot_be_settled_still_answers_for_its_pages(
+    objects: ObjectStore, renderer: RenderPool
+) -> None:
+    # Given a token limit, and a store whose rate bucket cannot be written when the batch's calls are settled
+    store = SettleFails()
+    setup = Setup(store, objects, renderer)
+    _, job_id = setup.scanned_document()
+    limited = SETTINGS.model_copy(update={"rate_limit_rpm": 600, "rate_limit_tpm": 6_000_000})
+    # When the page's message is delivered and answered
+    results = _deliver(setup.transcriber(ScriptedModel([GOOD]), limited), job_id)
+    # Then the page is completed and its message answered as such: the settle's failure is logged, not the page's
+    assert results == [PageResult.COMPLETED]
+
+
 class NotedImages(MemoryStore):
     """The in-memory store, noting the statements that note a page's image on their own."""
 
