@@ -389,15 +389,22 @@ Wall time was 1.40× the ideal.
   window skips the pages they will take (the stride between this environment's last two batches). Pages rendered
   ahead here: {_row(pipeline, "pages whose image was rendered ahead")};
 - the transcribe function starts all its render processes during init (`RenderPool.prestart(workers)`), not on the
-  first batch.
+  first batch;
+- a page rendered at its claim (the first batch's) is sent before its words are placed on the image (commit
+  3b1a42a): placing them, the grounding evidence, was most of a born-digital render's time; they are placed while
+  its call runs, and the size of its print that decides tiling is measured with the render (each word by its first
+  letter or digit, a third of the cost);
+- the gates take a batch's pages at once: the cost gate's one transaction, the rate governor's take (commit
+  5def5a3) and, once the batch is done, the settling of its calls' tokens (commit 6a40c5e); the write that ends a
+  page notes its image (commit 3b84e00).
 
 **Now:** wall / ideal **{pipeline.ratio:.2f}** (target ≤ 1.10: {"met" if pipeline.met else "**not met**"});
 Database per page {_row(pipeline, "claim_jobs (with")} (in the pipeline / alone); renders
 {_row(pipeline, "render per page")} per page in the batch (median / p95, the pages their claims rendered,
 including the wait for a free process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95).
 What remains is the first batch's render phase (nothing is rendered before the first claim: its last page starts
-its call only when its own render is done, and a born-digital page's render includes placing its text layer's
-words, the grounding evidence, which the dense-page check needs before the call), the upload function
+its call only when its own render is done, the renders sharing the two cores with the local stack's moto and fake
+provider), the time the batch's requests take to reach the fake provider in the same process, the upload function
 ({_row(pipeline, "upload function")}) and the local service's polling ({_row(pipeline, "local emulation")}).
 **The figure depends on CPU speed**, because the render phase is CPU work measured against a fixed 1.0 s model
 call. Deployed, the event source spreads a document's batches over several environments: a render ahead is used
