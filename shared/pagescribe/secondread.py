@@ -61,7 +61,7 @@ class PendingRead:
         self._skipped = skipped
         self._evidence: Evidence | None = None
         if task is not None:
-            task.add_done_callback(_quiet)
+            task.add_done_callback(quiet)
 
     async def close(self) -> None:
         """The page is done with its read: one still running is let go (its render process finishes it, and takes
@@ -93,8 +93,9 @@ class PendingRead:
         return _evidence(read, self._rendered)
 
 
-def _quiet(task: asyncio.Task[SecondRead]) -> None:
-    """A read the page stopped waiting for may still fail: its error is reported in its record, not by asyncio."""
+def quiet(task: asyncio.Task[Any]) -> None:
+    """A task a page stopped waiting for (a read, words being placed) may still fail: its error is reported where the
+    page awaits it (a read's in its record), or the page has no use for it; not by asyncio."""
     if not task.cancelled():
         task.exception()
 

@@ -19,7 +19,7 @@ from pagescribe.governor import Admission, RateGovernor
 from pagescribe.observability import count, count_flags
 from pagescribe.providers.base import ProviderError, TranscriptionProvider
 from pagescribe.rendering import RenderPool, RenderWorkerError
-from pagescribe.secondread import SecondReader
+from pagescribe.secondread import SecondReader, quiet
 from pagescribe.settings import Settings
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError
 from pagescribe.sources.pages import RenderedPage, crop_figures
@@ -222,7 +222,7 @@ class Transcriber:
         placing = None
         if own_words and rendered.words is None:
             placing = asyncio.create_task(self._place_words(ctx.document, ctx.job.page_number))
-            placing.add_done_callback(_retrieved)
+            placing.add_done_callback(quiet)
         reading = None
         if not own_words and not self._settings.uses_offline_provider:
             reading = self._reader.start(rendered, mode=mode, seconds_left=deadline.until_result())
@@ -317,10 +317,3 @@ class Transcriber:
         instead = "with TEXT_LAYER=off its text layer may not stand in" if usable else "it has no usable text layer"
         reason = rejection(flags, then=f"{instead}, and no model was asked to read a blank image")
         return await self._results.fail(ctx, reason, NO_OUTCOME._replace(flags=tuple(flag.as_dict() for flag in flags)))
-
-
-def _retrieved(task: asyncio.Task[PageText]) -> None:
-    """Words a page stopped waiting for (it ended before its answer was checked) may still have failed: the page that
-    awaits them meets the error; one that does not, has no use for it."""
-    if not task.cancelled():
-        task.exception()
