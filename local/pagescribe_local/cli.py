@@ -137,6 +137,10 @@ def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterato
             # Build every shared piece now, on this thread, before pollers and request threads use them.
             for warm in (runtime.db, runtime.objects, runtime.queue, runtime.documents, runtime.transcriber):
                 assert warm is not None
+            # the render workers up and warmed, as the transcribe function's init leaves them (its module may have
+            # been loaded by an earlier stack in this process, whose runtime it warmed)
+            for starting in runtime.renderer.prestart(runtime.renderer.workers, warm=True):
+                starting.join()
             lambdas = LambdaService(
                 resources,
                 upload=_handler("upload").handler,

@@ -5,12 +5,14 @@ object, then raw bytes (the encoded image). Why processes, and why plain pipes, 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
 import signal
 import struct
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -55,6 +57,8 @@ def _limit_memory(memory_limit_mb: int) -> None:
 def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
     if request["op"] == "read":
         return {"ok": _read(blob, request["language"])}, b""
+    if request["op"] == "warm":
+        return {"ok": {"text": warm_up()}}, b""
     path = Path(request["path"])
     if request["op"] == "render":
         page = render_page(
@@ -99,6 +103,38 @@ def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes
         info = inspect_document(path, max_pages=request["max_pages"], max_image_pixels=request["max_image_pixels"])
         return {"ok": {"kind": info.kind.value, "page_count": info.page_count}}, b""
     raise ValueError(f"unknown request {request['op']!r}")
+
+
+WARM_UP_TEXT = "Warm up 1."
+
+
+def warm_up() -> str:
+    """Everything a worker does first for a page, done once on a small page of text made here (a temporary file):
+    pdfium's start and its standard font, the image encoders, and the modules that place and check words load before
+    the first real page asks (about 100 ms of a first render, and as much of the first words placed). The text the
+    page's render read back, which is WARM_UP_TEXT."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    pdf = pdfium.PdfDocument.new()
+    page = pdf.new_page(300, 200)
+    text = pdfium_c.FPDFPageObj_NewTextObj(pdf.raw, b"Helvetica", 14.0)
+    characters = ctypes.create_string_buffer(WARM_UP_TEXT.encode("utf-16-le") + b"\x00\x00")
+    pdfium_c.FPDFText_SetText(text, ctypes.cast(characters, ctypes.POINTER(pdfium_c.FPDF_WCHAR)))
+    pdfium_c.FPDFPageObj_Transform(text, 1, 0, 0, 1, 30, 100)
+    pdfium_c.FPDFPage_InsertObject(page.raw, text)
+    pdfium_c.FPDFPage_GenerateContent(page.raw)
+    with tempfile.NamedTemporaryFile(suffix=".pdf") as file:
+        pdf.save(file)
+        file.flush()
+        path = Path(file.name)
+        inspect_document(path, max_pages=1, max_image_pixels=1 << 20)
+        for image_format in ("png", "jpeg"):
+            rendered = render_page(path, DocumentKind.PDF, 1, image_format=image_format)
+        text_layer_print(path, 1)
+        _words(path, {"page_number": 1, "dpi": 150, "max_long_edge": 1568})
+        read_text_layer(path, 1)
+    return rendered.text_layer
 
 
 def _usable(text_layer: str) -> bool:

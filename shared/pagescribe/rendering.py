@@ -435,18 +435,28 @@ class RenderPool:
         result, _ = self._exchange(request, "the document could not be opened")
         return DocumentInfo(DocumentKind(result["kind"]), int(result["page_count"]))
 
-    def prestart(self, count: int = 1) -> None:
+    def prestart(self, count: int = 1, *, warm: bool = False) -> list[threading.Thread]:
         """Start ``count`` workers (at most the pool's size) in the background, so that the first requests do not wait
-        for their start (a function's cold start calls this; the init phase ends without waiting). A worker that
-        cannot start is reported by the first request that needs it."""
+        for their start (a function's cold start calls this; the init phase ends without waiting); with ``warm``, each
+        is warmed up too (render_worker's ``warm``: what a worker does first for a page, done on a page of its own). A
+        worker that cannot start is reported by the first request that needs it. The threads that start them are
+        returned, for a caller that must not go on before the workers are up."""
 
         def start() -> None:
             # the pool was closed meanwhile, or a worker cannot start: the first request says so
-            with contextlib.suppress(RenderWorkerError):
-                self._checkin(self._checkout())
+            with contextlib.suppress(RenderWorkerError, InvalidDocumentError):
+                if warm:
+                    self._exchange({"op": "warm"}, "a render worker could not warm up")
+                else:
+                    self._checkin(self._checkout())
 
-        for number in range(min(count, self.workers)):
-            threading.Thread(target=start, name=f"render-prestart-{number}", daemon=True).start()
+        threads = [
+            threading.Thread(target=start, name=f"render-prestart-{number}", daemon=True)
+            for number in range(min(count, self.workers))
+        ]
+        for thread in threads:
+            thread.start()
+        return threads
 
     def close(self) -> None:
         """Stop every worker and reap it. Idempotent; a request in flight fails with RenderWorkerError."""

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 from pagescribe.checks import usable_text_layer
+from pagescribe.render_worker import WARM_UP_TEXT, warm_up
 from pagescribe.rendering import RenderPool, RenderWorkerError
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
 from pagescribe.sources.pages import RenderedPage, render_page
@@ -238,6 +240,29 @@ def test_a_prestarted_worker_serves_the_first_request(own_pool: RenderPool) -> N
     info = own_pool.inspect(FIRST_PAGE, max_pages=500, max_image_pixels=60_000_000)
     # Then the worker started beforehand opened it: no other was started
     assert len(started) == 1 and own_pool.pids == started and info.page_count >= 1
+
+
+def test_a_worker_warmed_up_at_its_start_serves_the_first_page_as_a_fresh_one_would(own_pool: RenderPool) -> None:
+    # Given a new pool told to start its worker warmed up (the transcribe function's cold start), and waited for
+    for starting in own_pool.prestart(warm=True):
+        starting.join(timeout=60)
+    started = own_pool.pids
+    # When the first page is rendered
+    page = render(own_pool, FIRST_PAGE, DocumentKind.PDF, 1)
+    # Then the worker that warmed up rendered it, and the page is what a fresh worker makes of it
+    assert len(started) == 1 and own_pool.pids == started
+    assert page == local(FIRST_PAGE, DocumentKind.PDF, 1)
+
+
+def test_the_warm_up_renders_and_reads_back_a_page_of_text_of_its_own_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a temporary directory of the worker's own
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # When a worker warms up
+    text = warm_up()
+    # Then the page it made has text (so that placing words and reading the text layer ran on it) and is gone
+    assert text == WARM_UP_TEXT and list(tmp_path.iterdir()) == []
 
 
 def test_a_worker_killed_while_idle_is_replaced_without_failing_a_page(own_pool: RenderPool) -> None:

@@ -18,7 +18,8 @@ from pagescribe.settings import get_settings
 get_settings().check_model_call_time()  # validate the configuration at cold start
 get_settings().check_render_memory()
 get_settings().check_bedrock_prices()  # Bedrock reports tokens: a model without a price is refused here, not run free
-get_runtime().renderer.prestart(get_runtime().renderer.workers)  # during init: a batch's first renders wait for none
+# during init, warmed up: a batch's first renders wait neither for a worker's start nor for what it does first
+get_runtime().renderer.prestart(get_runtime().renderer.workers, warm=True)
 logger = Logger()
 
 
