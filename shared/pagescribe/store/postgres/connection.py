@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import QueuePool
@@ -43,6 +43,13 @@ def create_database_engine(url: str, *, pool_size: int = 1) -> Engine:
 
 
 _Work = Callable[[psycopg.Connection[Any]], T]
+
+
+def _returns_rows(cursor: psycopg.Cursor[Any]) -> bool:
+    """Whether the cursor's statement returned rows (none, or some), as ``cursor.description is not None`` says,
+    without building a description of each column: a claim's 25 columns cost more client CPU than its row."""
+    result = cursor.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
 
 
 class Connected:
@@ -87,7 +94,7 @@ class Connected:
         def run(connection: psycopg.Connection[Any]) -> list[Any]:
             with connection.cursor(row_factory=namedtuple_row) as cursor:
                 cursor.execute(statement, params)
-                return cursor.fetchall() if cursor.description is not None else []
+                return cursor.fetchall() if _returns_rows(cursor) else []
 
         return self._with_connection(run)
 
@@ -110,7 +117,7 @@ class Connected:
                     cursor.execute(script, params)
                     for _ in statements:  # past BEGIN's result, to the last statement's
                         cursor.nextset()
-                    return cursor.fetchall() if cursor.description is not None else []
+                    return cursor.fetchall() if _returns_rows(cursor) else []
             except psycopg.Error:
                 if not connection.closed and connection.info.transaction_status is TransactionStatus.INERROR:
                     connection.rollback()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -57,9 +58,14 @@ def claims_with_documents(rows: Sequence[Any], busy: frozenset[str]) -> Claims:
 
 def _prefixed(row: Any, prefix: str) -> SimpleNamespace:
     """The columns of ``row`` named with ``prefix``, without it: a record read beside another in one row."""
-    return SimpleNamespace(
-        **{name.removeprefix(prefix): getattr(row, name) for name in row._fields if name.startswith(prefix)}
-    )
+    return SimpleNamespace(**{short: row[index] for index, short in _columns_with(row._fields, prefix)})
+
+
+@functools.lru_cache(maxsize=64)
+def _columns_with(fields: tuple[str, ...], prefix: str) -> tuple[tuple[int, str], ...]:
+    """Where the columns named with ``prefix`` are in a row of ``fields``, and their names without it (the same for
+    every row a statement returns: worked out once)."""
+    return tuple((index, name.removeprefix(prefix)) for index, name in enumerate(fields) if name.startswith(prefix))
 
 
 def document_record(row: Any) -> DocumentRecord:
