@@ -5,6 +5,8 @@ and round trips, and the SQS and S3 calls, are counted per page."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import resource
 import time
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from pagescribe.domain import NewDocument, PageOutcome
 from pagescribe.store.postgres import Database
 
@@ -168,6 +171,33 @@ def _pipeline(url: str, fake: FakeChatServer) -> AbstractContextManager[Pipeline
     )
 
 
+def provider_alone(fake: FakeChatServer, bodies: list[dict[str, Any]], batch: int) -> float:
+    """Seconds the very requests the pipeline sent take with nothing else at work: each batch's sent at once by a bare
+    httpx client (streamed, read to their end, as the provider adapter reads them), the batches in turn. What the
+    client and the fake provider cost beyond the fake's delay is in it: sending and reading each request through
+    httpx, and receiving and decoding its image, both in this process as in the pipeline's run."""
+
+    async def one(client: httpx.AsyncClient, body: bytes) -> None:
+        async with client.stream("POST", "chat/completions", content=body, headers=_JSON) as response:
+            response.raise_for_status()
+            async for _ in response.aiter_bytes():
+                pass
+
+    async def run() -> float:
+        encoded = [json.dumps(body, separators=(",", ":")).encode() for body in bodies]
+        async with httpx.AsyncClient(base_url=fake.base_url + "/", timeout=60) as client:
+            await asyncio.gather(*(one(client, body) for body in encoded[:batch]))  # the connections opened
+            started = time.perf_counter()
+            for start in range(0, len(encoded), batch):
+                await asyncio.gather(*(one(client, body) for body in encoded[start : start + batch]))
+            return time.perf_counter() - started
+
+    return asyncio.run(run())
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
 def _per_page(count: int, pages: int) -> str:
     return f"{count / pages:.2f}"
 
@@ -243,6 +273,7 @@ def run(mode: Mode, *, scratch: Path) -> Result:
             document = _run_document(pipeline, pdf, pages)
             own_cpu = _cpu_seconds(resource.RUSAGE_SELF) - self_before
         calls, connections = fake.calls, fake.connections_opened
+        alone_seconds = provider_alone(fake, fake.requests, BATCH)  # the very requests of the run, again
         db = counted.db
         page_path = ("claim_jobs", "complete_job")
         in_pipeline = sum(db.seconds.get(name, 0.0) for name in page_path) / pages  # a mean: calls are timed apart
@@ -267,6 +298,7 @@ def run(mode: Mode, *, scratch: Path) -> Result:
             "alone": alone,
             "db_seconds": db_seconds,
             "db_calls": db_calls,
+            "provider_alone": alone_seconds,
         },
         described=(db_described, f"{calls} / {connections}", str(renderer.workers)),
         seconds=time.perf_counter() - started,
@@ -292,6 +324,7 @@ def _result(
     transcribe_seconds = sum(i.seconds for i in transcribes)
     emulator = wall - upload.seconds - transcribe_seconds
     own_cpu, render_cpu = figures["own_cpu"], figures["render_cpu"]
+    provider = figures["provider_alone"]
     return Result(
         key="pipeline",
         title=f"Pipeline overhead ({pages}-page PDF, {len(transcribes)} batches, provider answering in 1.0 s)",
@@ -321,6 +354,16 @@ def _result(
                 f"{(document.t0_wall + wall - last_completed) * 1000:.0f} ms",
             ),
             ("model call as the handler timed it (latency_ms), median / p95", spread_ms(model)),
+            (
+                f"the provider and its client alone: the run's {pages} requests again, each batch's "
+                f"{min(BATCH, pages)} sent at once by a bare httpx client in this process (the fake answering in it "
+                "too), batches in turn",
+                f"{provider:.2f} s / {ideal:.1f} s = {provider / ideal:.2f}",
+            ),
+            (
+                "the pipeline beyond the provider alone (wall less it), per batch",
+                f"{(wall - provider) / document.batches * 1000:.0f} ms",
+            ),
             ("**per-page overhead**: invocation start -> result committed, less model", f"**{spread_ms(overhead)}**"),
             ("  part: invocation start -> claim committed", spread_ms(claim_wait)),
             ("  part: claim committed -> result committed, less the model call", spread_ms(claimed_overhead)),
