@@ -93,6 +93,7 @@ class PageImages:
         self._lock = threading.Lock()
         self._held: set[PageKey] = set()  # the batch's pages that have not sent their call yet
         self._all_sent = threading.Condition(self._lock)
+        self._calls_out: asyncio.Event | None = None  # the same, for the batch's event loop (see after_calls)
         self._entries: OrderedDict[PageKey, Future[Prepared]] = OrderedDict()
         self._wanted: deque[_Wanted] = deque()
         self._threads = 0
@@ -123,16 +124,37 @@ class PageImages:
         return await self._renderer.words(source, page_number, **scale)
 
     def hold(self, pages: Iterable[PageKey]) -> None:
-        """A new batch's pages: nothing is rendered ahead until each has sent its call or ended (``sent``)."""
+        """A new batch's pages (on the batch's event loop): nothing is rendered ahead until each has sent its call or
+        ended (``sent``), and no page image is stored (``after_calls``)."""
         with self._lock:
             self._held = set(pages)
+            self._calls_out = asyncio.Event()
+            if not self._held:
+                self._calls_out.set()
 
     def sent(self, page: PageKey) -> None:
-        """The page's call is on its way, or the page ended without one."""
+        """The page's call is on its way, or the page ended without one (on the batch's event loop)."""
         with self._lock:
             self._held.discard(page)
             if not self._held:
                 self._all_sent.notify_all()
+                if self._calls_out is not None:
+                    self._calls_out.set()
+
+    async def after_calls(self, calls_over: asyncio.Event) -> None:
+        """Wait until every page of the batch has sent its call or ended, so that work that can wait for the model's
+        answers (storing the page images) does not slow the sending of the calls; or until ``calls_over`` is set: a
+        page whose own calls are over stores its image at once, as pages that wait for it (behind PAGE_CONCURRENCY,
+        or a provider that never says its call was sent) may not have sent theirs."""
+        calls_out = self._calls_out
+        if calls_out is None or calls_out.is_set():
+            return
+        waits = [asyncio.ensure_future(calls_out.wait()), asyncio.ensure_future(calls_over.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def follow(self, document: DocumentRecord, source: Path, claimed: Collection[int]) -> None:
         """Render, in spare time, the pages of ``document`` that follow the pages ``claimed`` here (its pages in this

@@ -48,6 +48,7 @@ class PageContext:
     storing: list[asyncio.Task[None]] = field(default_factory=list)  # the page's figures (and image) being stored
     on_sent: Callable[[], None] | None = None  # the page's first call is on its way (see PageImages.sent)
     image: KeptImage = field(default_factory=KeptImage)  # noted by the write that ends the page (see note_image)
+    calls_over: asyncio.Event = field(default_factory=asyncio.Event)  # the page asks no more: its image is wanted
 
     @property
     def log_extra(self) -> dict[str, Any]:
@@ -71,7 +72,9 @@ class PageResults:
 
     async def stored(self, ctx: PageContext) -> None:
         """The page's figures and image stored (the figures noted on it), so that the write that ends the page notes
-        its image and the finish that its end may set off finds them."""
+        its image and the finish that its end may set off finds them. The page asks no more: its image is stored now,
+        whether or not the batch's other pages have sent their calls (``PageImages.after_calls``)."""
+        ctx.calls_over.set()
         while ctx.storing:
             await ctx.storing.pop()
 

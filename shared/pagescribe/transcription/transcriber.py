@@ -263,10 +263,11 @@ class Transcriber:
             count("FiguresNotKept")
 
     async def _keep_image(self, ctx: PageContext, rendered: RenderedPage) -> None:
-        """Store the image the page is sent to the model as; its key is noted on the page by the write that ends it
-        (PageResults.note_image). A page whose image could not be kept is transcribed all the same: the failure is
-        logged and counted, not the page's."""
+        """Store the image the page is sent to the model as, once the batch's calls are sent (or the page's own are
+        over); its key is noted on the page by the write that ends it (PageResults.note_image). A page whose image
+        could not be kept is transcribed all the same: the failure is logged and counted, not the page's."""
         try:
+            await self._images.after_calls(ctx.calls_over)  # the batch's calls go out first
             ctx.image.key = await asyncio.to_thread(
                 self._transcripts.keep_page_image, ctx.document, ctx.job.page_number, rendered.data, rendered.media_type
             )

@@ -29,6 +29,7 @@ from tests.unit.use_cases.conftest import BUCKET, QueueSpy
 SETTINGS = Settings(bucket_name=BUCKET, second_read="off", escalation_model="big/model", max_attempts=3)
 GOOD = "# A page\n\nIt reads as the page does, every word of it in place."
 LOOP = "the same words again " * 400
+HANG = 300  # seconds: a delivery still at work after this is stuck (a page waiting for one that waits for it)
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _deliver_at_once(transcriber: Transcriber, *job_ids: str) -> list[PageResult
     async def run() -> list[PageResult]:
         return list(await asyncio.gather(*(batch.transcribe(body) for body in bodies)))
 
-    return asyncio.run(run())
+    return asyncio.run(asyncio.wait_for(run(), HANG))
 
 
 def _deliver(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
@@ -155,7 +156,7 @@ def _deliver(transcriber: Transcriber, *job_ids: str) -> list[PageResult]:
     async def run() -> list[PageResult]:
         return [await batch.transcribe(body) for body in bodies]
 
-    return asyncio.run(run())
+    return asyncio.run(asyncio.wait_for(run(), HANG))
 
 
 def test_the_pages_of_a_document_that_reach_the_gates_together_pass_each_at_once(
@@ -301,6 +302,71 @@ def test_a_pages_image_is_noted_by_the_write_that_ends_it_or_alone_when_it_goes_
     keys = [image.image_key if image else None for image in images]
     assert keys == [f"transcripts/{answered}/pages/0001.jpg", f"transcripts/{requeued}/pages/0001.jpg"]
     assert store.noted_alone == [keys[1]]
+
+
+@dataclass
+class SaysSent(ScriptedModel):
+    """A scripted model that says each request is on its way, as the OpenAI-compatible adapter does, notes when it was
+    asked in ``events``, and answers once it was asked for every one of its answers (as a model's answers come long
+    after the requests)."""
+
+    events: list[str] = field(default_factory=list)
+    all_asked: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def transcribe(self, request: TranscriptionRequest, *, call_seconds: float) -> Transcription:
+        self.events.append(f"asked {request.page_number}")
+        if request.on_sent is not None:
+            request.on_sent()
+        if sum(event.startswith("asked") for event in self.events) == len(self.answers) + len(self.asked):
+            self.all_asked.set()
+        await self.all_asked.wait()
+        return await super().transcribe(request, call_seconds=call_seconds)
+
+
+class NotedPuts(ObjectStore):
+    """S3 through moto, noting in ``events`` each page image as its storing starts."""
+
+    def __init__(self, objects: ObjectStore, events: list[str]) -> None:
+        super().__init__(objects._client)
+        self._events = events
+
+    def put_bytes(self, bucket: str, key: str, body: bytes, *, content_type: str) -> None:
+        if "/pages/" in key:
+            self._events.append("stored")
+        super().put_bytes(bucket, key, body, content_type=content_type)
+
+
+def test_a_batchs_page_images_are_stored_once_every_page_has_sent_its_call(
+    store: MemoryStore, objects: ObjectStore, renderer: RenderPool
+) -> None:
+    # Given three one-page images in one batch, rendered one after another by one render process, and a model that
+    # says each request is on its way
+    model = SaysSent([GOOD, GOOD, GOOD])
+    setup = Setup(store, NotedPuts(objects, model.events), renderer)
+    jobs = [setup.scanned_document(f"uploads/page-{n}.png")[1] for n in range(3)]
+    # When the batch is delivered, its pages at work at once
+    results = _deliver_at_once(setup.transcriber(model), *jobs)
+    # Then every page was asked before any image was stored (the first page's, rendered first, waited for the last
+    # page's call), and every image was stored
+    assert results == [PageResult.COMPLETED] * 3
+    assert [event.split()[0] for event in model.events] == ["asked"] * 3 + ["stored"] * 3
+
+
+def test_a_page_whose_call_is_over_stores_its_image_without_waiting_for_the_pages_after_it(
+    store: MemoryStore, objects: ObjectStore, renderer: RenderPool
+) -> None:
+    # Given two one-page images in one batch, and a model that never says a request is on its way (as a provider may)
+    setup = Setup(store, objects, renderer)
+    documents, jobs = zip(*(setup.scanned_document(f"uploads/turn-{n}.png") for n in range(2)), strict=True)
+    # When the batch's messages are transcribed one after another (the second waits for the first to end, as pages
+    # beyond PAGE_CONCURRENCY wait for a free place)
+    results = _deliver(setup.transcriber(ScriptedModel([GOOD, GOOD])), *jobs)
+    # Then each page stored its image and ended: the first did not wait for the second's call
+    assert results == [PageResult.COMPLETED] * 2
+    images = [store.page_image(document_id, 1) for document_id in documents]
+    assert [image.image_key if image else None for image in images] == [
+        f"transcripts/{document_id}/pages/0001.jpg" for document_id in documents
+    ]
 
 
 def test_a_page_answered_is_kept_with_its_call_and_its_document_written(setup: Setup) -> None:
