@@ -32,7 +32,7 @@ from pagescribe.aws import ApiGatewayKeys, apigateway_client
 from pagescribe.checks import PageFlag, describe_flags
 from pagescribe.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP, ChunkingError, check_bounds
 from pagescribe.migrate import upgrade_database
-from pagescribe.runtime import Runtime, get_runtime, shutdown_runtime
+from pagescribe.runtime import Runtime, freeze_what_init_loaded, get_runtime, shutdown_runtime
 from pagescribe.service import (
     DEFAULT_CHUNK_BOUNDS,
     FINISHED,
@@ -149,6 +149,7 @@ def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterato
                 transcribe_timeout=settings.function_timeout_seconds,
                 sweep_every=sweep_every,
             )
+            freeze_what_init_loaded()  # as the functions' init ends (their modules may have been loaded before)
             database = "embedded PostgreSQL in " + str(data_dir) if embedded else "DATABASE_URL"
             yield LocalStack(runtime, resources, lambdas, database)
         finally:

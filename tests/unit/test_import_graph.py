@@ -144,6 +144,17 @@ def test_a_cold_start_loads_only_what_the_function_needs(function: str) -> None:
     assert NOT_AT_COLD_START[function].isdisjoint(json.loads(loaded))
 
 
+@pytest.mark.parametrize("function", ["transcribe", "upload"])
+def test_a_pipeline_functions_cold_start_ends_with_what_it_loaded_out_of_the_collectors_walks(function: str) -> None:
+    # Given a fresh interpreter, when the function's handler module is imported as Lambda imports it
+    script = f"import gc; import pagescribe.handlers.{function}; print(gc.get_freeze_count(), len(gc.get_objects()))"
+    frozen, tracked = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.split()
+    # Then what it loaded is frozen: the collector tracks next to nothing besides
+    assert int(frozen) > 10_000 and int(tracked) < int(frozen) // 100
+
+
 @pytest.mark.parametrize(
     "path", [p for p in layer_modules() if p.name != "client.py"], ids=lambda p: str(p.relative_to(LAYER))
 )

@@ -12,7 +12,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pagescribe.domain import PageResult
 from pagescribe.observability import publish_metrics
 from pagescribe.providers import openai_compat  # noqa: F401 - the provider unless PROVIDER=offline: loaded at cold start
-from pagescribe.runtime import get_runtime
+from pagescribe.runtime import freeze_what_init_loaded, get_runtime
 from pagescribe.settings import get_settings
 
 get_settings().check_model_call_time()  # validate the configuration at cold start
@@ -21,6 +21,7 @@ get_settings().check_bedrock_prices()  # Bedrock reports tokens: a model without
 # during init, warmed up: a batch's first renders wait neither for a worker's start nor for what it does first
 get_runtime().renderer.prestart(get_runtime().renderer.workers, warm=True)
 logger = Logger()
+freeze_what_init_loaded()  # the last of init
 
 
 @publish_metrics

@@ -8,12 +8,13 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from pagescribe.ingestion import uploaded_objects
-from pagescribe.runtime import get_runtime
+from pagescribe.runtime import freeze_what_init_loaded, get_runtime
 from pagescribe.settings import get_settings
 
 get_settings()  # validate the configuration at cold start
 get_runtime().renderer.prestart()  # the render worker that opens uploads starts during init, not on the first event
 logger = Logger()
+freeze_what_init_loaded()  # the last of init
 
 
 @logger.inject_lambda_context
