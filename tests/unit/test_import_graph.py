@@ -144,6 +144,14 @@ def test_a_cold_start_loads_only_what_the_function_needs(function: str) -> None:
     assert NOT_AT_COLD_START[function].isdisjoint(json.loads(loaded))
 
 
+def test_the_transcribe_functions_cold_start_loads_what_its_first_model_call_would() -> None:
+    # Given a fresh interpreter, when the transcribe function's handler module is imported as Lambda imports it
+    script = "import json, sys; import pagescribe.handlers.transcribe; print(json.dumps(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    # Then the HTTP client's event-loop machinery came with it, not with the first batch's first call
+    assert {"anyio._backends._asyncio", "anyio._core._sockets", "anyio.streams.tls"} <= set(json.loads(loaded))
+
+
 @pytest.mark.parametrize("function", ["transcribe", "upload"])
 def test_a_pipeline_functions_cold_start_ends_with_what_it_loaded_out_of_the_collectors_walks(function: str) -> None:
     # Given a fresh interpreter, when the function's handler module is imported as Lambda imports it

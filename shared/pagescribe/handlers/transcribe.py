@@ -11,7 +11,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from pagescribe.domain import PageResult
 from pagescribe.observability import publish_metrics
-from pagescribe.providers import openai_compat  # noqa: F401 - the provider unless PROVIDER=offline: loaded at cold start
+from pagescribe.providers import openai_compat  # the provider unless PROVIDER=offline: loaded at cold start
 from pagescribe.runtime import freeze_what_init_loaded, get_runtime
 from pagescribe.settings import get_settings
 
@@ -20,6 +20,7 @@ get_settings().check_render_memory()
 get_settings().check_bedrock_prices()  # Bedrock reports tokens: a model without a price is refused here, not run free
 # during init, warmed up: a batch's first renders wait neither for a worker's start nor for what it does first
 get_runtime().renderer.prestart(get_runtime().renderer.workers, warm=True)
+openai_compat.load_event_loop_network()  # nor its first model call for the HTTP client's event-loop machinery
 logger = Logger()
 freeze_what_init_loaded()  # the last of init
 
