@@ -446,6 +446,25 @@ layer) also run the orientation detector, about 15 ms a page; born-digital pages
 with the code before this work (commit c43a394), alternating, two runs each, on one (busy) machine: pipeline
 overhead 1.31 and 1.30 then, 1.31 and 1.28 now; rendering 86 and 78 pages/s then, 64 and 68 pages/s now. The
 figures above are this run's.
+
+### 5. The pipeline's own gaps, on a slower machine (issue 32)
+
+On the machine of the run above, the code of commit 560eb79 measured 1.34-1.54 (`bench.run --only pipeline`). A
+timeline of one run (the renders, the calls, the fake's receipts, the completions and the collector's passes, a
+script not kept) showed, besides the provider's own time: each render process's first page taking 111 ms against
+35-50 ms for the next (pdfium's start, the JPEG encoder, the word placing loaded); a full garbage collection in the
+first batch stopping every thread for 144-149 ms (~250,000 objects tracked, most of them loaded at init); the
+first model call loading the HTTP client's event-loop machinery (anyio, 134 ms of imports on the event loop); and
+each batch's ten page images going to S3 while its ten model requests were being sent. The render workers now warm
+up at init, init ends with `gc.freeze()` and the anyio machinery loaded, and a batch's images are stored once its
+calls are sent. Interleaved with the code before each change (three runs each, twice): first invocation 0.35-0.59
+-> 0.16-0.24 s after the S3 put; first batch 1.40-1.63 -> 1.23-1.35 s; later batches 1.17-1.30 -> 1.12-1.22 s. The
+row "the provider and its client alone" replays the run's requests to the same fake with nothing else at work: a
+batch of ten takes about 60-80 ms beyond the fake's 1.0 s on this machine (httpx's work on the event loop, about
+6 ms a request, and the fake's decoding, about 2 ms), so 1.10 of ideal leaves the pipeline itself about 20 ms a
+batch. What is left per batch beyond that: the receive of the next batch from moto (30-90 ms: moto's
+ReceiveMessage reads the queue's attributes, every message's visibility among them, for each message it returns),
+the batch's claim and gates before its calls (10-20 ms), and grounding and completing the last page (10-30 ms).
 """
     )
     parts.append(
