@@ -103,14 +103,17 @@ def _database_url(data_dir: Path) -> Iterator[bool]:
 
 
 @contextmanager
-def local_stack(*, data_dir: Path, aws_port: int, sweep_every: float) -> Iterator[LocalStack]:
+def local_stack(
+    *, data_dir: Path, aws_port: int, sweep_every: float, aws_own_process: bool = False
+) -> Iterator[LocalStack]:
     """PostgreSQL (embedded unless DATABASE_URL is set), migrated; a moto server with the stack's
-    resources; the handlers loaded and their runtime warmed. Everything is stopped on the way out.
+    resources (in a process of its own with ``aws_own_process``); the handlers loaded and their runtime warmed.
+    Everything is stopped on the way out.
 
     The moto server answers any request without credentials, so it listens on the loopback address only, whatever
     address ``serve`` exposes the API on."""
     try:
-        aws = LocalAws(host="127.0.0.1", port=aws_port)
+        aws = LocalAws(host="127.0.0.1", port=aws_port, own_process=aws_own_process)
     except LocalExtraMissing as exc:
         raise CommandError(str(exc)) from exc
     with _database_url(data_dir) as embedded:

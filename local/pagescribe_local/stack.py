@@ -7,15 +7,19 @@ transcribe handler with partial batch failures and visibility timeouts honoured,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -150,11 +154,62 @@ class LocalExtraMissing(RuntimeError):
     """The local stack's own dependencies (the 'local' extra) are not installed."""
 
 
-class LocalAws:
-    """A moto server on this machine with the stack's bucket, queues and S3 trigger."""
+class MotoProcess:
+    """A moto server in a process of its own, so that what it does for each call (its SQS reads every message's
+    attributes for each message it returns) runs beside the handlers it serves, not on their interpreter, as AWS
+    does. Its interface is ThreadedMotoServer's."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, bucket: str = "pagescribe-local") -> None:
-        self._server = _moto_server(host, port)
+    START_SECONDS = 120.0  # a fresh interpreter imports moto, compiling it where no bytecode was installed
+
+    def __init__(self, host: str, port: int) -> None:
+        _moto_server(host, port)  # moto is there (LocalExtraMissing otherwise), before a process is started for it
+        context = multiprocessing.get_context("spawn")  # not a fork of a process whose threads hold locks
+        self._connection, theirs = context.Pipe()
+        self._process = context.Process(target=_serve_moto, args=(host, port, theirs), name="moto", daemon=True)
+        self._address: tuple[str, int] | None = None
+
+    def start(self) -> None:
+        self._process.start()
+        if not self._connection.poll(self.START_SECONDS):
+            self._process.kill()
+            raise RuntimeError(f"the moto server's process did not start within {self.START_SECONDS:.0f} s")
+        self._address = self._connection.recv()
+
+    def get_host_and_port(self) -> tuple[str, int]:
+        assert self._address is not None, "start() first"
+        return self._address
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):  # the process is gone already
+            self._connection.send("stop")
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._connection.close()
+
+
+def _serve_moto(host: str, port: int, connection: Connection) -> None:
+    """A moto server's process: serves until told to stop or its parent is gone."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = _moto_server(host, port)
+    server.start()
+    connection.send(server.get_host_and_port())
+    with contextlib.suppress(EOFError):
+        connection.recv()
+    server.stop()
+
+
+class LocalAws:
+    """A moto server on this machine with the stack's bucket, queues and S3 trigger; in a thread of this process, or,
+    with ``own_process``, in a process of its own."""
+
+    def __init__(
+        self, *, host: str = "127.0.0.1", port: int = 0, bucket: str = "pagescribe-local", own_process: bool = False
+    ) -> None:
+        self._server: ThreadedMotoServer | MotoProcess = (
+            MotoProcess(host, port) if own_process else _moto_server(host, port)
+        )
         self._bucket = bucket
 
     def start(self, *, visibility_timeout: int) -> LocalResources:
@@ -266,7 +321,14 @@ class SqsEventSource:
     """Lambda's SQS event source mapping for one queue and one handler: batches of up to ten messages, partial
     batch responses honoured. What succeeded is deleted; what failed stays in flight until its visibility timeout,
     as with the real mapping, or, with ``failed_visible_after`` set, becomes visible again after that many seconds
-    (0 lets a test redeliver at once)."""
+    (0 lets a test redeliver at once).
+
+    With ``receive_ahead``, the mapping's calls are made on threads of their own, as its pollers work apart from the
+    function: a long poll (AHEAD_WAIT_SECONDS) is always out for the next batch, from the start and while a batch is
+    handled, and a handled batch's messages are deleted while the next one is; ``deliver``'s ``wait_seconds`` is then
+    that long poll's."""
+
+    AHEAD_WAIT_SECONDS = 1
 
     def __init__(
         self,
@@ -278,6 +340,7 @@ class SqsEventSource:
         timeout_seconds: float,
         function_name: str,
         failed_visible_after: int | None = None,
+        receive_ahead: bool = False,
     ) -> None:
         self._sqs = sqs
         self.queue_url = queue_url
@@ -286,10 +349,18 @@ class SqsEventSource:
         self._timeout_seconds = timeout_seconds
         self._function_name = function_name
         self._failed_visible_after = failed_visible_after
+        self._ahead: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        self._next: Future[list[dict[str, Any]]] | None = None
+        if receive_ahead:
+            self._ahead = (ThreadPoolExecutor(1, "event-source-poll"), ThreadPoolExecutor(1, "event-source-delete"))
+            self._next = self._poll_ahead()
 
     def deliver(self, wait_seconds: int = 0) -> tuple[int, dict[str, Any]]:
         """One batch → the handler; how many messages it held and the handler's response ({} when none)."""
-        messages = receive_batch(self._sqs, self.queue_url, wait_seconds)
+        if self._next is not None:
+            messages, self._next = self._next.result(), self._poll_ahead()
+        else:
+            messages = receive_batch(self._sqs, self.queue_url, wait_seconds)
         if not messages:
             return 0, {}
         response = dict(
@@ -297,6 +368,25 @@ class SqsEventSource:
                 sqs_event(messages, self._queue_arn), LambdaContext(self._timeout_seconds, self._function_name)
             )
         )
+        if self._ahead is not None:
+            self._ahead[1].submit(self._settle, messages, response)
+        else:
+            self._settle(messages, response)
+        return len(messages), response
+
+    def close(self) -> None:
+        """Wait for the calls made ahead (the long poll out: at most AHEAD_WAIT_SECONDS). Messages it received stay
+        in flight until their visibility timeout, as when a poller stops."""
+        if self._ahead is not None:
+            for calls in self._ahead:
+                calls.shutdown()
+
+    def _poll_ahead(self) -> Future[list[dict[str, Any]]]:
+        assert self._ahead is not None
+        return self._ahead[0].submit(receive_batch, self._sqs, self.queue_url, self.AHEAD_WAIT_SECONDS)
+
+    def _settle(self, messages: list[dict[str, Any]], response: dict[str, Any]) -> None:
+        """Delete what the handler handled; what failed becomes visible again as the mapping is set to."""
         failed = {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
         delete_handled(self._sqs, self.queue_url, [m for m in messages if m["MessageId"] not in failed])
         if self._failed_visible_after is not None:
@@ -306,11 +396,11 @@ class SqsEventSource:
                     ReceiptHandle=message["ReceiptHandle"],
                     VisibilityTimeout=self._failed_visible_after,
                 )
-        return len(messages), response
 
 
 class LambdaService:
-    """Plays the Lambda service for the three event-driven functions, one poll at a time."""
+    """Plays the Lambda service for the three event-driven functions, one poll at a time; job batches received
+    ahead with ``receive_ahead`` (SqsEventSource)."""
 
     def __init__(
         self,
@@ -321,6 +411,7 @@ class LambdaService:
         sweeper: Handler,
         transcribe_timeout: float,
         sweep_every: float = 60.0,
+        receive_ahead: bool = False,
     ) -> None:
         self._resources = resources
         self._upload = upload
@@ -335,7 +426,11 @@ class LambdaService:
             transcribe,
             timeout_seconds=transcribe_timeout,
             function_name="pagescribe-transcribe",
+            receive_ahead=receive_ahead,
         )
+
+    def close(self) -> None:
+        self._jobs.close()
 
     def deliver_uploads(self) -> int:
         """S3 notifications → the upload function, invoked asynchronously as Lambda does: a failed invocation is
