@@ -129,24 +129,26 @@ the ten calls of a batch are in flight together and the pool must really hold te
 page would open 100 connections; a client per invocation, 10 per invocation.""",
     "pipeline": """\
 A 50-page PDF (the 4-page corpus document imported again and again) goes the whole local way: `put_object` into
-`uploads/` in moto, S3's notification to the upload function, 50 messages, then batches of ten to the
-transcribe function (PAGE_CONCURRENCY=10) until the transcript is written, against a fake provider that answers
-every page after exactly 1.0 s. **What is measured:** one local execution environment (`LambdaService`
-delivers one batch at a time), so the ideal is 5 batches × 1.0 s = 5 s. Deployed, the event source would run up
-to `TranscribeMaximumConcurrency` (default 5) environments at once and the ideal would be about 1 s; that is
-not measured here. Wall time runs from the `put_object` to the document being finished. Per page, from the
-jobs table (`started_at` = the claim's commit, `completed_at` = the result's commit, `latency_ms` = the
-model call as the provider client timed it) and the start of the invocation that carried the page: the
-per-page overhead is the page's time in the handler less its model call. Renders are timed around
-`RenderPool.render` (the wait for a free render process, the render in it, the image back). Database time is
-the wall time spent inside `Database` methods (instrumented in this process only). Commits are durable here
-(`synchronous_commit` as the server has it). Every page passes the cost gate (a tenant daily budget, with one
-priced call recorded before the run) and the rate governor (a rate that never makes a page wait), so each step
-is made: per page, each step's statements and round trips are counted at psycopg (`Cursor.execute`, and BEGIN and
-COMMIT for each `Connection.transaction`) by the `Database` method that ran them (bench/roundtrips.py), and the
-functions' SQS and S3 calls by operation (botocore's events). A second document, a PDF of scans with no text
-layer (congress.pdf and cardinal.pdf in turn), then goes the same way in a stack of its own: orientation and
-the second read (SECOND_READ=auto) on every page; its wall / ideal is reported beside, not judged.""",
+`uploads/` in moto, S3's notification to the upload function, 50 messages, then batches of ten to the transcribe
+function (PAGE_CONCURRENCY=10) until the transcript is written, against a fake provider that answers every page
+after exactly 1.0 s. moto and the fake provider run in processes of their own, and the local event source keeps a
+long poll out for the next batch while one is handled, as Lambda's pollers do (the other benchmarks keep moto and
+their fakes in the benchmark's process). **What is measured:** one local execution environment (`LambdaService`
+delivers one batch at a time), so the ideal is 5 batches × 1.0 s = 5 s. Deployed, the event source would run up to
+`TranscribeMaximumConcurrency` (default 5) environments at once and the ideal would be about 1 s; that is not
+measured here. Wall time runs from the `put_object` to the document being finished. Per page, from the jobs table
+(`started_at` = the claim's commit, `completed_at` = the result's commit, `latency_ms` = the model call as the
+provider client timed it) and the start of the invocation that carried the page: the per-page overhead is the page's
+time in the handler less its model call. Renders are timed around `RenderPool.render` (the wait for a free render
+process, the render in it, the image back). Database time is the wall time spent inside `Database` methods
+(instrumented in this process only). Commits are durable here (`synchronous_commit` as the server has it). Every
+page passes the cost gate (a tenant daily budget, with one priced call recorded before the run) and the rate
+governor (a rate that never makes a page wait), so each step is made: per page, each step's statements and round
+trips are counted at psycopg (`Cursor.execute`, and BEGIN and COMMIT for each `Connection.transaction`) by the
+`Database` method that ran them (bench/roundtrips.py), and the functions' SQS and S3 calls by operation (botocore's
+events). A second document, a PDF of scans with no text layer (congress.pdf and cardinal.pdf in turn), then goes the
+same way in a stack of its own: orientation and the second read (SECOND_READ=auto) on every page; its wall / ideal
+is reported beside, not judged.""",
     "fanout": """\
 The upload function gets the S3 event of a 1,000-page PDF (`MAX_PAGES=1000` for this run; 300 pages with
 `--quick`): it downloads the object, counts the pages, commits the document and one job per page in one
@@ -295,9 +297,9 @@ LIMITS = """\
   server; the load average at the start and end of the run is above. Rates move by tens of percent between
   runs; the benchmarks alternate the sides they compare and report medians of paired rounds where they can,
   and each section says what its ratio compares.
-- **moto is not SQS.** Its SendMessage cost grows with queue depth and it runs in this process, on the same
-  cores. Fan-out compares the upload with a bare loop at the same depth and reports the API calls made; the
-  absolute seconds say little about AWS.
+- **moto is not SQS.** Its SendMessage cost grows with queue depth and, but in the pipeline benchmark, it runs
+  in this process, on the same cores. Fan-out compares the upload with a bare loop at the same depth and reports
+  the API calls made; the absolute seconds say little about AWS.
 - **One local execution environment.** The pipeline benchmark delivers batches one after another; Lambda
   would run several environments at once. Deployed latencies to RDS Proxy and the provider are larger than
   on 127.0.0.1, which makes round trips count for more than they do here."""
@@ -404,8 +406,9 @@ Database per page {_row(pipeline, "claim_jobs (with")} (in the pipeline / alone)
 including the wait for a free process); per-page overhead {_row(pipeline, "per-page overhead")} (median / p95).
 What remains is the first batch's render phase (nothing is rendered before the first claim: its last page starts
 its call only when its own render is done, the renders sharing the two cores with the local stack's moto and fake
-provider), the time the batch's requests take to reach the fake provider in the same process, the upload function
-({_row(pipeline, "upload function")}) and the local service's polling ({_row(pipeline, "local emulation")}).
+provider), the time the batch's requests take to reach the fake provider and its answers to be completed, the
+upload function ({_row(pipeline, "upload function")}) and the local service's polling
+({_row(pipeline, "local emulation")}).
 **The figure depends on CPU speed**, because the render phase is CPU work measured against a fixed 1.0 s model
 call. Deployed, the event source spreads a document's batches over several environments: a render ahead is used
 only where the stride between an environment's batches holds, and a page's model call takes seconds rather than
@@ -465,6 +468,24 @@ batch of ten takes about 60-80 ms beyond the fake's 1.0 s on this machine (httpx
 batch. What is left per batch beyond that: the receive of the next batch from moto (30-90 ms: moto's
 ReceiveMessage reads the queue's attributes, every message's visibility among them, for each message it returns),
 the batch's claim and gates before its calls (10-20 ms), and grounding and completing the last page (10-30 ms).
+
+**Then, what stood in for AWS and the provider** (a later stop, on a quieter machine, where commit 5c7d2c5 measured
+1.22, 1.22 and 1.25). moto and the fake provider ran in the handlers' interpreter: moto's ReceiveMessage (30-90 ms at
+this queue's depth) and the fake's reading and decoding of each request held it while the handler sent, completed
+and rendered ahead; and between two batches the local event source deleted the batch's messages and received the
+next ones in turn (25-60 ms). Deployed, neither AWS nor the provider shares the function's interpreter, and
+Lambda's pollers receive while the function works. The benchmark now runs moto (`LocalAws(own_process=True)`) and
+the fake (`ChatServerProcess`) in processes of their own, and the event source with a long poll always out for the
+next batch (`SqsEventSource(receive_ahead=True)`). Runs in turn on that machine, not interleaved: moto apart 1.24;
+the fake apart too 1.21 and 1.21; the event source ahead too 1.14-1.18 (four runs). A later batch's timeline now:
+the claim committed 3 ms in; the gates passed and the ten request bodies built 10-23 ms in; the ten requests'
+answers begun 30-54 ms in; the answers back 1031-1080 ms in, the last page completed at 1090-1100 ms; the next
+invocation 1-4 ms after. The first batch costs 220-300 ms more: the source's download (10-40 ms; moto's one process
+receiving the next batch meanwhile), the gates (8-14 ms) and its ten renders on two processes (~160 ms). Tried and
+dropped: the fenced completion in a thread (the event loop free during its round trip; the environment holds one
+connection, so the completions wait in turn all the same: later batches 1.11-1.14 s against 1.08-1.13 s,
+interleaved, four runs each); the upload's SendMessageBatch calls made at once (68 of its 90 ms), as the queue would
+then hold the pages out of order, which rendering ahead relies on.
 """
     )
     parts.append(
@@ -502,7 +523,8 @@ def write_report(
         "```",
         "",
         "It needs PostgreSQL on 127.0.0.1:5432 (user `postgres`, trust; or set `PAGESCRIBE_BENCH_ADMIN_URL`); each",
-        "benchmark creates its own database and drops it. moto and the fake provider run in-process on 127.0.0.1;",
+        "benchmark creates its own database and drops it. moto and the fake provider run on 127.0.0.1, in-process",
+        "but in the pipeline benchmark, where each has a process of its own;",
         "nothing leaves the machine. `ruff check bench && ruff format --check bench` keep it clean.",
         "",
         "## Last run",

@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import multiprocessing
 import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,62 @@ from pagescribe_local.cli import LocalStack, local_stack
 from pagescribe_local.stack import LambdaService
 
 from bench.common import QUIET, SYNTHETIC_ANSWERS, CorrectnessError, environment, plain_url
+from tests.fakes.chat_server import FakeChatServer
 
 Handler = Callable[[dict[str, Any], Any], Any]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a fake provider in a process of its own received: its calls, the connections it accepted, the requests'
+    bodies."""
+
+    calls: int
+    connections: int
+    requests: list[dict[str, Any]]
+
+
+class ChatServerProcess:
+    """``FakeChatServer`` answering every call after ``delay`` seconds, in a process of its own: reading and decoding
+    each request (a page image of ~0.5 MB, in JSON) happens beside the pipeline, as a remote provider's does, not on
+    the pipeline's interpreter."""
+
+    START_SECONDS = 60.0
+
+    def __init__(self, delay: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, theirs = context.Pipe()
+        self._process = context.Process(target=_serve_chat, args=(delay, theirs), name="fake-provider", daemon=True)
+        self.base_url = ""
+
+    def __enter__(self) -> ChatServerProcess:
+        self._process.start()
+        if not self._connection.poll(self.START_SECONDS):
+            self._process.kill()
+            raise CorrectnessError(f"the fake provider's process did not start within {self.START_SECONDS:.0f} s")
+        self.base_url = self._connection.recv()
+        return self
+
+    def seen(self) -> Seen:
+        self._connection.send("seen")
+        return Seen(*self._connection.recv())
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            self._connection.send("stop")
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._connection.close()
+
+
+def _serve_chat(delay: float, connection: Connection) -> None:
+    with FakeChatServer(default_delay=delay) as fake:
+        connection.send(fake.base_url)
+        with contextlib.suppress(EOFError):
+            while connection.recv() == "seen":
+                connection.send((fake.calls, fake.connections_opened, fake.requests))
 
 
 @dataclass
@@ -140,13 +196,15 @@ def _instrumented(pipeline_ref: list[Pipeline], function: str, handler: Handler)
 
 
 @contextmanager
-def local_pipeline(database_url: str, **settings: str) -> Iterator[Pipeline]:
-    """The local stack on ``database_url`` with the given settings, its handlers timed per invocation."""
+def local_pipeline(database_url: str, *, aws_apart: bool = False, **settings: str) -> Iterator[Pipeline]:
+    """The local stack on ``database_url`` with the given settings, its handlers timed per invocation. With
+    ``aws_apart``, what stands in for AWS works apart from the handlers' interpreter, as AWS does: moto in a process
+    of its own, and the event source's receives and deletes on a thread of their own, ahead of the handler."""
     values = {**QUIET, **SYNTHETIC_ANSWERS, "DATABASE_URL": database_url, "MODEL": "bench/vision-model", **settings}
     with (
         environment(**values),
         tempfile.TemporaryDirectory(prefix="bench-stack-") as scratch,
-        local_stack(data_dir=Path(scratch), aws_port=0, sweep_every=3600.0) as stack,
+        local_stack(data_dir=Path(scratch), aws_port=0, sweep_every=3600.0, aws_own_process=aws_apart) as stack,
     ):
         ref: list[Pipeline] = []
         handlers = {
@@ -160,10 +218,12 @@ def local_pipeline(database_url: str, **settings: str) -> Iterator[Pipeline]:
             sweeper=sweeper,
             transcribe_timeout=stack.runtime.settings.function_timeout_seconds,
             sweep_every=3600.0,
+            receive_ahead=aws_apart,
         )
         pipeline = Pipeline(stack, lambdas, database_url, boto3.client("s3"), boto3.client("sqs"))
         ref.append(pipeline)
         try:
             yield pipeline
         finally:
+            lambdas.close()
             pipeline.close()
