@@ -358,7 +358,8 @@ class SqsEventSource:
     def deliver(self, wait_seconds: int = 0) -> tuple[int, dict[str, Any]]:
         """One batch → the handler; how many messages it held and the handler's response ({} when none)."""
         if self._next is not None:
-            messages, self._next = self._next.result(), self._poll_ahead()
+            received, self._next = self._next, self._poll_ahead()  # a failed poll's error is raised once
+            messages = received.result()
         else:
             messages = receive_batch(self._sqs, self.queue_url, wait_seconds)
         if not messages:
@@ -369,7 +370,7 @@ class SqsEventSource:
             )
         )
         if self._ahead is not None:
-            self._ahead[1].submit(self._settle, messages, response)
+            self._ahead[1].submit(self._settle, messages, response).add_done_callback(_log_failure)
         else:
             self._settle(messages, response)
         return len(messages), response
@@ -396,6 +397,12 @@ class SqsEventSource:
                     ReceiptHandle=message["ReceiptHandle"],
                     VisibilityTimeout=self._failed_visible_after,
                 )
+
+
+def _log_failure(settled: Future[None]) -> None:
+    """A handled batch's deletes, made on the event source's thread, failed: said, as the thread has no caller."""
+    if (error := settled.exception()) is not None:
+        log.error("a handled batch's messages could not be deleted: %s", error, exc_info=error)
 
 
 class LambdaService:

@@ -98,7 +98,8 @@ def _zombie_or_gone(pid: int) -> bool:
 
 class _Recording:
     """A transcribe handler that records the job ids of each batch it is given and, in its first batch, waits until
-    the event source has received the next batch; it fails the messages named in ``fail_once`` the first time."""
+    the event source has received the next batch of ten (at most HANG); it fails the messages named in ``fail_once``
+    the first time."""
 
     def __init__(self, sqs: Any, queue_url: str, fail_once: set[str]) -> None:
         self._sqs = sqs
@@ -110,7 +111,7 @@ class _Recording:
     def __call__(self, event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         ids = [json.loads(record["body"])["job_id"] for record in event["Records"]]
         if not self.batches:
-            self.in_flight_during_first = self._wait_in_flight(len(ids) + 1)
+            self.in_flight_during_first = self._wait_in_flight(len(ids) + 10)
         self.batches.append(ids)
         failed = [r["messageId"] for r in event["Records"] if json.loads(r["body"])["job_id"] in self._fail_once]
         self._fail_once -= set(ids)
@@ -163,3 +164,34 @@ def test_an_event_source_receiving_ahead_delivers_each_message_once_and_deletes_
     attributes = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
     left = (attributes["ApproximateNumberOfMessages"], attributes["ApproximateNumberOfMessagesNotVisible"])
     assert left == ("0", "0")
+
+
+def test_an_event_source_receiving_ahead_says_when_a_handled_batch_could_not_be_deleted(
+    aws_env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an event source receiving ahead, and a handler that deletes the queue under its batch
+    sqs = boto3.client("sqs")
+    queue_url = sqs.create_queue(QueueName="jobs")["QueueUrl"]
+    sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps({"job_id": "job-1"}))
+
+    def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        sqs.delete_queue(QueueUrl=queue_url)
+        return {"batchItemFailures": []}
+
+    arn = "arn:aws:sqs:us-east-1:123456789012:jobs"
+    source = SqsEventSource(sqs, queue_url, arn, handler, timeout_seconds=60, function_name="t", receive_ahead=True)
+    # When its batch is handled, then the deletes made on the event source's thread fail, and that is logged
+    try:
+        assert source.deliver()[0] == 1
+        # And once a poll fails (the one out meanwhile may end empty first), its error is raised once: the next
+        # delivery makes a poll afresh, which fails with an error of its own
+        errors: list[Exception] = []
+        for _ in range(4):
+            try:
+                source.deliver()
+            except sqs.exceptions.QueueDoesNotExist as exc:
+                errors.append(exc)
+        assert len(errors) >= 2 and errors[-1] is not errors[-2]
+    finally:
+        source.close()
+    assert "a handled batch's messages could not be deleted" in caplog.text
