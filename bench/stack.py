@@ -49,16 +49,25 @@ class ChatServerProcess:
 
     def __init__(self, delay: float) -> None:
         context = multiprocessing.get_context("spawn")
-        self._connection, theirs = context.Pipe()
-        self._process = context.Process(target=_serve_chat, args=(delay, theirs), name="fake-provider", daemon=True)
+        self._connection, self._theirs = context.Pipe()
+        self._process = context.Process(
+            target=_serve_chat, args=(delay, self._theirs), name="fake-provider", daemon=True
+        )
         self.base_url = ""
 
     def __enter__(self) -> ChatServerProcess:
         self._process.start()
+        self._theirs.close()  # the child's end is the child's: its exit is seen here as the end of the pipe
         if not self._connection.poll(self.START_SECONDS):
             self._process.kill()
             raise CorrectnessError(f"the fake provider's process did not start within {self.START_SECONDS:.0f} s")
-        self.base_url = self._connection.recv()
+        try:
+            self.base_url = self._connection.recv()
+        except EOFError:
+            self._process.join()
+            raise CorrectnessError(
+                f"the fake provider's process ended as it started (exit code {self._process.exitcode})"
+            ) from None
         return self
 
     def seen(self) -> Seen:

@@ -164,16 +164,24 @@ class MotoProcess:
     def __init__(self, host: str, port: int) -> None:
         _moto_server(host, port)  # moto is there (LocalExtraMissing otherwise), before a process is started for it
         context = multiprocessing.get_context("spawn")  # not a fork of a process whose threads hold locks
-        self._connection, theirs = context.Pipe()
-        self._process = context.Process(target=_serve_moto, args=(host, port, theirs), name="moto", daemon=True)
+        self._connection, self._theirs = context.Pipe()
+        self._process = context.Process(target=_serve_moto, args=(host, port, self._theirs), name="moto", daemon=True)
         self._address: tuple[str, int] | None = None
 
     def start(self) -> None:
         self._process.start()
+        self._theirs.close()  # the child's end is the child's: its exit is seen here as the end of the pipe
         if not self._connection.poll(self.START_SECONDS):
             self._process.kill()
             raise RuntimeError(f"the moto server's process did not start within {self.START_SECONDS:.0f} s")
-        self._address = self._connection.recv()
+        try:
+            self._address = self._connection.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(
+                f"the moto server's process ended as it started (exit code {self._process.exitcode}; its error is "
+                "above)"
+            ) from None
 
     def get_host_and_port(self) -> tuple[str, int]:
         assert self._address is not None, "start() first"
