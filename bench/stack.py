@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import multiprocessing
 import os
 import tempfile
 import time
@@ -22,7 +21,7 @@ from typing import Any
 import boto3
 import psycopg
 from pagescribe_local.cli import LocalStack, local_stack
-from pagescribe_local.stack import LambdaService
+from pagescribe_local.stack import LambdaService, ServerProcess
 
 from bench.common import QUIET, SYNTHETIC_ANSWERS, CorrectnessError, environment, plain_url
 from tests.fakes.chat_server import FakeChatServer
@@ -45,43 +44,19 @@ class ChatServerProcess:
     each request (a page image of ~0.5 MB, in JSON) happens beside the pipeline, as a remote provider's does, not on
     the pipeline's interpreter."""
 
-    START_SECONDS = 60.0
-
     def __init__(self, delay: float) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._connection, self._theirs = context.Pipe()
-        self._process = context.Process(
-            target=_serve_chat, args=(delay, self._theirs), name="fake-provider", daemon=True
-        )
+        self._process = ServerProcess("fake provider", _serve_chat, delay, start_seconds=60.0)
         self.base_url = ""
 
     def __enter__(self) -> ChatServerProcess:
-        self._process.start()
-        self._theirs.close()  # the child's end is the child's: its exit is seen here as the end of the pipe
-        if not self._connection.poll(self.START_SECONDS):
-            self._process.kill()
-            raise CorrectnessError(f"the fake provider's process did not start within {self.START_SECONDS:.0f} s")
-        try:
-            self.base_url = self._connection.recv()
-        except EOFError:
-            self._process.join()
-            raise CorrectnessError(
-                f"the fake provider's process ended as it started (exit code {self._process.exitcode})"
-            ) from None
+        self.base_url = self._process.start()
         return self
 
     def seen(self) -> Seen:
-        self._connection.send("seen")
-        return Seen(*self._connection.recv())
+        return Seen(*self._process.ask("seen"))
 
     def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(OSError):
-            self._connection.send("stop")
-        self._process.join(10)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._connection.close()
+        self._process.stop()
 
 
 def _serve_chat(delay: float, connection: Connection) -> None:

@@ -154,38 +154,37 @@ class LocalExtraMissing(RuntimeError):
     """The local stack's own dependencies (the 'local' extra) are not installed."""
 
 
-class MotoProcess:
-    """A moto server in a process of its own, so that what it does for each call (its SQS reads every message's
-    attributes for each message it returns) runs beside the handlers it serves, not on their interpreter, as AWS
-    does. Its interface is ThreadedMotoServer's."""
+class ServerProcess:
+    """A server in a process of its own, spawned (not a fork of a process whose threads hold locks):
+    ``target(*args, connection)`` sends what reaches it (its address) once it serves, answers what it is asked on the
+    connection, and stops when told "stop" or when the connection ends. Its exit at its start is reported at once."""
 
-    START_SECONDS = 120.0  # a fresh interpreter imports moto, compiling it where no bytecode was installed
-
-    def __init__(self, host: str, port: int) -> None:
-        _moto_server(host, port)  # moto is there (LocalExtraMissing otherwise), before a process is started for it
-        context = multiprocessing.get_context("spawn")  # not a fork of a process whose threads hold locks
+    def __init__(self, name: str, target: Callable[..., None], *args: Any, start_seconds: float) -> None:
+        context = multiprocessing.get_context("spawn")
         self._connection, self._theirs = context.Pipe()
-        self._process = context.Process(target=_serve_moto, args=(host, port, self._theirs), name="moto", daemon=True)
-        self._address: tuple[str, int] | None = None
+        self._process = context.Process(target=target, args=(*args, self._theirs), name=name, daemon=True)
+        self._name = name
+        self._start_seconds = start_seconds
 
-    def start(self) -> None:
+    def start(self) -> Any:
+        """Start it, and return what it sent once serving."""
         self._process.start()
         self._theirs.close()  # the child's end is the child's: its exit is seen here as the end of the pipe
-        if not self._connection.poll(self.START_SECONDS):
+        if not self._connection.poll(self._start_seconds):
             self._process.kill()
-            raise RuntimeError(f"the moto server's process did not start within {self.START_SECONDS:.0f} s")
+            raise RuntimeError(f"the {self._name} process did not start within {self._start_seconds:.0f} s")
         try:
-            self._address = self._connection.recv()
+            return self._connection.recv()
         except EOFError:
             self._process.join()
             raise RuntimeError(
-                f"the moto server's process ended as it started (exit code {self._process.exitcode}; its error is "
-                "above)"
+                f"the {self._name} process ended as it started (exit code {self._process.exitcode}; its error is above)"
             ) from None
 
-    def get_host_and_port(self) -> tuple[str, int]:
-        assert self._address is not None, "start() first"
-        return self._address
+    def ask(self, question: str) -> Any:
+        """Its answer to ``question``."""
+        self._connection.send(question)
+        return self._connection.recv()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):  # the process is gone already
@@ -197,6 +196,30 @@ class MotoProcess:
         self._connection.close()
 
 
+class MotoProcess:
+    """A moto server in a process of its own, so that what it does for each call (its SQS reads every message's
+    attributes for each message it returns) runs beside the handlers it serves, not on their interpreter, as AWS
+    does. Its interface is ThreadedMotoServer's."""
+
+    START_SECONDS = 120.0  # a fresh interpreter imports moto, compiling it where no bytecode was installed
+
+    def __init__(self, host: str, port: int) -> None:
+        _moto_server(host, port)  # moto is there (LocalExtraMissing otherwise), before a process is started for it
+        self.process = ServerProcess("moto", _serve_moto, host, port, start_seconds=self.START_SECONDS)
+        self._address: tuple[str, int] | None = None
+
+    def start(self) -> None:
+        host, port = self.process.start()
+        self._address = (host, port)
+
+    def get_host_and_port(self) -> tuple[str, int]:
+        assert self._address is not None, "start() first"
+        return self._address
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
 def _serve_moto(host: str, port: int, connection: Connection) -> None:
     """A moto server's process: serves until told to stop or its parent is gone."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
@@ -206,6 +229,9 @@ def _serve_moto(host: str, port: int, connection: Connection) -> None:
     with contextlib.suppress(EOFError):
         connection.recv()
     server.stop()
+    # The threads of the connections the parent's clients keep alive would hold the process for as long as those
+    # clients live (its stop then waited 10 s and killed it): nothing is left to flush, so it ends here.
+    os._exit(0)
 
 
 class LocalAws:

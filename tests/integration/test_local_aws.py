@@ -4,9 +4,7 @@ the SQS event source's calls on threads of their own, a long poll always out for
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import sys
 import threading
 import time
 import urllib.error
@@ -18,7 +16,7 @@ from typing import Any
 import boto3
 import pytest
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pagescribe_local.stack import LocalAws, LocalResources, MotoProcess, SqsEventSource
+from pagescribe_local.stack import LocalAws, LocalResources, MotoProcess, ServerProcess, SqsEventSource
 
 HANG = 60.0  # seconds a wait may take before the test fails: a bound on failure, never a guess of how long work takes
 
@@ -199,10 +197,15 @@ def test_an_event_source_receiving_ahead_says_when_a_handled_batch_could_not_be_
     assert "a handled batch's messages could not be deleted" in caplog.text
 
 
+def _exit_at_once(code: int, connection: object) -> None:
+    """A server process's target that ends before it serves."""
+    raise SystemExit(code)
+
+
 def test_a_moto_process_that_ends_as_it_starts_is_reported_with_its_exit_code() -> None:
     # Given moto's own process, standing for one that ends at once (its target exits with code 3)
     moto = MotoProcess("127.0.0.1", 0)
-    moto._process = multiprocessing.get_context("spawn").Process(target=sys.exit, args=(3,), daemon=True)
+    moto.process = ServerProcess("moto", _exit_at_once, 3, start_seconds=MotoProcess.START_SECONDS)
     # When it is started, then the start fails at once, naming the exit code, not after START_SECONDS
-    with pytest.raises(RuntimeError, match=r"ended as it started \(exit code 3"):
+    with pytest.raises(RuntimeError, match=r"the moto process ended as it started \(exit code 3"):
         moto.start()
