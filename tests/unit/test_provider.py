@@ -30,7 +30,7 @@ from pagescribe.providers.base import (
     TranscriptionProvider,
     TranscriptionRequest,
 )
-from pagescribe.providers.openai_compat import OpenAICompatibleProvider
+from pagescribe.providers.openai_compat import OpenAICompatibleProvider, _SendTurn
 from pagescribe.settings import Settings
 from pagescribe.timepolicy import TimePolicy
 
@@ -264,6 +264,65 @@ def test_concurrent_calls_queue_for_the_connection_limit(fake: FakeChatServer) -
     assert [r.failed_attempts for r in results] == [()] * 10
     assert fake.connections_opened == 3
     assert time.monotonic() - started >= 0.7  # 10 calls through 3 connections: 4 rounds of 0.2 s
+
+
+@pytest.mark.parametrize("stream", ["auto", "off"])
+def test_concurrent_calls_are_in_flight_together_streamed_or_not(fake: FakeChatServer, stream: str) -> None:
+    # Given a provider answering after 0.2 s, streamed (its head comes at once) or not (its head comes with its end)
+    fake.default_delay = 0.2
+
+    async def go() -> list[Transcription]:
+        provider = make_provider(fake.base_url, max_connections=10, stream=stream)
+        try:
+            return await asyncio.gather(*(provider.transcribe(page_request(), call_seconds=5) for _ in range(10)))
+        finally:
+            await provider.aclose()
+
+    # When ten calls start together
+    results = asyncio.run(go())
+    # Then each request's turn to go out ended once its head was written, not with its answer: ten connections
+    # carried them at once (calls made one after another reuse one connection)
+    assert [r.failed_attempts for r in results] == [()] * 10
+    assert fake.connections_opened == 10
+
+
+def test_a_requests_turn_to_go_out_ends_once_its_head_is_written() -> None:
+    async def go() -> list[str]:
+        turns, seen = asyncio.Lock(), []
+
+        async def request(name: str, events: list[str]) -> None:
+            async with _SendTurn(turns) as turn:
+                seen.append(f"{name} made")
+                for event in events:
+                    await asyncio.sleep(0)
+                    await turn.trace(event, {})
+                    seen.append(f"{name} {event}")
+                await asyncio.sleep(0.01)  # the rest of the request, its turn ended or not
+                seen.append(f"{name} answered")
+
+        heads = ["http11.send_request_headers.started", "http11.send_request_headers.complete"]
+        await asyncio.gather(request("first", heads), request("second", heads), request("untraced", []))
+        return seen
+
+    # Given three requests taking turns, two traced by httpcore and one whose transport traces nothing
+    seen = asyncio.run(go())
+    # Then the second is made once the first's head is written (not before, nor after its answer), and the untraced
+    # one once the second's head is written, though neither had been answered
+    assert seen.index("second made") == seen.index("first http11.send_request_headers.complete") + 1
+    assert seen.index("untraced made") == seen.index("second http11.send_request_headers.complete") + 1
+    assert seen.index("untraced made") < seen.index("first answered")
+
+
+def test_a_turn_ends_when_its_request_fails_before_its_head_is_written() -> None:
+    async def go() -> bool:
+        turns = asyncio.Lock()
+        with pytest.raises(OSError):
+            async with _SendTurn(turns) as turn:
+                await turn.trace("connection.connect_tcp.started", {})
+                raise OSError("connection refused")
+        return turns.locked()
+
+    assert asyncio.run(go()) is False
 
 
 # retries within the call's time

@@ -80,6 +80,41 @@ class _StreamRefusedError(Exception):
     """The endpoint rejected the stream parameter: call it unstreamed."""
 
 
+# httpcore's trace events after which a request's turn ends (see _SendTurn): its head written, or not to be
+_ON_THE_WIRE = frozenset({"http11.send_request_headers.complete", "http11.send_request_headers.failed"})
+
+
+class _SendTurn:
+    """A request's turn to go out: from the making of its body to its head on the wire, one request at a time (its
+    body is then written while the next one is made). A batch's calls start together, and every step of a request's
+    way to the socket yields to the event loop: without turns, each request's bytes waited for every other request's
+    body to be made (about 2 ms each), and the provider received the first request when the last one was ready, not
+    when the first was. The turn ends at its head's trace event from httpcore, or once the response begins (a
+    transport that traces nothing), or when the request fails."""
+
+    def __init__(self, turns: asyncio.Lock) -> None:
+        self._turns = turns
+        self._held = False
+
+    async def __aenter__(self) -> _SendTurn:
+        await self._turns.acquire()
+        self._held = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.end()
+
+    def end(self) -> None:
+        if self._held:
+            self._held = False
+            self._turns.release()
+
+    async def trace(self, event: str, info: dict[str, object]) -> None:
+        """httpcore's ``trace`` extension."""
+        if event in _ON_THE_WIRE:
+            self.end()
+
+
 class OpenAICompatibleProvider:
     """Transcribes page images through an OpenAI-compatible chat-completions endpoint.
 
@@ -117,6 +152,7 @@ class OpenAICompatibleProvider:
         self._retry_rate_limited = retry_rate_limited
         self._stream_mode = stream
         self._streams = stream != "off"  # auto turns it off when the endpoint rejects the stream parameter
+        self._turns = asyncio.Lock()  # see _SendTurn
         url = self._client.base_url
         self._name = f"openai-compatible:{url.host}" + (f":{url.port}" if url.port is not None else "")
 
@@ -161,9 +197,16 @@ class OpenAICompatibleProvider:
                 except _StreamRefusedError:
                     self._streams = False
                     logger.warning("%s rejects streamed calls; its calls are made unstreamed from now on", self._name)
-            body = self._body(request, stream=False)
-            _sent(request)  # an unstreamed answer's headers come with its end: sent is as late as can be told
-            response = await self._client.post("chat/completions", content=body, headers=_JSON_HEADERS, timeout=timeout)
+            async with _SendTurn(self._turns) as turn:
+                body = self._body(request, stream=False)
+                _sent(request)  # an unstreamed answer's headers come with its end: sent is as late as can be told
+                response = await self._client.post(
+                    "chat/completions",
+                    content=body,
+                    headers=_JSON_HEADERS,
+                    timeout=timeout,
+                    extensions={"trace": turn.trace},
+                )
         except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
             raise ProviderError(f"cannot send the request to the provider: {_describe(exc)}", retryable=False) from exc
         except httpx.RequestError as exc:
@@ -173,17 +216,26 @@ class OpenAICompatibleProvider:
     async def _streamed(self, request: TranscriptionRequest, started: float, limits: httpx.Timeout) -> Transcription:
         """A streamed request: its events read as they come, the answer checked for a loop on the way and the response
         closed at the first one; a plain JSON answer (an endpoint that does not stream) read as today."""
-        body = self._body(request, stream=True)
-        stream = self._client.stream("POST", "chat/completions", content=body, headers=_JSON_HEADERS, timeout=limits)
-        async with stream as response:
-            _sent(request)
-            if response.is_success and _is_event_stream(response):
-                answer = _StreamedAnswer(request.loop_check)
-                await answer.read(response)
-                return answer.transcription(response, request, asyncio.get_running_loop().time() - started)
-            await response.aread()
-            if self._stream_mode == "auto" and _refuses_stream(response):
-                raise _StreamRefusedError
+        async with _SendTurn(self._turns) as turn:
+            body = self._body(request, stream=True)
+            stream = self._client.stream(
+                "POST",
+                "chat/completions",
+                content=body,
+                headers=_JSON_HEADERS,
+                timeout=limits,
+                extensions={"trace": turn.trace},
+            )
+            async with stream as response:
+                turn.end()
+                _sent(request)
+                if response.is_success and _is_event_stream(response):
+                    answer = _StreamedAnswer(request.loop_check)
+                    await answer.read(response)
+                    return answer.transcription(response, request, asyncio.get_running_loop().time() - started)
+                await response.aread()
+                if self._stream_mode == "auto" and _refuses_stream(response):
+                    raise _StreamRefusedError
         return _transcription(response, request, asyncio.get_running_loop().time() - started)
 
     def _body(self, request: TranscriptionRequest, *, stream: bool) -> bytes:
