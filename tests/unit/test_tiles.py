@@ -37,6 +37,16 @@ def test_dot_leaders_and_rules_are_no_measure_of_the_print() -> None:
     assert text_height(PageText(GroundingSource.TEXT_LAYER, leaders, 1000, 1000, None)) == 12.0
 
 
+@pytest.mark.parametrize(("mark", "counted"), [("___", False), ("—·—", False), ("§", False), ("é", True), ("٣", True)])
+def test_a_word_counts_by_a_letter_or_digit_of_any_script(mark: str, counted: bool) -> None:
+    # Given 20 words of 12 px and 30 words of 2 px that are only the mark (an underscore rule, dashes and dots, a
+    # section sign; an accented letter, an Arabic-Indic digit)
+    words = _words([12.0] * 20 + [2.0] * 30)
+    marked = tuple(w if n < 20 else EvidenceWord(mark, w.box, w.line) for n, w in enumerate(words.words))
+    # Then the print is measured on the words with a letter or digit only
+    assert text_height(PageText(GroundingSource.TEXT_LAYER, marked, 1000, 1000, None)) == (2.0 if counted else 12.0)
+
+
 def test_a_page_with_small_print_is_cut_into_overlapping_bands_within_the_limits() -> None:
     plan = plan_tiles(1210, 1568, text_px=6.0, truncated=False, limits=LIMITS)
     assert plan is not None and "6.0 px" in plan.why

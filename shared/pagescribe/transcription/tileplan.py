@@ -20,6 +20,7 @@ TILE_OVERLAP of its height, rendered ``zoom`` times as large as the whole page w
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -67,6 +68,11 @@ class TilePlan:
     why: str
 
 
+# a character str.isalnum() holds true of (\w less the underscore), found in C: this runs for every word of a page
+# between its answer and its completion
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]").search
+
+
 def text_height(words: PageText | None) -> float | None:
     """The median height in pixels of a page's words that have a letter or a digit (None with fewer than MIN_WORDS):
     dot leaders and rules are no measure of its print."""
@@ -75,7 +81,7 @@ def text_height(words: PageText | None) -> float | None:
     heights = [
         word.box.y1 - word.box.y0
         for word in words.words
-        if word.box.y1 > word.box.y0 and any(char.isalnum() for char in word.text)  # a dot leader is no print size
+        if word.box.y1 > word.box.y0 and _LETTER_OR_DIGIT(word.text)  # a dot leader is no print size
     ]
     return statistics.median(heights) if len(heights) >= MIN_WORDS else None
 
