@@ -89,8 +89,8 @@ class _SendTurn:
     body is then written while the next one is made). A batch's calls start together, and every step of a request's
     way to the socket yields to the event loop: without turns, each request's bytes waited for every other request's
     body to be made (about 2 ms each), and the provider received the first request when the last one was ready, not
-    when the first was. The turn ends at its head's trace event from httpcore, or once the response begins (a
-    transport that traces nothing), or when the request fails."""
+    when the first was. The turn ends at its head's trace event from httpcore, or when the request fails; with a
+    transport that traces nothing, once a streamed response begins or an unstreamed one ends."""
 
     def __init__(self, turns: asyncio.Lock) -> None:
         self._turns = turns
