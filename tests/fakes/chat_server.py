@@ -200,23 +200,29 @@ class Gate:
 
         gate = Gate()
         fake.route(gate)
-        ... ; gate.held, gate.most_held; gate.open()
+        ... ; gate.held, gate.most_held, gate.wait_held(10, timeout=20); gate.open()
     """
 
     def __init__(self) -> None:
         self._opened = threading.Event()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self.held = 0
         self.most_held = 0
 
     def __call__(self, body: dict[str, Any], image: bytes) -> Behaviour | None:
-        with self._lock:
+        with self._changed:
             self.held += 1
             self.most_held = max(self.most_held, self.held)
+            self._changed.notify_all()
         self._opened.wait()
-        with self._lock:
+        with self._changed:
             self.held -= 1
         return None
+
+    def wait_held(self, count: int, timeout: float) -> bool:
+        """Whether ``count`` requests came to be held at once within ``timeout`` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.most_held >= count, timeout)
 
     def open(self) -> None:
         self._opened.set()

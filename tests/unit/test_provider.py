@@ -38,6 +38,7 @@ from tests.fakes.chat_server import (
     BodyError,
     Empty,
     FakeChatServer,
+    Gate,
     Hang,
     Loop,
     Malformed,
@@ -268,25 +269,39 @@ def test_concurrent_calls_queue_for_the_connection_limit(fake: FakeChatServer) -
 
 @pytest.mark.parametrize("stream", ["auto", "off"])
 def test_concurrent_calls_are_in_flight_together_streamed_or_not(fake: FakeChatServer, stream: str) -> None:
-    # Given a provider answering after 0.2 s, streamed (its head comes at once) or not (its head comes with its end)
-    fake.default_delay = 0.2
+    # Given a provider that holds every request until told to answer, streamed (its head would come at once) or not
+    # (its head comes with its end), and a client whose ten connections are open already
+    async def ten_held(provider: TranscriptionProvider, gate: Gate) -> list[Transcription]:
+        fake.route(gate)
+        calls = [asyncio.ensure_future(provider.transcribe(page_request(), call_seconds=30)) for _ in range(10)]
+        try:
+            await asyncio.to_thread(gate.wait_held, 10, 20.0)  # 20 s bounds the failure only
+        finally:
+            gate.open()
+        return await asyncio.gather(*calls)
 
-    async def go() -> list[Transcription]:
+    first, second = Gate(), Gate()
+
+    async def go() -> tuple[int, list[Transcription]]:
         provider = make_provider(fake.base_url, max_connections=10, stream=stream)
         try:
-            return await asyncio.gather(*(provider.transcribe(page_request(), call_seconds=5) for _ in range(10)))
+            await ten_held(provider, first)  # the ten connections opened
+            opened = fake.connections_opened
+            return opened, await ten_held(provider, second)
         finally:
             await provider.aclose()
 
-    # When ten calls start together
-    results = asyncio.run(go())
-    # Then each request's turn to go out ended once its head was written, not with its answer: ten connections
-    # carried them at once (calls made one after another reuse one connection)
+    # When ten calls start together on them
+    opened, results = asyncio.run(go())
+    # Then each request's turn to go out ended once its head was written, not with its answer: the provider held all
+    # ten at once, on those ten connections
+    assert opened == 10
+    assert second.most_held == 10
     assert [r.failed_attempts for r in results] == [()] * 10
     assert fake.connections_opened == 10
 
 
-def test_a_requests_turn_to_go_out_ends_once_its_head_is_written() -> None:
+def test_a_requests_turn_to_go_out_ends_once_its_head_is_written_or_its_connection_opens() -> None:
     async def go() -> list[str]:
         turns, seen = asyncio.Lock(), []
 
@@ -300,17 +315,18 @@ def test_a_requests_turn_to_go_out_ends_once_its_head_is_written() -> None:
                 await asyncio.sleep(0.01)  # the rest of the request, its turn ended or not
                 seen.append(f"{name} answered")
 
-        heads = ["http11.send_request_headers.started", "http11.send_request_headers.complete"]
-        await asyncio.gather(request("first", heads), request("second", heads), request("untraced", []))
+        head = ["http11.send_request_headers.started", "http11.send_request_headers.complete"]
+        connect = ["connection.connect_tcp.started", "connection.connect_tcp.complete", *head]
+        await asyncio.gather(request("first", head), request("second", connect), request("third", []))
         return seen
 
-    # Given three requests taking turns, two traced by httpcore and one whose transport traces nothing
+    # Given three requests taking turns: one on an open connection, one opening a connection, one untraced
     seen = asyncio.run(go())
-    # Then the second is made once the first's head is written (not before, nor after its answer), and the untraced
-    # one once the second's head is written, though neither had been answered
+    # Then the second is made once the first's head is written (not before, nor after its answer), and the third
+    # once the second's connection starts to open, though none had been answered
     assert seen.index("second made") == seen.index("first http11.send_request_headers.complete") + 1
-    assert seen.index("untraced made") == seen.index("second http11.send_request_headers.complete") + 1
-    assert seen.index("untraced made") < seen.index("first answered")
+    assert seen.index("third made") == seen.index("second connection.connect_tcp.started") + 1
+    assert seen.index("third made") < seen.index("first answered")
 
 
 def test_a_turn_ends_when_its_request_fails_before_its_head_is_written() -> None:

@@ -80,8 +80,16 @@ class _StreamRefusedError(Exception):
     """The endpoint rejected the stream parameter: call it unstreamed."""
 
 
-# httpcore's trace events after which a request's turn ends (see _SendTurn): its head written, or not to be
-_ON_THE_WIRE = frozenset({"http11.send_request_headers.complete", "http11.send_request_headers.failed"})
+# httpcore's trace events at which a request's turn ends (see _SendTurn): its head written, or not to be; or a new
+# connection being opened for it (a TCP connect and a TLS handshake take round trips: never one at a time)
+_TURN_ENDS = frozenset(
+    {
+        "http11.send_request_headers.complete",
+        "http11.send_request_headers.failed",
+        "connection.connect_tcp.started",
+        "connection.connect_unix_socket.started",
+    }
+)
 
 
 class _SendTurn:
@@ -89,8 +97,9 @@ class _SendTurn:
     body is then written while the next one is made). A batch's calls start together, and every step of a request's
     way to the socket yields to the event loop: without turns, each request's bytes waited for every other request's
     body to be made (about 2 ms each), and the provider received the first request when the last one was ready, not
-    when the first was. The turn ends at its head's trace event from httpcore, or when the request fails; with a
-    transport that traces nothing, once a streamed response begins or an unstreamed one ends."""
+    when the first was. The turn ends at its head's trace event from httpcore, or as a new connection starts to be
+    opened for it (connections open at once, as before), or when the request fails; with a transport that traces
+    nothing, once a streamed response begins or an unstreamed one ends."""
 
     def __init__(self, turns: asyncio.Lock) -> None:
         self._turns = turns
@@ -111,7 +120,7 @@ class _SendTurn:
 
     async def trace(self, event: str, info: dict[str, object]) -> None:
         """httpcore's ``trace`` extension."""
-        if event in _ON_THE_WIRE:
+        if event in _TURN_ENDS:
             self.end()
 
 
