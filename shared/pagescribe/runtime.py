@@ -52,7 +52,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-READ_NICENESS = 10  # the second read runs below the function's own work: it takes only the CPU that would sit idle
+# SECOND_READ=auto: the second read runs below the function's own work, on the CPU that would sit idle. With always,
+# every page waits for its read, which is then part of the page's work: it runs at the function's own priority, as
+# any other work on the machine could starve it past the page's deadline (a laptop's, a CI machine's: a first read of
+# a small scan took 62 s at nice 10 beside four busy processes on two cores, 8 s at the function's priority).
+READ_NICENESS = 10
 
 T = TypeVar("T")
 
@@ -277,7 +281,7 @@ class Runtime:
             workers=1,
             memory_limit_mb=settings.second_read_memory_limit_mb,
             timeout_seconds=self.time_policy.render_timeout,
-            niceness=READ_NICENESS,
+            niceness=0 if settings.second_read == "always" else READ_NICENESS,
         )
 
     @cached_property

@@ -333,7 +333,8 @@ class Settings(BaseSettings):
         description="A page without a usable text layer is read a second time by the offline engine, in a render "
         "process, while its model call is in flight, to ground the answer to. auto: when a render process is free "
         "as the call starts, and for no longer than the call itself takes; always: whenever the page's time "
-        "allows; off: never. A page that goes without says why.",
+        "allows, its process at the function's own priority (under auto, below it); off: never. A page that goes "
+        "without says why.",
     )
     second_read_memory_limit_mb: int = Field(
         default=1536,

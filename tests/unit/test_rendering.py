@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pagescribe.checks import usable_text_layer
 from pagescribe.render_worker import WARM_UP_TEXT, warm_up
 from pagescribe.rendering import RenderPool, RenderWorkerError
+from pagescribe.runtime import READ_NICENESS, Runtime
+from pagescribe.settings import Settings
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
 from pagescribe.sources.pages import RenderedPage, render_page
 from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_print
@@ -252,6 +254,24 @@ def test_a_worker_warmed_up_at_its_start_serves_the_first_page_as_a_fresh_one_wo
     # Then the worker that warmed up rendered it, and the page is what a fresh worker makes of it
     assert len(started) == 1 and own_pool.pids == started
     assert page == local(FIRST_PAGE, DocumentKind.PDF, 1)
+
+
+@pytest.mark.parametrize(("mode", "below"), [("auto", READ_NICENESS), ("always", 0)])
+def test_the_reading_process_runs_below_the_function_unless_every_page_waits_for_its_read(
+    mode: Literal["auto", "always"], below: int
+) -> None:
+    # Given an environment whose pages are read a second time by the mode
+    runtime = Runtime(Settings(second_read=mode))
+    try:
+        # When its reading process starts
+        for starting in runtime.reading_pool.prestart():
+            starting.join(timeout=60)
+        [pid] = runtime.reading_pool.pids
+        # Then it runs that far below the function's own priority: auto's reads take only the CPU left idle; always's
+        # are part of every page's work, which other work on the machine must not starve past the page's deadline
+        assert os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0) == below
+    finally:
+        runtime.close()
 
 
 def test_the_warm_up_renders_and_reads_back_a_page_of_text_of_its_own_and_leaves_no_file(
