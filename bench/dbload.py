@@ -17,8 +17,10 @@ through ``pagescribe.store.postgres.Database``:
   carries a cost, noting the page's image (KEEP_PAGE_IMAGES is on by default) in the same write.
 
 Two layouts of the same pages: SPREAD (documents of 50 pages over tenants of four documents each) and HOT (one
-document of one tenant). Workers beyond the connections the server can spare share a bounded number of connections,
-as pages share RDS Proxy's connections to the database: the wait for a connection is timed apart from the statement.
+document of one tenant). An environment holds one connection, as deployed (the runtime's pool of one, behind RDS
+Proxy): its pages' statements take turns on it. The environments' connections share at most CONNECTION_CAP connections
+to the server (fewer when it has fewer to spare), as RDS Proxy multiplexes its clients onto its connections to the
+database: the wait for a connection (the environment's, then a shared one) is timed apart from the statement.
 A separate connection samples ``pg_stat_activity`` (joined to ``pg_locks``) every 50 ms: which waits the busy backends
 are in, and on which table's rows the lock waits are.
 """
@@ -26,6 +28,7 @@ are in, and on which table's rows the lock waits are.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing
 import os
@@ -63,7 +66,7 @@ PAGES_PER_DOCUMENT = 50  # SPREAD: documents of this many pages, four documents 
 DOCUMENTS_PER_TENANT = 4
 SEED_PAGES = 1  # each tenant's earlier pages, completed before the run: the price history the cost gate reads
 PROCESSES = 5  # client processes (each with its threads and its share of the connections)
-CONNECTION_CAP = 40  # most connections the workers share (the server's max_connections is shared with other work)
+CONNECTION_CAP = 40  # most connections the environments share (the server's max_connections is shared with others)
 SAMPLE_SECONDS = 0.05
 WARM_UP = 0.25  # the share of a run's window whose completions are not counted in its pages/s
 P99_TARGET_MS = 50.0
@@ -168,7 +171,11 @@ class FairSlots:
 
 
 class Client:
-    """One process's workers: threads sharing a deque of batches and ``connections`` pooled connections."""
+    """One process's workers: threads sharing a deque of batches and ``connections`` pooled connections.
+
+    As deployed, an environment holds one connection (the runtime's pool of one): its pages' statements take turns on
+    it, so two pages of one batch are never in the database at once; the environments' connections share the
+    process's ``connections``, as RDS Proxy multiplexes its clients onto its connections to the database."""
 
     def __init__(self, url: str, connections: int, think: float) -> None:
         self.db = Database(create_database_engine(url, pool_size=connections))
@@ -183,10 +190,11 @@ class Client:
         for connection in pooled:
             connection.close()
 
-    def timed(self, name: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """A Database call on a connection of the shared few: the wait for one and the call timed apart."""
+    def timed(self, name: str, own: FairSlots, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A Database call on the environment's connection (``own``) and one of the shared few: the wait for both and
+        the call timed apart."""
         asked = time.perf_counter()
-        with self._slots:
+        with own, self._slots:
             started = time.perf_counter()
             try:
                 return call(*args, **kwargs)
@@ -206,6 +214,7 @@ class Client:
         transcriber's PAGE_CONCURRENCY), as many pages in flight as threads; its first batch ``start_after`` seconds
         after the run's start."""
         time.sleep(start_after)
+        own = FairSlots(1)  # the environment's one connection
         try:
             with ThreadPoolExecutor(max_workers=BATCH) as pages:
                 while time.time() < self.stop_at:
@@ -213,42 +222,43 @@ class Client:
                         batch = batches.popleft()
                     except IndexError:
                         return
-                    self._batch(batch, pages)
+                    self._batch(batch, pages, own)
         except Exception as exc:  # reported by the parent, which fails the run
             with self._lock:
                 self.figures.errors.append(repr(exc))
 
-    def _batch(self, batch: list[str], pages: ThreadPoolExecutor) -> None:
+    def _batch(self, batch: list[str], pages: ThreadPoolExecutor, own: FairSlots) -> None:
         """One SQS batch, as TranscriptionBatch and Transcriber handle it: one claim (with the jobs' documents), the
         cost gate and the rate governor for the pages together, then each page's image, call and completion, the
         pages at once."""
         claims = self.timed(
-            "claim_jobs", self.db.claim_jobs, batch, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS
+            "claim_jobs", own, self.db.claim_jobs, batch, lease_seconds=LEASE_SECONDS, max_attempts=MAX_ATTEMPTS
         )
         if len(claims.claimed) != len(batch):
             self.violation(f"a claim of {len(batch)} fresh jobs got {len(claims.claimed)} (busy {len(claims.busy)})")
         jobs = list(claims.claimed.values())
         if time.time() < self.stop_at:
-            self._pass_gates(jobs, claims.documents)
-        for _ in pages.map(self._page, jobs):  # an error raised here
+            self._pass_gates(jobs, claims.documents, own)
+        for _ in pages.map(functools.partial(self._page, own=own), jobs):  # an error raised here
             pass
 
-    def _pass_gates(self, jobs: list[ClaimedJob], documents: dict[str, DocumentRecord]) -> None:
+    def _pass_gates(self, jobs: list[ClaimedJob], documents: dict[str, DocumentRecord], own: FairSlots) -> None:
         """The cost gate and the rate governor, as CallGates passes them: the pages of one document that reach them
         together (here a batch's, all of one document) in one ``admit_spends``, then one ``take_rate_slots``."""
         for document_id in dict.fromkeys(job.document_id for job in jobs):
             document = documents[document_id]
             pages = [job for job in jobs if job.document_id == document_id]
             if document.max_cost_usd is not None or document.tenant_daily_budget_usd is not None:
-                self._pass_cost_gate(pages, document.model)
-            admissions = self.timed("take_rate_slots", self.governor.admit, pages, document.model)
+                self._pass_cost_gate(pages, document.model, own)
+            admissions = self.timed("take_rate_slots", own, self.governor.admit, pages, document.model)
             held = [admission for admission in admissions if admission.wait > 0]
             if held:
                 raise RuntimeError(f"the governor held a page back ({held[0].why}): its bucket must never empty")
 
-    def _pass_cost_gate(self, pages: list[ClaimedJob], model: str) -> None:
+    def _pass_cost_gate(self, pages: list[ClaimedJob], model: str, own: FairSlots) -> None:
         verdicts = self.timed(
             "admit_spends",
+            own,
             self.db.admit_spends,
             pages,
             model,
@@ -259,20 +269,20 @@ class Client:
         if stopped:
             raise RuntimeError(f"the cost gate said {stopped[0]}: the run's caps must never stop a page")
 
-    def _give_back(self, job: ClaimedJob) -> None:
-        with self._slots:
+    def _give_back(self, job: ClaimedJob, own: FairSlots) -> None:
+        with own, self._slots:
             deferred = self.db.defer_job(job, "the run's window ended", delay_seconds=0, slot_at=None, keep_slot=False)
         if not deferred:
             self.violation(f"job {job.job_id}: giving it back found its lease gone")
 
-    def _page(self, job: ClaimedJob) -> None:
+    def _page(self, job: ClaimedJob, own: FairSlots) -> None:
         if time.time() >= self.stop_at:  # the window is over: the page goes back, as a page held back by a gate
-            self._give_back(job)  # does (its claim not counted), so that a run ends soon after it
+            self._give_back(job, own)  # does (its claim not counted), so that a run ends soon after it
             return
         if self._think:
             time.sleep(self._think)  # the render and the model call
         image = f"transcripts/{job.document_id}/pages/{job.page_number}.webp"
-        if self.timed("complete_job", self.db.complete_job, job, OUTCOME, image_key=image) is None:
+        if self.timed("complete_job", own, self.db.complete_job, job, OUTCOME, image_key=image) is None:
             self.violation(f"job {job.job_id}: the fenced completion found its lease gone")
         with self._lock:
             self.figures.completed_at.append(time.time())
@@ -567,15 +577,15 @@ class Run:
 
 
 def connection_budget(workers: int) -> int:
-    """Connections the workers share: at most CONNECTION_CAP, never more than the server has free (less a margin
-    for other work on the same server), a multiple of PROCESSES."""
+    """Connections to the server the environments share: one an environment at most, at most CONNECTION_CAP, never
+    more than the server has free (less a margin for other work on the same server), a multiple of PROCESSES."""
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         row = conn.execute(
             "SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int"
             " - (SELECT count(*) FROM pg_stat_activity)"
         ).fetchone()
     free = int(row[0]) if row else 0
-    budget = min(workers, CONNECTION_CAP, free - 20)
+    budget = min(max(workers // BATCH, PROCESSES), CONNECTION_CAP, free - 20)
     if budget < PROCESSES:
         raise RuntimeError(f"only {free} connections free on the server")
     return budget - budget % PROCESSES
@@ -774,7 +784,8 @@ def _statement_rows(label: str, spread: Run, hot: Run) -> list[tuple[str, str]]:
     ]  # fmt: skip
     rows.append(
         (
-            f"{label}: wait for one of the {spread.connections} shared connections, p50 / p99 ms",
+            f"{label}: wait for a connection (the environment's, then one of the {spread.connections} to the "
+            "server), p50 / p99 ms",
             f"spread {_ms(percentile(spread.connection_waits, 0.5))} / {_ms(percentile(spread.connection_waits, 0.99))}"
             f" · hot {_ms(percentile(hot.connection_waits, 0.5))} / {_ms(percentile(hot.connection_waits, 0.99))}",
         )

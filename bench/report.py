@@ -254,8 +254,10 @@ page it is on and gives its batch's other pages back (`defer_job`, as a page hel
 the pages completed within the window past its first quarter (the warm-up), and the latency percentiles are of the
 calls started there too. With a think time the environments start spread over one think time (as environments
 taking batches from a queue do; started at one instant, every page would end with all the others, batch after
-batch); saturated, they start together. Workers share at most 40 connections (fewer when the server has fewer free),
-handed out first come first served as RDS Proxy queues its clients; the wait for one is timed apart from the call. A
+batch); saturated, they start together. An environment's pages take turns on its one connection, as deployed (the
+runtime's pool of one, behind RDS Proxy; the Data API's calls are not so bounded), and the environments share at most
+40 connections to the server, one an environment (fewer when the server has fewer free), handed out first come first
+served as RDS Proxy queues its clients; the wait for both is timed apart from the call. A
 separate connection samples `pg_stat_activity` and `pg_locks` every 50 ms: the busy backends' wait events, and for
 lock waits the table whose row is waited on (the waiter's tuple lock). Every run checks that each page done is
 COMPLETED once (one claim, one recorded call), the rest still QUEUED, and each document's counter (read through
@@ -508,6 +510,21 @@ event loop, httpx's pool among them: its connection checks cost about 1 ms a req
 after the answers about 7 ms a page on the event loop (the answer read, grounded and checked, its completion's round
 trip), about 70 ms for the last page's completion after the fake's last answer. Tried and not kept: the render
 processes at nice 10 and moto's at nice 19 (no difference in runs in turn).
+
+### 6. The database load test's own connections (issue 32)
+
+The load test's worst p99 at the think-time load read 90-100 ms on the slower machines of the last two stops (37.5 ms
+on an earlier one): `complete_job`, 6 ms at its p50, 89-94 ms at its p99, spread and hot alike. Its
+cause was the test, not the path it tests. Its page threads took any of their process's eight connections, so the
+ten pages of a batch, which end together after the same think time, were in the database at once: ten writes to the
+same rows (a small document's one counter row) queued on each other's commits. A deployed environment holds one
+connection (the runtime's pool of one, behind RDS Proxy), so its pages' statements take their turns on the client's
+side, and the environments' connections are what RDS Proxy multiplexes. The test now holds an environment to one
+connection too, and caps the connections to the server at one an environment. Run side by side on one machine
+(`python -m bench.dbload`, the code before and after): think 1 s, 200 workers, `complete_job` p99 spread 89.0 ->
+3.5 ms, hot 93.6 -> 4.0 ms, the worst statement's p99 93.6 -> 6.5 ms; the wait for a connection (now the
+environment's own, then the server's) p99 5.8 -> 18.4 ms; saturated at 200 workers, hot / spread 0.92 -> 1.02 (598 /
+649 -> 622 / 612 pages/s). With the Data API (no pooled connection) an environment's calls are not so bounded.
 """
     )
     parts.append(
