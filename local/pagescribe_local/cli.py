@@ -349,6 +349,8 @@ def _transcribe(args: argparse.Namespace) -> int:
     paths = _input_files(args)
     if args.text_layer:
         os.environ["TEXT_LAYER"] = args.text_layer
+    if args.second_read:  # the command's own stack: its reading process at the priority the mode asks for
+        os.environ["SECOND_READ"] = args.second_read
     _pipeline_environment(args)
     if args.estimate:
         return _estimate(args, paths)

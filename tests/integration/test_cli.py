@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
 import re
+import resource
 import signal
 import socket
 import time
@@ -59,6 +62,57 @@ def test_transcribe_fails_clearly_on_a_password_protected_pdf(
     assert result.returncode == 1
     assert "libreoffice-writer-password.pdf: FAILED: the PDF is password-protected" in result.stderr
     assert fake_provider.calls == 0 and not list(tmp_path.glob("*.md"))
+
+
+@pytest.mark.offline_ocr
+def test_transcribe_with_every_page_read_a_second_time_reads_at_the_commands_own_priority(
+    database_url: str, fake_provider: FakeChatServer, tmp_path: Path
+) -> None:
+    # Given a scan, a provider that answers it with its true text once the command's reading process is up (a memory
+    # limit of its own tells that process from the render processes), and what priority that process runs at
+    scan = Path(__file__).resolve().parents[1] / "data" / "documents" / "phototest.tif"
+    truth = scan.with_suffix(".txt").read_text(encoding="utf-8")
+    env = {**command_environment(database_url, fake_provider), "SECOND_READ_MEMORY_LIMIT_MB": "1537"}
+    below: list[int] = []
+
+    def answer_once_read(body: dict[str, Any], image: bytes) -> Ok:
+        below.append(_below_us(_render_worker(1537, timeout=60)))
+        return Ok(text=truth)
+
+    fake_provider.route(answer_once_read)
+    # When the user asks for every page to be read a second time (on a laptop, beside whatever else it runs)
+    result = pagescribe(
+        "transcribe", str(scan), "--second-read", "always", "--json", "--no-reuse", env=env, cwd=tmp_path
+    )
+    # Then the read ran at the command's own priority, not below it (where other work could starve it past the
+    # page's deadline), and the page's answer is grounded to it
+    assert result.returncode == 0, result.stderr
+    assert below == [0]
+    [page] = json.loads((tmp_path / "phototest.json").read_text())["pages"]
+    assert page["grounding"]["source"] == "second_read", page["grounding"]
+
+
+def _render_worker(memory_limit_mb: int, *, timeout: float) -> int:
+    """The pid of a render process started with ``memory_limit_mb`` (its command line: ``-m pagescribe.render_worker
+    <reply fd> <memory limit> [niceness]``) once it has set itself up: it takes its priority, then limits its address
+    space (at most ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError, ProcessLookupError):
+                words = cmdline.read_bytes().decode(errors="replace").split("\0")
+                module = words.index("pagescribe.render_worker") if "pagescribe.render_worker" in words[:-2] else -1
+                pid = int(cmdline.parent.name)
+                ours = module >= 0 and words[module + 2] == str(memory_limit_mb)
+                if ours and resource.prlimit(pid, resource.RLIMIT_AS)[0] == memory_limit_mb << 20:
+                    return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no render process set up with a memory limit of {memory_limit_mb} MB in {timeout:g} s")
+
+
+def _below_us(pid: int) -> int:
+    """How far below this process's priority ``pid`` runs (its niceness less ours)."""
+    return os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_transcribe_names_a_missing_file(database_url: str, fake_provider: FakeChatServer, tmp_path: Path) -> None:
