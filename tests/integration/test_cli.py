@@ -99,7 +99,7 @@ def _render_worker(memory_limit_mb: int, *, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            with contextlib.suppress(OSError, ProcessLookupError):
+            with contextlib.suppress(OSError):  # the process ended meanwhile
                 words = cmdline.read_bytes().decode(errors="replace").split("\0")
                 module = words.index("pagescribe.render_worker") if "pagescribe.render_worker" in words[:-2] else -1
                 pid = int(cmdline.parent.name)
