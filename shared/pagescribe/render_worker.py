@@ -75,10 +75,9 @@ def _handle(request: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes
         )
         seen = {field: getattr(page, field) for field in SEEN_FIELDS}
         usable = _usable(page.text_layer)
-        printed = text_layer_print(path, page_number=request["page_number"], **_scale(request)) if usable else None
         words = _words(path, request) if request.get("words") and usable else None
         size = {"media_type": page.media_type, "width": page.width, "height": page.height}
-        return {"ok": {**size, **seen, "print": printed, "words": words}}, page.data
+        return {"ok": {**size, **seen, "print": page.print_size, "words": words}}, page.data
     if request["op"] == "words":
         return {"ok": {"words": _words(path, request)}}, b""
     if request["op"] == "band":

@@ -12,19 +12,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from pagescribe.checks import usable_text_layer
 from pagescribe.render_worker import WARM_UP_TEXT, warm_up
 from pagescribe.rendering import RenderPool, RenderWorkerError
 from pagescribe.runtime import READ_NICENESS, Runtime
 from pagescribe.settings import Settings
 from pagescribe.sources.documents import DocumentKind, InvalidDocumentError, inspect_document
 from pagescribe.sources.pages import RenderedPage, render_page
-from pagescribe.sources.textlayer import extract_text_layer, read_text_layer, text_layer_print
+from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
 
 from tests.support import CORPUS, CORPUS_NOTES
 from tests.support.hostile import bilevel_png, decompression_bomb, page_with_contents
@@ -99,13 +97,9 @@ def render(pool: RenderPool, path: Path, kind: DocumentKind, page: int) -> Rende
 
 
 def local(path: Path, kind: DocumentKind, page: int) -> RenderedPage:
-    """The page as the pool renders it, made in this process: its render, and the size of its print where it has a
+    """The page as the pool renders it, made in this process: its render, with the size of its print where it has a
     usable text layer."""
-    rendered = render_page(
-        path, kind, page, dpi=150, max_long_edge=1568, image_format="jpeg", max_image_pixels=60_000_000
-    )
-    printed = text_layer_print(path, page) if usable_text_layer(rendered.text_layer) else None
-    return replace(rendered, print_size=printed)
+    return render_page(path, kind, page, dpi=150, max_long_edge=1568, image_format="jpeg", max_image_pixels=60_000_000)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +156,7 @@ def test_a_blank_render_comes_from_the_pool_with_its_text_layer_laid_out(pool: R
     # Then it says what it says in this process, its laid-out text layer too
     assert in_worker.draws and "みんなのおのおの" in in_worker.laid_out_text
     rendered = render_page(jo, DocumentKind.PDF, 1, **options)
-    assert in_worker == replace(rendered, print_size=text_layer_print(jo, 1))
+    assert in_worker == rendered
 
 
 def test_many_tasks_share_the_workers_concurrently(pool: RenderPool) -> None:

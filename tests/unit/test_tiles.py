@@ -6,11 +6,13 @@ import io
 from pathlib import Path
 
 import pypdfium2 as pdfium
+import pypdfium2.raw as pdfium_c
 import pytest
+from pagescribe.checks import usable_text_layer
 from pagescribe.grounding import Box, EvidenceWord, GroundingSource, PageText
 from pagescribe.sources.documents import DocumentKind
 from pagescribe.sources.pages import Band, render_band, render_page
-from pagescribe.sources.textlayer import text_layer_print, text_layer_words
+from pagescribe.sources.textlayer import _characters_of, text_layer_print, text_layer_words
 from pagescribe.transcription.stitching import stitch
 from pagescribe.transcription.tileplan import MIN_WORDS, TileLimits, plan_tiles, print_height, text_height
 from PIL import Image
@@ -214,3 +216,28 @@ def test_an_overlap_with_a_line_one_answer_split_in_two_is_still_found() -> None
 
 STATES = ["Maine", "Maryland", "Michigan", "Missouri", "Montana", "Nebraska", "Nevada", "New Jersey", "New Mexico",
           "New York", "Ohio", "Oregon"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", REAL_PDFS, ids=[path.name for path in REAL_PDFS])
+def test_a_born_digital_render_comes_with_its_print_measured_as_it_is_alone(path: Path) -> None:
+    # Given real PDF pages, born-digital and scanned
+    for page in _pages(path):
+        # When a page is rendered (its print measured on the page and text the render loaded)
+        rendered = render_page(path, DocumentKind.PDF, page, dpi=150, max_long_edge=1024)
+        # Then a page with a usable text layer has the print measured alone, a page without one none
+        alone = text_layer_print(path, page, dpi=150, max_long_edge=1024)
+        assert rendered.print_size == (alone if usable_text_layer(rendered.text_layer) else None), f"page {page}"
+
+
+@pytest.mark.parametrize("path", REAL_PDFS, ids=[path.name for path in REAL_PDFS])
+def test_the_characters_read_at_once_are_pdfiums_one_by_one(path: Path) -> None:
+    # Given real PDF pages, some with characters pdfium leaves out of its text and hyphenation marks
+    with pdfium.PdfDocument(path) as pdf:
+        for index in range(min(len(pdf), 12)):
+            textpage = pdf[index].get_textpage()
+            # When the page's characters are read at once for measuring its print
+            read = _characters_of(textpage)
+            # Then they are pdfium's characters one by one, index for index (its hyphenation mark U+0002 in its text
+            # as U+FFFE: neither is a letter, a digit or a space)
+            one_by_one = [chr(pdfium_c.FPDFText_GetUnicode(textpage.raw, i)) for i in range(textpage.count_chars())]
+            assert list(read.replace("\ufffe", "\x02")) == one_by_one, f"page {index + 1}"

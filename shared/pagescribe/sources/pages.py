@@ -27,7 +27,7 @@ from pagescribe.sources.documents import (
     open_pdf,
     pdf_scale,
 )
-from pagescribe.sources.textlayer import PrintSize, laid_out_text, visible_text
+from pagescribe.sources.textlayer import PrintSize, laid_out_text, page_print, visible_text
 
 if TYPE_CHECKING:
     from pagescribe.grounding import PageText
@@ -113,6 +113,7 @@ class PageSeen:
     draws: bool = False
     text_layer: str = ""
     laid_out_text: str = ""
+    print_size: PrintSize | None = None
     points_per_pixel: float | None = None
     figures: tuple[tuple[int, int, int, int], ...] = ()
 
@@ -167,6 +168,7 @@ def _encode(
         text_layer=seen.text_layer,
         rotation=seen.rotation,
         laid_out_text=seen.laid_out_text,
+        print_size=seen.print_size,
         points_per_pixel=seen.points_per_pixel,
         figures=seen.figures,
     )
@@ -284,22 +286,32 @@ def render_page(
     clearly reads turned.
 
     An image page is checked against ``max_image_pixels`` from its header again before it is decoded. A PDF page
-    comes with its visible text layer; when less than ``blank_below`` of its render is marked, with whether it draws
-    something that should have shown.
+    comes with its visible text layer, and where that is usable with the size of its print on the image (measured on
+    the page and text pdfium has loaded for the render); when less than ``blank_below`` of its render is marked, with
+    whether it draws something that should have shown.
     """
     if kind is DocumentKind.PDF:
         with open_pdf(path) as pdf:
             check_page_number(page_number, len(pdf))
             with _pdf_page_image(pdf, page_number, dpi, max_long_edge) as (page, rendered):
-                text = visible_text(page)
+                textpage = page.get_textpage()
+                text = visible_text(page, textpage)
+                born_digital = _usable(text)
                 # a born-digital page (a usable text layer) is laid out upright: only scans are looked at
-                image, seen = _look(rendered, orient=orient and not _usable(text))
+                image, seen = _look(rendered, orient=orient and not born_digital)
                 draws = seen.marked < blank_below and _draws_visibly(page)
                 laid_out = laid_out_text(page) if draws else ""
                 points = None if seen.rotation else 1 / pdf_scale(page.get_size(), dpi, max_long_edge)
                 figures = figure_regions(page, points, image.size) if points else ()
+                printed = page_print(page, dpi, max_long_edge, textpage) if born_digital else None
                 seen = replace(
-                    seen, text_layer=text, draws=draws, laid_out_text=laid_out, points_per_pixel=points, figures=figures
+                    seen,
+                    text_layer=text,
+                    draws=draws,
+                    laid_out_text=laid_out,
+                    print_size=printed,
+                    points_per_pixel=points,
+                    figures=figures,
                 )
                 return _encode(image, image_format, jpeg_quality, seen)
     with open_image(path, kind) as source:

@@ -47,12 +47,12 @@ class TextLayer:
     laid_out: str
 
 
-def visible_text(page: pdfium.PdfPage) -> str:
+def visible_text(page: pdfium.PdfPage, textpage: pdfium.PdfTextPage | None = None) -> str:
     """The text on the visible part of the page (not outside its crop box: printers' marks, proofing notes), with
-    pdfium's hyphenation marks and other non-characters removed."""
+    pdfium's hyphenation marks and other non-characters removed. ``textpage``: the page's, when one is loaded."""
     from pagescribe.checks import remove_non_characters
 
-    text = page.get_textpage().get_text_bounded()
+    text = (textpage or page.get_textpage()).get_text_bounded()
     return remove_non_characters(str(text).replace("\r\n", "\n")).strip()
 
 
@@ -244,17 +244,19 @@ def text_layer_print(path: Path, page_number: int, *, dpi: int = 150, max_long_e
     read in tiles. A word is a run of characters between spaces (a CJK character one of its own), measured by its
     first letter or digit at the font's full height, as :func:`text_layer_words` boxes a word: a fraction of the cost
     of placing the words, which reads every character's box, baseline and text object and joins them."""
-    return _read_text(path, page_number, lambda page: _page_print(page, dpi, max_long_edge))
+    return _read_text(path, page_number, lambda page: page_print(page, dpi, max_long_edge))
 
 
-def _page_print(page: pdfium.PdfPage, dpi: int, max_long_edge: int) -> PrintSize | None:
-    textpage = page.get_textpage()
+def page_print(
+    page: pdfium.PdfPage, dpi: int, max_long_edge: int, textpage: pdfium.PdfTextPage | None = None
+) -> PrintSize | None:
+    """:func:`text_layer_print` of an open page (``textpage``: the page's, when one is loaded)."""
+    textpage = textpage or page.get_textpage()
     handle, box, bbox = textpage.raw, pdfium_c.FS_RECTF(), page.get_bbox()
     place = _Placement.of(page, pdf_scale(page.get_size(), dpi, max_long_edge))
     heights: list[float] = []
     in_word = False  # a letter or a digit of the word was measured
-    for index in range(textpage.count_chars()):
-        char = chr(pdfium_c.FPDFText_GetUnicode(handle, index))
+    for index, char in enumerate(_characters_of(textpage)):
         if char.isspace():
             in_word = False
         elif char.isalnum() and (not in_word or _cjk(char)):
@@ -264,6 +266,21 @@ def _page_print(page: pdfium.PdfPage, dpi: int, max_long_edge: int) -> PrintSize
             if _overlaps(rect, bbox) and bottom > top:
                 heights.append(bottom - top)
     return PrintSize(statistics.median(heights), len(heights)) if heights else None
+
+
+def _characters_of(textpage: pdfium.PdfTextPage) -> str:
+    """Every character of the text page, index for index, for telling letters, digits and spaces apart: pdfium's text
+    read in one call (one call per character costs about 2 ms a page), where it has one code point per character.
+    Where it has not (a character pdfium leaves out of its text), the characters one by one. The one difference
+    between the two, pdfium's hyphenation mark (U+0002 one by one, U+FFFE in its text), is neither a letter, a digit
+    nor a space either way."""
+    count = textpage.count_chars()
+    buffer = ctypes.create_string_buffer((count + 1) * 2)  # UTF-16 code units and the terminator
+    written = pdfium_c.FPDFText_GetText(textpage.raw, 0, count, ctypes.cast(buffer, ctypes.POINTER(ctypes.c_ushort)))
+    text = buffer.raw[: max(0, written - 1) * 2].decode("utf-16-le", errors="surrogatepass")
+    if len(text) == count:
+        return text
+    return "".join(chr(pdfium_c.FPDFText_GetUnicode(textpage.raw, index)) for index in range(count))
 
 
 @dataclass(frozen=True)
