@@ -14,11 +14,18 @@ from typing import Any
 
 import pypdfium2 as pdfium
 import pytest
-from pagescribe.sources.documents import DocumentInfo, DocumentKind, InvalidDocumentError, detect_kind, inspect_document
+from pagescribe.sources.documents import (
+    DocumentInfo,
+    DocumentKind,
+    InvalidDocumentError,
+    detect_kind,
+    inspect_document,
+    pdf_scale,
+)
 from pagescribe.sources.pages import RenderedPage, render_page
 from pagescribe.sources.textlayer import extract_text_layer, read_text_layer
 from pagescribe_local.scoring import recall_precision
-from PIL import Image, ImageDraw, ImageStat, TiffImagePlugin
+from PIL import Image, ImageChops, ImageDraw, ImageStat, TiffImagePlugin
 
 from tests.support import CORPUS
 from tests.support.pages import drawn_row_by_row
@@ -264,6 +271,24 @@ def test_a_pdf_page_renders_as_a_jpeg_within_the_long_edge() -> None:
     assert image.format == "JPEG" and image.mode == "RGB"
     # A4 at 150 dpi is 1240 x 1754: the long edge is capped, the aspect ratio kept
     assert (image.width, image.height) == (1109, 1568)
+
+
+@pytest.mark.parametrize(("name", "mode"), [("cardinal.pdf", "L"), ("congress.pdf", "RGB")])
+def test_a_scan_drawn_in_grey_renders_in_grey_as_its_colour_render_shows_it(name: str, mode: str) -> None:
+    # Given a real bilevel scan (JBIG2 images in DeviceGray) and a real colour one (a JPEG in RGB)
+    path = DOCUMENTS / name
+    # When its first page (upright) is rendered
+    rendered = render_page(path, DocumentKind.PDF, 1, dpi=150, max_long_edge=1568)
+    # Then the grey scan's image is grey (one byte a pixel), the colour one's stays in colour
+    image = opened(rendered)
+    assert image.format == "JPEG" and image.mode == mode
+    # and either shows the luminance of pdfium's colour render of the page, within JPEG's error
+    with pdfium.PdfDocument(path) as pdf:
+        page = pdf[0]
+        scale = pdf_scale(page.get_size(), 150, 1568)
+        colour = page.render(scale=scale, rev_byteorder=True).to_pil().convert("L")
+    assert colour.size == image.size and rendered.ink > 0.01
+    assert ImageStat.Stat(ImageChops.difference(image.convert("L"), colour)).mean[0] < 3.0  # quality 85
 
 
 def test_a_pdf_page_renders_at_the_requested_dpi() -> None:
