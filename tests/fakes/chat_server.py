@@ -57,7 +57,9 @@ def expected_text(image_bytes: bytes) -> str:
 class Ok:
     """200 with an answer; ``text=None`` answers ``expected_text(image)``.
 
-    The answer is sent after ``FakeChatServer.default_delay + delay`` seconds. Its body "id" is
+    The answer is sent ``FakeChatServer.default_delay + delay`` seconds after the request arrived (its headers read):
+    the fake's own reading and decoding of the request are within that time, as a provider's are within its latency,
+    so that requests arriving together are answered together however the fake's threads share its GIL. Its body "id" is
     "gen-<n>" (``include_id=False`` leaves it out); every response carries an x-request-id header
     "req-<n>". ``cost=None`` leaves usage.cost out; ``as_parts=True`` sends message.content as a list
     of two text parts (the halves of the text) instead of a string.
@@ -451,11 +453,13 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    _arrived: float  # time.monotonic() when the request's headers were read
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: tests inspect FakeChatServer.received instead
 
     def do_POST(self) -> None:
+        self._arrived = time.monotonic()  # an answer's delay counts from here
         try:
             self._serve()
         except OSError:  # the client went away, or stop() shut the connection, mid-answer
@@ -529,7 +533,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, ok: Ok, body: dict[str, Any], image: bytes) -> None:
         fake = self.server.fake
-        if not fake._pause(fake.default_delay + ok.delay):
+        if not fake._pause(self._arrived + fake.default_delay + ok.delay - time.monotonic()):
             self.close_connection = True
             return
         completion = _completion(fake._next_answer_number(), body, image, ok)
@@ -577,14 +581,14 @@ class _Handler(BaseHTTPRequestHandler):
         text = expected_text(image) if ok.text is None else ok.text
         words = _words(text)
         head = {key: completion[key] for key in ("id", "model") if key in completion}
-        sent, started, step = 0, time.monotonic(), (fake.default_delay + ok.delay) / max(1, len(words))
+        sent, started, step = 0, self._arrived, (fake.default_delay + ok.delay) / max(1, len(words))
         for word in words:  # each at its time from the start: the last at the answer's delay, as unstreamed
             if not fake._pause(started + (sent + 1) * step - time.monotonic()):
                 self.close_connection = True
                 return sent
             self._data(head | {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
             sent += 1
-        if not words and not fake._pause(fake.default_delay + ok.delay):
+        if not words and not fake._pause(self._arrived + fake.default_delay + ok.delay - time.monotonic()):
             self.close_connection = True
             return sent
         self._data(head | {"choices": [{"index": 0, "delta": {}, "finish_reason": ok.finish_reason}]})
