@@ -172,30 +172,38 @@ def _read(image: bytes, language: str) -> dict[str, Any]:
 
 def serve(reply_fd: int, memory_limit_mb: int, niceness: int = 0) -> int:
     """The worker loop: one request at a time from stdin, one reply each on ``reply_fd``, until stdin closes. A
-    worker with a ``niceness`` runs at that lower priority: it takes only the CPU the rest of the function leaves."""
+    worker with a ``niceness`` runs at that lower priority: it takes only the CPU the rest of the function leaves. A
+    worker whose parent is gone (its replies' pipe closed, even before it was ready) ends quietly: nobody is left to
+    serve or to tell."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes or kills the workers
     if niceness:
         os.nice(niceness)
-    requests = sys.stdin.buffer
-    with os.fdopen(reply_fd, "wb") as replies:
+    try:
+        with os.fdopen(reply_fd, "wb") as replies:
+            return _serve(sys.stdin.buffer, replies, memory_limit_mb)
+    except BrokenPipeError:
+        return 0
+
+
+def _serve(requests: BinaryIO, replies: BinaryIO, memory_limit_mb: int) -> int:
+    try:
+        _limit_memory(memory_limit_mb)
+    except (ValueError, OSError) as exc:
+        replies.write(encode_frame({"startup_error": f"RENDER_MEMORY_LIMIT_MB={memory_limit_mb}: {exc}"}))
+        return 1
+    replies.write(encode_frame({"ready": os.getpid()}))
+    replies.flush()
+    while (frame := _read_frame_blocking(requests)) is not None:
         try:
-            _limit_memory(memory_limit_mb)
-        except (ValueError, OSError) as exc:
-            replies.write(encode_frame({"startup_error": f"RENDER_MEMORY_LIMIT_MB={memory_limit_mb}: {exc}"}))
-            return 1
-        replies.write(encode_frame({"ready": os.getpid()}))
+            reply = _handle(*frame)
+        except InvalidDocumentError as exc:
+            reply = {"invalid": exc.reason}, b""
+        except MemoryError:
+            reply = {"memory": True}, b""
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}, b""
+        replies.write(encode_frame(*reply))
         replies.flush()
-        while (frame := _read_frame_blocking(requests)) is not None:
-            try:
-                reply = _handle(*frame)
-            except InvalidDocumentError as exc:
-                reply = {"invalid": exc.reason}, b""
-            except MemoryError:
-                reply = {"memory": True}, b""
-            except Exception as exc:
-                reply = {"error": f"{type(exc).__name__}: {exc}"}, b""
-            replies.write(encode_frame(*reply))
-            replies.flush()
     return 0
 
 

@@ -214,6 +214,24 @@ def test_a_document_error_in_a_worker_carries_the_in_process_reason(
 # Lifecycle
 
 
+def test_a_worker_whose_parent_is_gone_before_it_is_ready_ends_quietly() -> None:
+    # Given the pipe a worker replies on, its reading end already closed (the pool that started it closed at once)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    # When the worker starts and says it is ready
+    worker = subprocess.run(
+        [sys.executable, "-P", "-m", "pagescribe.render_worker", str(write_end), "1024"],
+        pass_fds=(write_end,),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    os.close(write_end)
+    # Then it ends with nothing to say: no BrokenPipeError's traceback on the test's or the function's output
+    assert (worker.returncode, worker.stderr.decode()) == (0, "")
+
+
 def test_workers_start_on_first_use_and_are_reused(own_pool: RenderPool) -> None:
     # Given a new pool: no worker yet (a cold start pays nothing until a page is rendered)
     assert own_pool.pids == ()
