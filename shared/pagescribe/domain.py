@@ -381,6 +381,15 @@ class AttemptRecord(NamedTuple):
     tile: str | None = None  # the tile of the page the call read ("2/4"), when the page was read in tiles
 
 
+class PageEnd(NamedTuple):
+    """A claimed page's completion, to be written under its lease: its answer and the key of the image it was sent as
+    (once stored)."""
+
+    job: ClaimedJob
+    outcome: PageOutcome
+    image_key: str | None = None
+
+
 class DocumentProgress(NamedTuple):
     document_id: str
     page_count: int

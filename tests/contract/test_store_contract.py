@@ -20,6 +20,7 @@ from pagescribe.domain import (
     FailedCall,
     JobStatus,
     NewDocument,
+    PageEnd,
     PageOutcome,
     PendingDocument,
     PricedCall,
@@ -198,6 +199,37 @@ def test_a_lost_lease_fences_every_write_of_its_holder(store: Store) -> None:
     [page] = store.load_pages(newer.document_id)
     assert (page.text, page.attempts) == ("newer", 2)
     assert sorted(a.outcome for a in store.load_attempts(newer.document_id)) == ["KEPT", "LEASE_LOST", "LEASE_LOST"]
+
+
+def test_pages_of_a_document_completed_together_are_written_each_under_its_own_lease(store: Store) -> None:
+    # Given three claimed pages of a document, the second's lease lost to a newer claim
+    document_id, [one, two, three] = _document(store, pages=3)
+    first = _claim(store, one)
+    zombie = _claim(store, two, lease=0.001)
+    _wait_past(store, 0.01)
+    newer = _claim(store, two)
+    third = _claim(store, three)
+    # When the three pages' completions are written together
+    written = store.complete_jobs(
+        [PageEnd(first, _answer("one")), PageEnd(zombie, _answer("late")), PageEnd(third, _answer("three"), "k3")]
+    )
+    # Then each page's lease decides for it alone, and a later page's progress counts the pages before it
+    assert [p.pages_completed if p else None for p in written] == [1, None, 2]
+    assert store.complete_jobs([PageEnd(newer, _answer("two"))])[0] == (document_id, 3, 3, 0)
+    pages = store.load_pages(document_id)
+    assert [(p.status, p.text) for p in pages] == [(JobStatus.COMPLETED, t) for t in ("one", "two", "three")]
+    assert store.page_image(document_id, 3) == ("k3", JobStatus.COMPLETED)
+    assert sorted(a.outcome for a in store.load_attempts(document_id)) == ["KEPT", "KEPT", "KEPT", "LEASE_LOST"]
+    spend = store.tenant_day("default")
+    assert spend is not None and spend.calls == 4
+
+
+def test_pages_of_two_documents_are_not_completed_together(store: Store) -> None:
+    first, [one] = _document(store)
+    second, [other] = _document(store)
+    with pytest.raises(ValueError, match="one document, not of 2"):
+        store.complete_jobs([PageEnd(_claim(store, one), _answer()), PageEnd(_claim(store, other), _answer())])
+    assert [p.status for d in (first, second) for p in store.load_pages(d)] == [JobStatus.PROCESSING] * 2
 
 
 def _wait_past(store: Store, seconds: float) -> None:

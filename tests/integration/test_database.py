@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from pagescribe.domain import ClaimedJob, DocumentProgress, DocumentStatus, JobStatus, NewDocument, PageOutcome
+from pagescribe.domain import (
+    ClaimedJob,
+    DocumentProgress,
+    DocumentStatus,
+    JobStatus,
+    NewDocument,
+    PageEnd,
+    PageOutcome,
+)
 from pagescribe.store.postgres import Database, create_database_engine
 from psycopg import pq
 from sqlalchemy import text
@@ -288,6 +296,38 @@ def test_a_failed_statement_of_a_transaction_in_one_round_trip_rolls_it_back(db:
     assert _status(db, job_id) == ("QUEUED", 0)
     assert claim_one(single, job_id, lease_seconds=LEASE, max_attempts=3) is not None
     engine.dispose()
+
+
+def test_completions_written_together_go_in_one_round_trip_and_one_that_fails_takes_the_others_back(
+    store: Database, db: Database
+) -> None:
+    # Given four claimed pages of a document
+    created = db.create_document(_new("uploads/together.pdf"), kind="pdf", pages=[1, 2, 3, 4])
+    jobs = [claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3) for job_id in created.job_ids]
+    assert all(jobs)
+    one, two, three, four = (job for job in jobs if job is not None)
+    # When two are completed together
+    written = store.complete_jobs([PageEnd(one, _outcome("one")), PageEnd(two, _outcome("two"))])
+    # Then each has its progress, and both are written
+    assert [p.pages_completed if p else None for p in written] == [1, 2]
+    # When two more go together, and the database refuses the second (a latency beyond its column's range)
+    refused = _outcome("four")._replace(latency_ms=2**40)
+    with pytest.raises((psycopg.errors.NumericValueOutOfRange, RuntimeError), match="out of range"):
+        store.complete_jobs([PageEnd(three, _outcome("three")), PageEnd(four, refused)])
+    # Then the first of them is not written either: both pages are still their claims'
+    assert [_status(db, job.job_id)[0] for job in (one, two, three, four)] == ["COMPLETED"] * 2 + ["PROCESSING"] * 2
+    assert [p.pages_completed for p in store.complete_jobs([PageEnd(three, _outcome("three"))]) if p] == [3]
+
+
+def test_completions_written_together_over_psycopg_are_one_query_and_one_round_trip(db: Database) -> None:
+    created = db.create_document(_new("uploads/one-trip.pdf"), kind="pdf", pages=[1, 2, 3])
+    jobs = [claim_one(db, job_id, lease_seconds=LEASE, max_attempts=3) for job_id in created.job_ids]
+    ends = [PageEnd(job, _outcome(f"page {job.page_number}")) for job in jobs if job is not None]
+    with _on_the_wire(db) as (traced, wire):
+        written = traced.complete_jobs(ends)
+    assert [p.pages_completed if p else None for p in written] == [1, 2, 3]
+    assert (len(wire.queries), wire.round_trips) == (1, 1), wire
+    assert wire.queries[0].count("BEGIN;") == 1 and wire.queries[0].count("INSERT INTO attempts") == 3
 
 
 def test_a_connection_the_server_closed_is_replaced_and_the_statement_runs_once_more(db: Database) -> None:

@@ -31,6 +31,7 @@ from pagescribe.domain import (
     DueCallback,
     FailedCall,
     NewDocument,
+    PageEnd,
     PageImageRecord,
     PageIssue,
     PageOutcome,
@@ -183,6 +184,12 @@ class Ledger(Protocol):
     ) -> DocumentProgress | None:
         """Store a page's transcription (and the key of the image it was sent as, once stored) if this worker still
         holds the lease; None when the lease was lost. The call that produced it is recorded either way."""
+
+    def complete_jobs(self, ends: Sequence[PageEnd]) -> list[DocumentProgress | None]:
+        """Store the completions of pages of one document together, in one transaction (one round trip where the
+        connection allows), in the order given: each one's result as ``complete_job``'s, a later one's progress counting
+        the earlier ones. Nothing is written when one of them fails. Raises ValueError for pages of more than one
+        document."""
 
     def fail_job(
         self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME, *, image_key: str | None = None

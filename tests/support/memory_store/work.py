@@ -16,6 +16,7 @@ from pagescribe.domain import (
     EscalationState,
     FailedCall,
     JobStatus,
+    PageEnd,
     PageOutcome,
     Spend,
     recorded_as,
@@ -157,6 +158,13 @@ class MemoryLedger:
         self, job: ClaimedJob, outcome: PageOutcome, *, image_key: str | None = None
     ) -> DocumentProgress | None:
         return self._end(job, outcome, (JobStatus.COMPLETED, None, image_key), AttemptOutcome.KEPT)
+
+    def complete_jobs(self, ends: Sequence[PageEnd]) -> list[DocumentProgress | None]:
+        documents = sorted({end.job.document_id for end in ends})
+        if len(documents) > 1:
+            raise ValueError(f"pages written together are of one document, not of {len(documents)}: {documents}")
+        with self.state.lock:  # one transaction (the lock is re-entrant)
+            return [self.complete_job(end.job, end.outcome, image_key=end.image_key) for end in ends]
 
     def fail_job(
         self, job: ClaimedJob, error: str, outcome: PageOutcome = NO_OUTCOME, *, image_key: str | None = None

@@ -103,21 +103,28 @@ class Connected:
         return rows[0] if rows else None
 
     def _in_one_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> list[Any]:
-        """Run ``statements`` in one transaction and one round trip: the rows of the last.
+        """Run ``statements`` in one transaction and one round trip (``_each_in_one_transaction``, each with
+        ``params``): the rows of the last. Each statement still reads with a snapshot of its own, taken when it starts
+        (READ COMMITTED), as when they are sent one by one: a statement after a lock reads what the lock's holder
+        committed."""
+        return self._each_in_one_transaction([(statement, params) for statement in statements])[-1]
 
-        BEGIN, the statements and COMMIT go as one query string (the simple query protocol, so the parameters are
-        bound here, by psycopg's ClientCursor). Each statement still reads with a snapshot of its own, taken when it
-        starts (READ COMMITTED), as when they are sent one by one: a statement after a lock reads what the lock's
-        holder committed. A failed statement ends the string; its transaction is rolled back here."""
-        script = ";\n".join(("BEGIN", *statements, "COMMIT"))
+    def _each_in_one_transaction(self, runs: Sequence[tuple[str, dict[str, Any]]]) -> list[list[Any]]:
+        """Run each statement with its own parameters, in one transaction and one round trip: each one's rows.
 
-        def run(connection: psycopg.Connection[Any]) -> list[Any]:
+        BEGIN, the statements and COMMIT go as one query string (the simple query protocol, so the parameters are bound
+        here, by psycopg's ClientCursor). A failed statement ends the string; its transaction is rolled back here."""
+
+        def run(connection: psycopg.Connection[Any]) -> list[list[Any]]:
             try:
                 with psycopg.ClientCursor(connection, row_factory=namedtuple_row) as cursor:
-                    cursor.execute(script, params)
-                    for _ in statements:  # past BEGIN's result, to the last statement's
+                    bound = [cursor.mogrify(statement, params) for statement, params in runs]
+                    cursor.execute(";\n".join(("BEGIN", *bound, "COMMIT")))
+                    rows: list[list[Any]] = []
+                    for _ in runs:  # past BEGIN's result, to each statement's
                         cursor.nextset()
-                    return cursor.fetchall() if _returns_rows(cursor) else []
+                        rows.append(cursor.fetchall() if _returns_rows(cursor) else [])
+                    return rows
             except psycopg.Error:
                 if not connection.closed and connection.info.transaction_status is TransactionStatus.INERROR:
                     connection.rollback()

@@ -264,11 +264,9 @@ class DataApiConnected:
         rows = self._rows(statement, params)
         return rows[0] if rows else None
 
-    def _in_one_transaction(self, statements: Sequence[str], params: dict[str, Any]) -> list[Any]:
-        """The statements in one transaction, one request each (the Data API runs one statement a request)."""
+    def _each_in_one_transaction(self, runs: Sequence[tuple[str, dict[str, Any]]]) -> list[list[Any]]:
+        """Each statement with its own parameters, in one transaction, one request each (the Data API runs one statement
+        a request): each one's rows."""
         connection = DataApiConnection(self.api)
-        rows: list[Any] = []
         with connection.transaction():
-            for statement in statements:
-                rows = self.api.execute(statement, params, connection.transaction_id)
-        return rows
+            return [self.api.execute(statement, params, connection.transaction_id) for statement, params in runs]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -12,6 +13,7 @@ from pagescribe.domain import (
     ClaimedJob,
     DocumentProgress,
     FailedCall,
+    PageEnd,
     PageOutcome,
     Spend,
     recorded_as,
@@ -156,6 +158,26 @@ class PgLedger(Connected):
     ) -> DocumentProgress | None:
         params = {**fenced_write(job, outcome, AttemptOutcome.KEPT), "image_key": image_key}
         return self._progress(self._row(self.COMPLETE_JOB, params))
+
+    def complete_jobs(self, ends: Sequence[PageEnd]) -> list[DocumentProgress | None]:
+        """COMPLETE_JOB for each page, in one transaction and one round trip. The pages are of one document, and their
+        calls are counted in the first one's shard: the transaction holds one row of the tenant's day and one of the
+        document's count, as one page's write does, so two such writes never hold rows the other waits for."""
+        documents = sorted({end.job.document_id for end in ends})
+        if len(documents) > 1:
+            raise ValueError(f"pages written together are of one document, not of {len(documents)}: {documents}")
+        if len(ends) == 1:
+            [end] = ends
+            return [self.complete_job(end.job, end.outcome, image_key=end.image_key)]
+        counted_in = {"shard": shard(ends[0].job)} if ends else {}
+        runs = [
+            (
+                self.COMPLETE_JOB,
+                {**fenced_write(end.job, end.outcome, AttemptOutcome.KEPT), "image_key": end.image_key, **counted_in},
+            )
+            for end in ends
+        ]
+        return [self._progress(rows[0] if rows else None) for rows in self._each_in_one_transaction(runs)]
 
     # A document's count, summed over its shards (every write that moved it committed).
     DOCUMENT_PROGRESS = """
