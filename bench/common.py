@@ -213,6 +213,7 @@ STORAGE_METHODS = (
     "mark_enqueued",
     "claim_jobs",
     "complete_job",
+    "complete_jobs",
     "fail_job",
     "requeue_job",
     "load_pages",

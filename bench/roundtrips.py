@@ -5,7 +5,7 @@ changed).
 A statement is one ``Cursor.execute`` (one round trip: automatic prepared statements are off, so psycopg sends
 Parse/Bind/Execute/Sync together). A transaction (``Connection.transaction``) adds two round trips, its BEGIN and its
 COMMIT (or ROLLBACK), which psycopg sends as queries of their own; a transaction sent as one query string
-(``Connected._in_one_transaction``) is its statements in one round trip. Statements run outside a Database method
+(``Connected._each_in_one_transaction``) is its statements in one round trip. Statements run outside a Database method
 (the benchmark's own reads) are not counted."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     "admission": ("admit_spends",),
     "slot": ("take_rate_slots", "settle_rate_tokens"),
     "page image, figures (a page whose attempt did not end it)": ("keep_page_image", "keep_figures"),
-    "attempt, completion, counters, image key": ("complete_job",),
+    "attempt, completion, counters, image key": ("complete_job", "complete_jobs"),
     "finish": ("get_document", "load_pages", "load_attempts", "finish_document"),
 }
 STEP_OF = {method: step for step, methods in STEPS.items() for method in methods}
@@ -83,17 +83,17 @@ class RoundTrips:
 
     @contextmanager
     def counting(self) -> Iterator[None]:
-        """Patch psycopg's Cursor.execute and Connection.transaction, and Connected._in_one_transaction, for the
+        """Patch psycopg's Cursor.execute and Connection.transaction, and Connected._each_in_one_transaction, for the
         block."""
         execute, transaction = psycopg.Cursor.execute, psycopg.Connection.transaction
-        in_one_transaction = Connected._in_one_transaction
+        each_in_one_transaction = Connected._each_in_one_transaction
         counter = self
 
-        def counted_in_one_transaction(db: Any, statements: Sequence[str], params: dict[str, Any]) -> list[Any]:
-            counter._count(len(statements), 1)  # BEGIN, the statements and COMMIT in one query string
+        def counted_each_in_one_transaction(db: Any, runs: Sequence[tuple[str, dict[str, Any]]]) -> list[list[Any]]:
+            counter._count(len(runs), 1)  # BEGIN, the statements and COMMIT in one query string
             counter._current.sent_together = True
             try:
-                return in_one_transaction(db, statements, params)
+                return each_in_one_transaction(db, runs)
             finally:
                 counter._current.sent_together = False
 
@@ -109,13 +109,13 @@ class RoundTrips:
 
         psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
         psycopg.Connection.transaction = counted_transaction  # type: ignore[method-assign,assignment]
-        Connected._in_one_transaction = counted_in_one_transaction  # type: ignore[method-assign]
+        Connected._each_in_one_transaction = counted_each_in_one_transaction  # type: ignore[method-assign]
         try:
             yield
         finally:
             psycopg.Cursor.execute = execute  # type: ignore[method-assign]
             psycopg.Connection.transaction = transaction  # type: ignore[method-assign]
-            Connected._in_one_transaction = in_one_transaction  # type: ignore[method-assign]
+            Connected._each_in_one_transaction = each_in_one_transaction  # type: ignore[method-assign]
 
     def by_step(self) -> list[tuple[str, list[str], int, int]]:
         """(step, its methods as 'name Nx', statements, round trips), in the order of STEPS, then the others."""

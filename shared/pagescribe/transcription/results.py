@@ -12,12 +12,21 @@ from typing import Any
 from pagescribe.assembly import TranscriptWriter
 from pagescribe.aws import JobMessage, JobQueue
 from pagescribe.checks import PageFlag
-from pagescribe.domain import NO_OUTCOME, ClaimedJob, DocumentProgress, DocumentRecord, PageOutcome, PageResult
+from pagescribe.domain import (
+    NO_OUTCOME,
+    ClaimedJob,
+    DocumentProgress,
+    DocumentRecord,
+    PageEnd,
+    PageOutcome,
+    PageResult,
+)
 from pagescribe.governor import Admission
 from pagescribe.observability import count
 from pagescribe.outbox import send_committed
 from pagescribe.settings import Settings
 from pagescribe.store.ports import Store
+from pagescribe.transcription.completions import Completions
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +78,7 @@ class PageResults:
         self._db = db
         self._queue = queue
         self._transcripts = transcripts
+        self._completions = Completions(db)
 
     async def stored(self, ctx: PageContext) -> None:
         """The page's figures and image stored (the figures noted on it), so that the write that ends the page notes
@@ -92,7 +102,7 @@ class PageResults:
 
     async def complete(self, ctx: PageContext, outcome: PageOutcome) -> PageResult:
         await self.stored(ctx)
-        progress = self._db.complete_job(ctx.job, outcome, image_key=ctx.image.key)
+        progress = await self._completions.complete(PageEnd(ctx.job, outcome, ctx.image.key))
         ctx.image.noted = True
         if progress is None:
             return self.lease_lost(ctx)
