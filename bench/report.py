@@ -359,6 +359,10 @@ passes with the warm environment recovering on its next invocation.
 
 **Now:** round trips per pair {_row(claims, "client-server round trips")}; client CPU per pair
 {_row(claims, "client (Python) CPU")}; Database / raw **{claims.ratio:.2f}** (target ≥ 0.9, issue 32).
+The ratio moves from run to run more than between the code of two commits: `bench.run --only claims` alternated
+on one machine with commit ae11805 (before the stop that ran this; its changes do not touch the claim path) read
+0.95, 0.92, 0.91, 0.92 for it and 0.91, 0.87, 0.97, 0.98 for c789f57, each run's Database and raw psycopg rounds
+alternating within it.
 """
         )
     pipeline = by_key.get("pipeline")
@@ -414,11 +418,12 @@ completed, the upload function ({_row(pipeline, "upload function")}) and the loc
 **The least this machine allows**, the upload, the first batch's renders with nothing else at work and the provider
 with its client alone, one after another: {_row(pipeline, "least this machine allows")} (born-digital), and
 {_row(pipeline, "scanned: least this machine allows")} with scans. Between it and the wall are the pipeline's own
-steps: per batch, the claim and the gates before its calls, its last answers grounded and written one after another
-once they come back, and in the first batch the renders slowed by the calls sent beside them. A scanned page's
-render (a bilevel letter page: its JBIG2 image decoded and scaled, the page looked at for its turn: about 75-90 ms
-of CPU) makes the first batch's render phase about half a second on two cores, so with scans the least is above
-1.10 here: that target cannot be met on this machine while the first batch is rendered at its claims.
+steps: per batch, the claim and the gates before its calls, its last answers grounded one after another once
+they come back and written together, and in the first batch the renders slowed by the calls sent beside them. A
+scanned page's render (a bilevel letter page: its JBIG2 image decoded and scaled, the page looked at for its turn:
+about 75-90 ms of CPU) makes the first batch's render phase about half a second on two cores, so with scans the
+least is above 1.10 here: that target cannot be met on this machine while the first batch is rendered at its
+claims.
 **The figure depends on CPU speed**, because the render phase is CPU work measured against a fixed 1.0 s model
 call. Deployed, the event source spreads a document's batches over several environments: a render ahead is used
 only where the stride between an environment's batches holds, and a page's model call takes seconds rather than
@@ -518,6 +523,21 @@ event loop, httpx's pool among them: its connection checks cost about 1 ms a req
 after the answers about 7 ms a page on the event loop (the answer read, grounded and checked, its completion's round
 trip), about 70 ms for the last page's completion after the fake's last answer. Tried and not kept: the render
 processes at nice 10 and moto's at nice 19 (no difference in runs in turn).
+
+**Then, the fake's clock and the completions' turns** (the stop after, where commit ae11805 measured 1.15 here, the
+least 1.09). The fake provider's own arrival stamps (a scratch copy writing them out) showed the ten requests of a
+later batch, sent within 4-6 ms, stamped over 25-33 ms: in one process, each thread read its request's head only
+once the others had parsed theirs (0.5 MB of JSON each, under one GIL), and its delay began after its own parse, so
+the answers came 1.00-1.06 s after the requests. Its delay now counts from the request's arrival (commit e787c81),
+as a provider's latency does: the provider with its client alone 1.05 -> 1.02-1.03 s a batch. The stamps still
+spread over 25-33 ms (the head is read once the thread gets the interpreter), and a fake of sixteen processes on one
+port (SO_REUSEPORT) did not narrow the answers (walls 5.58, 5.70, 5.73 s against 5.66, 5.79, 5.55 s alternated with
+one process; not kept): on two cores the fake's parsing competes for the CPU either way. And a batch's completions
+now go off the event loop, those made while one is written together in one transaction (commit c789f57):
+completion round trips 1.00 -> 0.50-0.56 a page, all steps 1.68 -> 1.18-1.24; alternated with the writes one by one
+(four runs each, after the fake's change), walls 5.557 s mean against 5.592. `bench.run --only pipeline` on the
+same machine, before both: 1.15 (scans 1.34); after: 1.11, 1.12 (scans 1.27, 1.28), the least 1.05-1.06 (scans
+1.17-1.18).
 
 ### 6. The database load test's own connections (issue 32)
 
