@@ -57,9 +57,10 @@ def expected_text(image_bytes: bytes) -> str:
 class Ok:
     """200 with an answer; ``text=None`` answers ``expected_text(image)``.
 
-    The answer is sent ``FakeChatServer.default_delay + delay`` seconds after the request arrived (its headers read):
-    the fake's own reading and decoding of the request are within that time, as a provider's are within its latency,
-    so that requests arriving together are answered together however the fake's threads share its GIL. Its body "id" is
+    The answer is sent ``FakeChatServer.default_delay + delay`` seconds after the request's head was read: the fake's
+    own reading and decoding of its body are within that time, as a provider's are within its latency. (Its thread
+    reads the head only once it holds the GIL, so requests arriving together while others are being decoded are still
+    stamped up to a few decodings apart.) Its body "id" is
     "gen-<n>" (``include_id=False`` leaves it out); every response carries an x-request-id header
     "req-<n>". ``cost=None`` leaves usage.cost out; ``as_parts=True`` sends message.content as a list
     of two text parts (the halves of the text) instead of a string.
